@@ -1,0 +1,65 @@
+"""What the scheduler hands back to the API layer: per-sequence output events and stats."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.step import TokenLogprob
+from scheduler_svc.request import FinishReason
+
+
+@dataclass(slots=True)
+class SampledLogprob:
+    token_id: int
+    logprob: float
+    top: list[TokenLogprob]
+
+
+@dataclass(slots=True)
+class SequenceOutput:
+    """One per sequence that produced a token (or finished) in a step."""
+
+    request_id: str
+    index: int
+    """Which of the request's n completions."""
+    new_token_ids: list[int]
+    """Includes the eos/stop token that finished the sequence; the API hides special tokens in text."""
+    logprobs: list[SampledLogprob] | None
+    """Parallel to new_token_ids when the request asked for logprobs."""
+    finish_reason: FinishReason | None
+    """None while the sequence is still running."""
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    """Prompt tokens served from the prefix cache at the request's first admission."""
+    num_output_tokens: int
+    """Total so far."""
+    queue_time_s: float | None
+    """Arrival to first scheduled."""
+    ttft_s: float | None
+    """Arrival to first output token."""
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    num_waiting: int
+    num_running: int
+    num_swapped: int
+    num_blocks: int
+    blocks_free: int
+    blocks_cached: int
+    """Unreferenced blocks still matchable in the prefix tree."""
+    blocks_referenced: int
+    kv_usage: float
+    """blocks_referenced / num_blocks, 0..1."""
+    prefix_queried_tokens: int
+    prefix_hit_tokens: int
+    num_preemptions: int
+    num_cpu_blocks: int = 0
+    cpu_blocks_used: int = 0
+    num_steps: int = 0
+    num_requests: int = 0
+    """Live (unfinished) requests."""
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.prefix_hit_tokens / self.prefix_queried_tokens if self.prefix_queried_tokens else 0.0

@@ -1,0 +1,188 @@
+"""The prefix cache: a tree over token ids, one root per namespace, one node per KV block.
+
+Each node stands for one physical block and is keyed, under its parent, by the tuple of
+token ids the block holds. A full block's key has `block_size` tokens; a sequence's last,
+partial block may be added when it ends (a *tail* node, shorter key, always a leaf).
+Because every edge is exactly one block, lookups are one dict probe per block (tuple
+hashing runs in C) and edges never need splitting.
+
+Matching is token-granular: after the full blocks, the child sharing the longest prefix
+with the remaining tokens is reported with the number of matching slots, and the
+scheduler copies that block instead of recomputing those tokens.
+
+Eviction is driven by the `BlockPool`: it evicts cached blocks in LRU order, and the
+structure guarantees the evicted block's node is a leaf (see `BlockPool`). The tree only
+unlinks it. Namespaces never share nodes, so two tenants never share KV.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduler_svc.block_pool import BlockPool
+
+
+class RadixNode:
+    """One cached block: its token ids (the key under `parent`) and its physical block id."""
+
+    __slots__ = ("key", "block", "parent", "children", "namespace")
+
+    def __init__(self, key: tuple[int, ...], block: int, parent: RadixNode | None, namespace: str) -> None:
+        self.key = key
+        self.block = block
+        self.parent = parent
+        self.children: dict[tuple[int, ...], RadixNode] = {}
+        self.namespace = namespace
+
+    def ancestor(self, levels_up: int) -> RadixNode:
+        """The node `levels_up` blocks closer to the root."""
+        node = self
+        for _ in range(levels_up):
+            assert node.parent is not None
+            node = node.parent
+        return node
+
+
+@dataclass(slots=True)
+class PrefixMatch:
+    """What a lookup found: reuse `full_blocks` as they are, copy `partial_slots` of `partial_block`."""
+
+    num_tokens: int = 0
+    """Prompt tokens whose KV is reused: len(full_blocks) * block_size + partial_slots."""
+    full_blocks: list[int] = field(default_factory=list)
+    node: RadixNode | None = None
+    """The node of the last full block; None when no full block matched (extend the root)."""
+    partial_block: int | None = None
+    partial_slots: int = 0
+
+
+class RadixTree:
+    """Prefix match and insert over `BlockPool` blocks; nodes are dropped when the pool evicts them."""
+
+    def __init__(self, pool: BlockPool, block_size: int) -> None:
+        self.block_size = block_size
+        self._pool = pool
+        self._roots: dict[str, RadixNode] = {}
+        self._node_of_block: dict[int, RadixNode] = {}
+        self.queried_tokens = 0
+        self.hit_tokens = 0
+        pool.set_evict_hook(self._on_evict)
+
+    # --- lookup ------------------------------------------------------------------------
+
+    def root(self, namespace: str) -> RadixNode:
+        root = self._roots.get(namespace)
+        if root is None:
+            root = self._roots[namespace] = RadixNode((), -1, None, namespace)
+        return root
+
+    def match(self, namespace: str, token_ids: list[int], max_tokens: int, *, count: bool = True) -> PrefixMatch:
+        """Longest cached prefix of `token_ids[:max_tokens]`, at token granularity.
+
+        `max_tokens` is len(token_ids) - 1 for admission: at least one token is always left to
+        compute, so there are logits to sample from. `count=False` peeks without touching the
+        hit counters (the cache-aware order uses it to rank candidates).
+        """
+        bs = self.block_size
+        root = self._roots.get(namespace)
+        if count:
+            self.queried_tokens += max_tokens
+        if root is None:
+            return PrefixMatch()
+        node = root
+        blocks: list[int] = []
+        pos = 0
+        children = node.children
+        while pos + bs <= max_tokens and children:
+            child = children.get(tuple(token_ids[pos:pos + bs]))
+            if child is None:
+                break
+            blocks.append(child.block)
+            node = child
+            children = child.children
+            pos += bs
+        partial_block, partial_slots = None, 0
+        if pos < max_tokens and children:
+            rest = token_ids[pos:min(pos + bs, max_tokens)]
+            first = rest[0]
+            for key, child in children.items():
+                if key[0] != first:
+                    continue
+                slots = _common_prefix_len(key, rest)
+                if slots > partial_slots:
+                    partial_block, partial_slots = child.block, slots
+        matched = pos + partial_slots
+        if count:
+            self.hit_tokens += matched
+        return PrefixMatch(matched, blocks, node if blocks else None, partial_block, partial_slots)
+
+    def node_of(self, block: int) -> RadixNode | None:
+        return self._node_of_block.get(block)
+
+    # --- insert ------------------------------------------------------------------------
+
+    def insert(self, namespace: str, parent: RadixNode | None, key: tuple[int, ...], block: int) -> RadixNode | None:
+        """Add `block` (holding `key`) under `parent` (None: the namespace root); return its node.
+
+        Returns None when `parent` already has a node for the same key (another sequence
+        computed the same tokens into a different block): the caller's block stays private.
+        The block must be referenced by the caller at this point.
+        """
+        if parent is None:
+            parent = self.root(namespace)
+        if key in parent.children:
+            return None
+        if block in self._node_of_block:
+            raise ValueError(f"block {block} is already in the prefix tree")
+        node = RadixNode(key, block, parent, parent.namespace)
+        parent.children[key] = node
+        self._node_of_block[block] = node
+        self._pool.mark_cached(block)
+        return node
+
+    def clear(self) -> None:
+        """Forget everything (the executor's KV is gone). The pool must be rebuilt too."""
+        self._roots.clear()
+        self._node_of_block.clear()
+
+    # --- eviction ------------------------------------------------------------------------
+
+    def _on_evict(self, block: int) -> None:
+        node = self._node_of_block.pop(block)
+        if node.children:
+            raise AssertionError(f"evicting block {block} whose node still has "
+                                 f"{len(node.children)} children: eviction must take leaves only")
+        parent = node.parent
+        assert parent is not None
+        del parent.children[node.key]
+        node.parent = None
+        if not parent.children and parent.parent is None:
+            self._roots.pop(parent.namespace, None)  # drop an empty namespace
+
+    # --- introspection -------------------------------------------------------------------
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self._node_of_block)
+
+    def namespaces(self) -> list[str]:
+        return list(self._roots)
+
+    def nodes(self) -> list[RadixNode]:
+        return list(self._node_of_block.values())
+
+    def is_attached(self, node: RadixNode) -> bool:
+        """True while `node` is reachable from its namespace root."""
+        while node.parent is not None:
+            if node.parent.children.get(node.key) is not node:
+                return False
+            node = node.parent
+        return self._roots.get(node.namespace) is node
+
+
+def _common_prefix_len(a: tuple[int, ...], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

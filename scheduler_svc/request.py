@@ -1,0 +1,145 @@
+"""Requests and their sequences: the state the scheduler owns for each client request.
+
+A request with `n` completions has `n` sequences. Each sequence moves through
+
+    WAITING ──▶ RUNNING ──▶ FINISHED
+                  │  ▲
+                  ▼  │
+        SWAPPED / PREEMPTED (waiting again, recomputed on resume)
+
+and can be finished (aborted) from every state.
+"""
+
+from __future__ import annotations
+
+import enum
+import secrets
+from dataclasses import dataclass, field
+
+from common import defaults
+from common.sampling import SamplingParams
+from scheduler_svc.radix_tree import RadixNode
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"
+    """A stop token id (or, through `Scheduler.finish_sequence`, a stop string)."""
+    EOS = "eos"
+    LENGTH = "length"
+    """max_tokens reached, or the sequence reached max_model_len."""
+    ABORT = "abort"
+    ERROR = "error"
+
+
+class RequestRejected(ValueError):
+    """The request can never be served. `field` names the API field to blame."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.reason = message
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    """Never scheduled yet."""
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    """Preempted to CPU swap space; its KV comes back with swap-in."""
+    PREEMPTED = "preempted"
+    """Preempted by recompute: back in the waiting queue, generated tokens kept."""
+    FINISHED = "finished"
+
+
+WAITING_STATES = (SequenceStatus.WAITING, SequenceStatus.PREEMPTED)
+
+
+def resolve_seed(seed: int | None) -> int:
+    """The request's seed: the client's, or a fresh random one drawn at admission."""
+    return secrets.randbelow(defaults.MAX_SEED + 1) if seed is None else seed
+
+
+def derive_seed(seed: int, index: int) -> int:
+    """Seed of completion `index`: completion 0 keeps `seed`; others get a splitmix64 mix of (seed, index).
+
+    Deterministic, so a recompute after preemption or an executor restart redraws the
+    same tokens, and distinct per completion, so n > 1 samples differ.
+    """
+    if index == 0:
+        return seed
+    mask = (1 << 64) - 1
+    z = (seed + index * 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    z ^= z >> 31
+    return z % (defaults.MAX_SEED + 1)
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One client request: the prompt, its sampling parameters and its `n` sequences."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    priority: int
+    namespace: str
+    arrival_time: float
+    order: int
+    """Admission counter: breaks ties between equal arrival times (FCFS)."""
+    seed: int
+    seqs: list[Sequence] = field(default_factory=list)
+    num_unfinished: int = 0
+    stop_ids: frozenset[int] = frozenset()
+    """eos ids (unless ignore_eos) and stop_token_ids: the update() fast path checks only this set."""
+    max_output_tokens: int = 0
+    """min(max_tokens, max_model_len - prompt length): where the length limit strikes."""
+    num_cached_tokens: int = 0
+    """Prompt tokens served from the prefix cache when the request was first admitted."""
+    queue_time_s: float | None = None
+    """Arrival to first scheduled; None until then."""
+    ttft_s: float | None = None
+    """Arrival to first output token; None until then."""
+    prompt_done: bool = False
+    """Sequence 0 has computed the whole prompt once: the other completions may fork from it."""
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """One completion: its tokens, KV progress, block table and what the executor already holds."""
+
+    seq_id: int
+    request: Request
+    index: int
+    token_ids: list[int]
+    prompt_len: int
+    seed: int
+    sort_key: tuple[int, float, int, int]
+    """(priority, arrival, order, index): lower is served first, and preempted last."""
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed: int = 0
+    """Tokens whose KV is in this sequence's blocks (confirmed by a StepResult)."""
+    block_table: list[int] = field(default_factory=list)
+    cpu_table: list[int] = field(default_factory=list)
+    """CPU swap blocks while SWAPPED."""
+    known: bool = False
+    """The executor holds this sequence (sent as a NewSequence and not dropped since)."""
+    sent_tokens: int = 0
+    """How many of `token_ids` the executor holds; the rest go out as new_token_ids."""
+    sent_blocks: int = 0
+    """How many block-table entries the executor holds; the rest go out as new_block_ids."""
+    tree_node: RadixNode | None = None
+    """Prefix-tree node of block `num_tree_blocks - 1` (None: the namespace root)."""
+    num_tree_blocks: int = 0
+    """Leading blocks of `block_table` that are exactly the tree chain ending at `tree_node`."""
+    cache_frozen: bool = False
+    """Stop adding this sequence's blocks to the tree (its chain diverged from the tree's)."""
+    skips: int = 0
+    """Times the cache-aware order admitted a later sequence before this one."""
+    started_step: int = 0
+    """Step id of the plan that last sent this sequence as a NewSequence."""
+    finish_reason: FinishReason | None = None
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED

@@ -1,0 +1,53 @@
+"""The scheduler's knobs, in one dataclass, validated once at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common import defaults
+
+PREEMPTION_MODES = ("recompute", "swap")
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    """Budgets and policies of one `Scheduler`.
+
+    `num_blocks`, `block_size`, `num_cpu_blocks` and `max_model_len` come from the
+    executor's handshake (`common.step.ExecutorInfo`); the rest are serving policy.
+    """
+
+    num_blocks: int
+    """Device KV blocks, as the executor reported them."""
+    block_size: int = defaults.BLOCK_SIZE
+    num_cpu_blocks: int = 0
+    """CPU swap space in blocks; 0 makes swap preemption fall back to recompute."""
+    max_model_len: int = 2048
+    max_num_batched_tokens: int = defaults.MAX_NUM_BATCHED_TOKENS
+    max_num_seqs: int = defaults.MAX_NUM_SEQS
+    preemption_mode: str = "recompute"
+    enable_prefix_caching: bool = True
+    cache_aware_order: bool = False
+    """Admit the waiting request with the longest prefix-cache hit first (within a priority)."""
+    eos_token_ids: tuple[int, ...] = ()
+    debug_invariants: bool = False
+    """Run `check_invariants()` after every schedule()/update() (slow; for tests and debugging)."""
+    cache_aware_window: int = 32
+    """How many waiting sequences the cache-aware order looks at per step (bounds its cost)."""
+    cache_aware_max_skips: int = 8
+    """Starvation bound: a sequence overtaken this many times is admitted next, in FCFS order."""
+
+    def __post_init__(self) -> None:
+        self.eos_token_ids = tuple(self.eos_token_ids)
+        positive = ("num_blocks", "block_size", "max_model_len", "max_num_batched_tokens",
+                    "max_num_seqs", "cache_aware_window")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"SchedulerConfig.{name} must be at least 1, got {getattr(self, name)}")
+        if self.num_cpu_blocks < 0:
+            raise ValueError(f"SchedulerConfig.num_cpu_blocks must be >= 0, got {self.num_cpu_blocks}")
+        if self.cache_aware_max_skips < 0:
+            raise ValueError("SchedulerConfig.cache_aware_max_skips must be >= 0")
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"SchedulerConfig.preemption_mode must be one of {PREEMPTION_MODES}, "
+                             f"got {self.preemption_mode!r}")

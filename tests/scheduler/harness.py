@@ -1,0 +1,95 @@
+"""Drive a Scheduler against the checking SlotExecutor and collect what each completion produced."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from common.sampling import SamplingParams
+from common.step import StepPlan
+from scheduler_svc.outputs import SequenceOutput
+from scheduler_svc.request import FinishReason
+from scheduler_svc.scheduler import Scheduler
+from scheduler_svc.scheduler_config import SchedulerConfig
+from tests.scheduler.slot_executor import SlotExecutor
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        self.now += 0.001
+        return self.now
+
+
+@dataclass
+class Completion:
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    outputs: list[SequenceOutput] = field(default_factory=list)
+
+
+@dataclass
+class Harness:
+    config: SchedulerConfig
+    vocab_size: int = 50
+    check: bool = True
+    scheduler: Scheduler = field(init=False)
+    executor: SlotExecutor = field(init=False)
+    completions: dict[tuple[str, int], Completion] = field(default_factory=dict)
+    plans: list[StepPlan] = field(default_factory=list)
+    clock: FakeClock = field(default_factory=FakeClock)
+
+    def __post_init__(self) -> None:
+        self.scheduler = Scheduler(self.config, clock=self.clock)
+        self.executor = SlotExecutor(self.config.num_blocks, self.config.block_size, self.config.num_cpu_blocks,
+                                     self.vocab_size)
+
+    def add(self, request_id: str, prompt: list[int], **sampling_and_options) -> None:
+        options = {k: sampling_and_options.pop(k) for k in ("priority", "namespace", "arrival_time")
+                   if k in sampling_and_options}
+        sampling_and_options.setdefault("seed", 7)
+        self.scheduler.add_request(request_id, prompt, SamplingParams(**sampling_and_options), **options)
+
+    def collect(self, outputs: list[SequenceOutput]) -> None:
+        for out in outputs:
+            completion = self.completions.setdefault((out.request_id, out.index), Completion())
+            assert completion.finish_reason is None, f"output after finish for {out.request_id}#{out.index}"
+            completion.tokens.extend(out.new_token_ids)
+            completion.outputs.append(out)
+            completion.finish_reason = out.finish_reason
+            assert out.num_output_tokens == len(completion.tokens)
+
+    def schedule(self) -> StepPlan:
+        plan = self.scheduler.schedule()
+        if self.check:
+            self.scheduler.check_invariants()
+        self.plans.append(plan)
+        return plan
+
+    def step(self) -> StepPlan:
+        plan = self.schedule()
+        if not plan.is_empty:
+            self.finish_step(plan)
+        return plan
+
+    def finish_step(self, plan: StepPlan) -> None:
+        result = self.executor.execute(plan)
+        self.collect(self.scheduler.update(result))
+        if self.check:
+            self.scheduler.check_invariants()
+
+    def run(self, max_steps: int = 10_000) -> int:
+        steps = 0
+        while self.scheduler.has_unfinished():
+            plan = self.step()
+            steps += 1
+            assert not plan.is_empty, "scheduler stalled with unfinished requests:\n" + self.scheduler.debug_dump()
+            assert steps < max_steps, "too many steps"
+        return steps
+
+    def tokens(self, request_id: str, index: int = 0) -> list[int]:
+        return self.completions[(request_id, index)].tokens
+
+    def reason(self, request_id: str, index: int = 0) -> FinishReason | None:
+        return self.completions[(request_id, index)].finish_reason

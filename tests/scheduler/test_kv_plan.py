@@ -1,0 +1,80 @@
+"""KV capacity arithmetic and the `kvserve kv-plan` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from kvserve.commands import kv_plan
+from scheduler_svc.kv_capacity import GIB, KvGeometry, bytes_per_token, plan_kv
+
+LLAMA2_7B = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "hidden_size": 4096}
+LLAMA2_13B = {"num_hidden_layers": 40, "num_attention_heads": 40, "hidden_size": 5120}
+
+
+def test_llama2_bytes_per_token() -> None:
+    assert bytes_per_token(KvGeometry.from_hf_config(LLAMA2_7B), "float16") == 524_288
+    assert bytes_per_token(KvGeometry.from_hf_config(LLAMA2_13B), "float16") == 819_200
+    assert bytes_per_token(KvGeometry.from_hf_config(LLAMA2_7B), "fp8") == 262_144
+    assert bytes_per_token(KvGeometry.from_hf_config(LLAMA2_7B), "float32") == 1_048_576
+
+
+def test_gqa_and_explicit_head_dim() -> None:
+    config = {"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2, "hidden_size": 512,
+              "head_dim": 32}
+    assert KvGeometry.from_hf_config(config) == KvGeometry(2, 2, 32)
+
+
+def test_plan_figures() -> None:
+    plan = plan_kv(KvGeometry.from_hf_config(LLAMA2_7B), 4 * GIB, 16, "float16", 1000)
+    assert plan.block_bytes == 524_288 * 16
+    assert plan.num_blocks == 4 * GIB // (524_288 * 16) == 512
+    assert plan.token_capacity == 8192
+    assert plan.max_concurrency == 512 // 63
+    assert plan.fragmentation_pct == pytest.approx(100 * 8 / 1008)
+
+
+def run_cli(argv: list[str], capsys) -> str:
+    parser = argparse.ArgumentParser()
+    kv_plan.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["kv-plan", *argv])
+    assert args.func(args) == 0
+    return capsys.readouterr().out
+
+
+def test_cli_json_from_a_config_file(tmp_path: Path, capsys) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA2_13B))
+    out = json.loads(run_cli([str(tmp_path), "--kv-memory-gb", "8", "--avg-context", "2048", "--json"], capsys))
+    for key in kv_plan.JSON_KEYS:
+        assert key in out
+    assert out["bytes_per_token"] == 819_200
+    assert out["num_blocks"] == 8 * GIB // (819_200 * 16)
+    assert out["max_concurrency"] == out["num_blocks"] // 128
+
+
+def test_cli_text_names_every_figure(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAMA2_7B))
+    text = run_cli([str(path), "--dtype", "bfloat16", "--block-size", "32"], capsys)
+    for label in ("bytes per token", "bytes per block", "blocks", "token capacity", "concurrency", "fragmentation"):
+        assert label in text
+    assert "524,288" in text
+
+
+def test_cli_reports_a_bad_config(tmp_path: Path, capsys) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    parser = argparse.ArgumentParser()
+    kv_plan.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["kv-plan", str(tmp_path)])
+    assert args.func(args) == 2
+    assert "num_hidden_layers" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_cli_defaults_to_the_built_in_model(default_model_dir: Path, capsys) -> None:
+    out = json.loads(run_cli(["--json"], capsys))
+    config = json.loads((default_model_dir / "config.json").read_text())
+    assert out["bytes_per_token"] == bytes_per_token(KvGeometry.from_hf_config(config), "float16")

@@ -1,0 +1,120 @@
+"""Property tests: random interleavings of add, step, in-flight abort, finish and executor reset.
+
+Tiny pools force preemption (both modes) and eviction. The SlotExecutor checks every
+plan against the KV slots; `check_invariants()` runs after every operation; each
+completion's tokens must equal an undisturbed run's; at the end every block is free or
+cached and nothing is referenced.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduler_svc.request import FinishReason, RequestRejected, derive_seed
+from scheduler_svc.scheduler_config import SchedulerConfig
+from tests.scheduler.harness import Harness
+from tests.scheduler.slot_executor import SlotExecutor, expected_completion
+
+MAX_EXAMPLES = int(os.environ.get("KVSERVE_PROPERTY_EXAMPLES", "150"))
+"""Raise it for a longer local hunt, e.g. KVSERVE_PROPERTY_EXAMPLES=3000."""
+
+OPS = ("add", "add", "add", "add", "step", "step", "step", "abort", "abort_in_flight", "finish", "reset")
+
+@st.composite
+def configs(draw) -> SchedulerConfig:
+    block_size = draw(st.sampled_from([1, 2, 4]))
+    kv_tokens = draw(st.integers(10, 40))  # tight: a few requests of up to ~20 tokens
+    return SchedulerConfig(
+        num_blocks=-(-kv_tokens // block_size), block_size=block_size,
+        num_cpu_blocks=draw(st.sampled_from([0, 4, 12, 40])),
+        max_model_len=24,
+        max_num_batched_tokens=draw(st.integers(1, 12)),
+        max_num_seqs=draw(st.integers(1, 6)),
+        preemption_mode=draw(st.sampled_from(["recompute", "swap"])),
+        enable_prefix_caching=draw(st.booleans()),
+        cache_aware_order=draw(st.booleans()),
+        eos_token_ids=draw(st.sampled_from([(), (0,), (3, 4)])),
+        cache_aware_max_skips=draw(st.integers(0, 3)),
+    )
+
+
+def random_request(rng: random.Random, h: Harness, request_id: str, prompts: dict, seeds: dict) -> None:
+    # A 3-letter alphabet and shared stems make prefix hits and partial-block matches common.
+    stem = [1, 2, 1, 2, 1, 2, 1, 2][:rng.randrange(0, 9)]
+    prompt = stem + [rng.randrange(3) for _ in range(rng.randrange(1 if not stem else 0, 8))]
+    seed = rng.randrange(1000)
+    try:
+        h.add(request_id, prompt, max_tokens=rng.randrange(1, 12), n=rng.choice([1, 1, 2, 3]), seed=seed,
+              ignore_eos=rng.random() < 0.5, min_tokens=rng.choice([0, 0, 1]),
+              stop_token_ids=rng.choice([(), (7,)]), priority=rng.randrange(3),
+              namespace=rng.choice(["a", "b"]), arrival_time=rng.random())
+    except RequestRejected as exc:
+        assert exc.field in ("max_tokens", "prompt")
+        return
+    prompts[request_id], seeds[request_id] = prompt, seed
+
+
+@settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(config=configs(), ops=st.lists(st.sampled_from(OPS), min_size=4, max_size=60), seed=st.integers(0, 2**32))
+def test_random_interleavings_keep_every_invariant(config: SchedulerConfig, ops: list[str], seed: int) -> None:
+    rng = random.Random(seed)
+    h = Harness(config)
+    sched = h.scheduler
+    prompts: dict[str, list[int]] = {}
+    seeds: dict[str, int] = {}
+    interrupted: set[tuple[str, int]] = set()
+    for number, op in enumerate(ops):
+        live = list(sched._requests)
+        if op == "add":
+            random_request(rng, h, f"r{number}", prompts, seeds)
+        elif op == "step":
+            h.step()
+        elif op == "abort" and live:
+            victim = rng.choice(live)
+            h.collect(sched.abort(victim))
+        elif op == "abort_in_flight":
+            plan = h.schedule()
+            if live:
+                h.collect(sched.abort(rng.choice(live)))
+            sched.check_invariants()
+            if not plan.is_empty:
+                h.finish_step(plan)
+        elif op == "finish" and live:
+            request = sched._requests[rng.choice(live)]
+            out = sched.finish_sequence(request.request_id, rng.randrange(len(request.seqs)))
+            if out is not None:
+                h.collect([out])
+        elif op == "reset":
+            plan = h.schedule()  # lost with the executor
+            new_size = rng.choice([None, config.num_blocks, config.num_blocks + 2])
+            h.collect(sched.reset_executor(new_size))
+            size = sched.stats().num_blocks
+            h.executor = SlotExecutor(size, config.block_size, config.num_cpu_blocks, h.vocab_size)
+            if not plan.is_empty:
+                h.collect(sched.update(_result_for(plan)))  # a late result for the lost plan: ignored
+        sched.check_invariants()
+    h.run(max_steps=3000)
+    sched.check_invariants()
+    stats = sched.stats()
+    assert stats.blocks_referenced == 0
+    assert stats.blocks_free + stats.blocks_cached == stats.num_blocks
+    assert stats.cpu_blocks_used == 0 and stats.num_running == stats.num_waiting == stats.num_swapped == 0
+    for (request_id, index), completion in h.completions.items():
+        assert completion.finish_reason is not None
+        if request_id not in prompts:
+            continue
+        expected = expected_completion(prompts[request_id], derive_seed(seeds[request_id], index),
+                                       len(completion.tokens), h.vocab_size)
+        assert completion.tokens == expected
+        if completion.finish_reason is FinishReason.LENGTH:
+            assert len(completion.tokens) <= 24
+
+
+def _result_for(plan):
+    from common.step import StepResult
+
+    return StepResult(plan.step_id)
