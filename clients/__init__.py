@@ -1,1 +1,21 @@
-"""Python clients for the kvserve gRPC API (sync and asyncio). Imports only the generated stubs."""
+"""Python clients for the kvserve gRPC API, blocking (`Client`) and asyncio (`AsyncClient`).
+
+They import only grpc, the generated stubs and the standard library, so they can be
+vendored into an application without the server's dependencies.
+
+    from clients import Client
+    with Client() as client:
+        for chunk in client.stream("Once upon a time", max_tokens=32, temperature=0):
+            print(chunk.text, end="", flush=True)
+"""
+
+from clients.async_client import AsyncChunkStream, AsyncClient
+from clients.channel import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_TARGET
+from clients.errors import KVServeError
+from clients.sync_client import ChunkStream, Client
+from clients.types import Chunk, Completion, TokenLogprobs, Usage
+
+__all__ = [
+    "AsyncChunkStream", "AsyncClient", "Chunk", "ChunkStream", "Client", "Completion", "DEFAULT_HOST",
+    "DEFAULT_PORT", "DEFAULT_TARGET", "KVServeError", "TokenLogprobs", "Usage",
+]

@@ -1,0 +1,210 @@
+"""The asyncio client: `grpc.aio` calls wrapped in plain types and KVServeError.
+
+Streams are explicit objects rather than async generators so that `cancel()`, leaving an
+`async with` block, cancelling the consuming task, or dropping the stream each cancel the
+RPC at once; the server then aborts the request and frees its KV blocks within a step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from clients.channel import CHANNEL_OPTIONS, DEFAULT_TARGET, HEALTH_SERVICE, bearer_metadata
+from clients.errors import KVServeError
+from clients.request_builder import (
+    CompletionAssembler,
+    build_generate_request,
+    chat_prompt,
+    chunk_from_response,
+    message_to_dict,
+    requested_n,
+)
+from clients.types import Chunk, Completion
+from protos.kvserve.v1 import api_pb2, api_pb2_grpc
+
+_WAIT_POLL_S = 0.1
+
+
+def _current_task_cancelling() -> bool:
+    """Whether the running task itself is being cancelled (Python 3.11+ can tell; assume so before)."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return True if cancelling is None else bool(cancelling())
+
+
+class AsyncChunkStream:
+    """Async iterator of Chunks for one Generate call. Use `async with` or `cancel()` to stop early."""
+
+    def __init__(self, call: grpc.aio.UnaryStreamCall) -> None:
+        self._call = call
+        self._cancelled = False
+
+    def __aiter__(self) -> "AsyncChunkStream":
+        return self
+
+    async def __anext__(self) -> Chunk:
+        if self._cancelled:
+            raise StopAsyncIteration
+        try:
+            response = await self._call.read()
+        except asyncio.CancelledError:
+            if self._cancelled and not _current_task_cancelling():
+                raise StopAsyncIteration from None  # our own cancel() interrupted a pending read
+            self._call.cancel()  # the consuming task was cancelled: stop the RPC too
+            raise
+        except grpc.RpcError as error:
+            if self._cancelled:
+                raise StopAsyncIteration from None
+            raise KVServeError.from_rpc_error(error) from None
+        if response is grpc.aio.EOF:
+            raise StopAsyncIteration
+        return chunk_from_response(response)
+
+    def cancel(self) -> bool:
+        """Cancel the RPC; iteration then stops. Returns False if the call had already ended."""
+        self._cancelled = True
+        return self._call.cancel()
+
+    async def aclose(self) -> None:
+        self.cancel()
+
+    async def __aenter__(self) -> "AsyncChunkStream":
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.cancel()
+
+    def __del__(self) -> None:
+        call = getattr(self, "_call", None)
+        if call is not None and not call.done():
+            call.cancel()
+
+
+class AsyncClient:
+    """asyncio client for one kvserve server. `token` is sent as `authorization: Bearer <token>`.
+
+    `timeout_s` is the default deadline of every call (None: no deadline); a call's own
+    `timeout_s` overrides it. Non-OK statuses raise KVServeError.
+    """
+
+    def __init__(self, target: str = DEFAULT_TARGET, *, token: str | None = None,
+                 root_certificates: bytes | None = None, timeout_s: float | None = None) -> None:
+        self.target = target
+        self.timeout_s = timeout_s
+        self._metadata = bearer_metadata(token)
+        self._root_certificates = root_certificates
+        self._channel: grpc.aio.Channel | None = None
+        self._api: api_pb2_grpc.KVServeStub | None = None
+        self._health: health_pb2_grpc.HealthStub | None = None
+
+    # The channel is made on first use: grpc.aio binds it to the running event loop.
+    def _ensure_channel(self) -> None:
+        if self._channel is not None:
+            return
+        if self._root_certificates is not None:
+            credentials = grpc.ssl_channel_credentials(root_certificates=self._root_certificates)
+            self._channel = grpc.aio.secure_channel(self.target, credentials, options=CHANNEL_OPTIONS)
+        else:
+            self._channel = grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS)
+        self._api = api_pb2_grpc.KVServeStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    @property
+    def _stub(self) -> api_pb2_grpc.KVServeStub:
+        self._ensure_channel()
+        assert self._api is not None
+        return self._api
+
+    def _timeout(self, timeout_s: float | None) -> float | None:
+        return self.timeout_s if timeout_s is None else timeout_s
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = self._api = self._health = None
+
+    def stream(self, prompt: str | None = None, *, token_ids: Iterable[int] | None = None,
+               messages: Iterable[Mapping[str, str]] | None = None, request_id: str | None = None,
+               priority: int = 0, cache_salt: str = "", timeout_s: float | None = None,
+               **sampling: Any) -> AsyncChunkStream:
+        """Start a Generate call; sampling keywords are api.proto SamplingParams field names."""
+        request = build_generate_request(prompt, token_ids=token_ids, messages=messages, request_id=request_id,
+                                         priority=priority, cache_salt=cache_salt, **sampling)
+        call = self._stub.Generate(request, timeout=self._timeout(timeout_s), metadata=self._metadata)
+        return AsyncChunkStream(call)
+
+    async def generate(self, prompt: str | None = None, **kwargs: Any) -> Completion:
+        """Run a Generate call to the end and return the assembled Completion (all n choices)."""
+        assembler = CompletionAssembler(requested_n(kwargs))
+        async with self.stream(prompt, **kwargs) as chunks:
+            async for chunk in chunks:
+                assembler.add(chunk)
+        return assembler.result()
+
+    async def _unary(self, method: Any, request: Any, timeout_s: float | None = None) -> Any:
+        try:
+            return await method(request, timeout=self._timeout(timeout_s), metadata=self._metadata)
+        except grpc.RpcError as error:
+            raise KVServeError.from_rpc_error(error) from None
+
+    async def abort(self, request_id: str) -> bool:
+        """Abort a running request; True if the server knew it."""
+        response = await self._unary(self._stub.Abort, api_pb2.AbortRequest(request_id=request_id))
+        return response.found
+
+    async def tokenize(self, text: str | None = None, *,
+                       messages: Iterable[Mapping[str, str]] | None = None) -> list[int]:
+        """Token ids of `text`, or of `messages` rendered with the chat template."""
+        if (text is None) == (messages is None):
+            raise ValueError("give exactly one of text or messages")
+        request = api_pb2.TokenizeRequest(text=text) if text is not None \
+            else api_pb2.TokenizeRequest(chat=chat_prompt(messages or ()))
+        response = await self._unary(self._stub.Tokenize, request)
+        return list(response.token_ids)
+
+    async def model_info(self) -> dict[str, Any]:
+        return message_to_dict(await self._unary(self._stub.ModelInfo, api_pb2.ModelInfoRequest()))
+
+    async def server_stats(self) -> dict[str, Any]:
+        return message_to_dict(await self._unary(self._stub.ServerStats, api_pb2.ServerStatsRequest()))
+
+    async def health(self, timeout_s: float | None = None) -> str:
+        """The grpc.health.v1 status of the server: "SERVING", "NOT_SERVING", "UNKNOWN" or "SERVICE_UNKNOWN"."""
+        self._ensure_channel()
+        assert self._health is not None
+        response = await self._unary(self._health.Check, health_pb2.HealthCheckRequest(service=HEALTH_SERVICE),
+                                     timeout_s)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+    async def wait_until_serving(self, timeout_s: float) -> None:
+        """Poll health until SERVING; raise KVServeError(DEADLINE_EXCEEDED) after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        last = "no answer"
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise KVServeError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                   f"{self.target} not SERVING after {timeout_s:g}s (last: {last})")
+            try:
+                last = await self.health(timeout_s=max(min(remaining, 1.0), 0.01))
+                if last == "SERVING":
+                    return
+            except KVServeError as error:
+                if error.code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    raise
+                last = error.code.name
+            await asyncio.sleep(min(_WAIT_POLL_S, max(deadline - time.monotonic(), 0)))

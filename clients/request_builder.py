@@ -1,0 +1,181 @@
+"""Translate between the clients' Python types and the api.proto messages.
+
+Kept apart from the transport so the sync and asyncio clients build requests and read
+responses identically, and so the conversion can be tested without a server.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import grpc
+
+from clients.errors import KVServeError
+from clients.types import Chunk, Completion, TokenLogprobs, Usage
+from protos.kvserve.v1 import api_pb2
+
+SAMPLING_FIELDS: tuple[str, ...] = tuple(f.name for f in api_pb2.SamplingParams.DESCRIPTOR.fields)
+"""The accepted sampling keyword arguments: exactly api.proto's SamplingParams field names."""
+
+def build_generate_request(
+    prompt: str | None = None,
+    *,
+    token_ids: Iterable[int] | None = None,
+    messages: Iterable[Mapping[str, str]] | None = None,
+    request_id: str | None = None,
+    priority: int = 0,
+    cache_salt: str = "",
+    **sampling: Any,
+) -> api_pb2.GenerateRequest:
+    """Build a GenerateRequest from exactly one prompt form plus sampling keyword arguments.
+
+    Sampling values of None are left unset, so the server default applies.
+    """
+    request = api_pb2.GenerateRequest(request_id=request_id or "", priority=priority, cache_salt=cache_salt)
+    given = [name for name, value in (("prompt", prompt), ("token_ids", token_ids), ("messages", messages))
+             if value is not None]
+    if len(given) != 1:
+        raise ValueError(f"give exactly one of prompt, token_ids or messages (got {given or 'none'})")
+    if prompt is not None:
+        request.text = prompt
+    elif token_ids is not None:
+        request.token_ids.ids.extend(int(t) for t in token_ids)
+    else:
+        request.chat.CopyFrom(chat_prompt(messages or ()))
+    fill_sampling(request.sampling, sampling)
+    return request
+
+
+def chat_prompt(messages: Iterable[Mapping[str, str]]) -> api_pb2.ChatPrompt:
+    """Chat messages as dicts with `role` and `content` -> ChatPrompt."""
+    chat = api_pb2.ChatPrompt()
+    for message in messages:
+        chat.messages.add(role=message["role"], content=message["content"])
+    return chat
+
+
+def fill_sampling(target: api_pb2.SamplingParams, sampling: Mapping[str, Any]) -> None:
+    """Copy keyword arguments onto SamplingParams; an unknown name is a TypeError naming it."""
+    for name, value in sampling.items():
+        if name not in SAMPLING_FIELDS:
+            raise TypeError(f"unknown sampling parameter {name!r}; expected one of {', '.join(SAMPLING_FIELDS)}")
+        if value is None:
+            continue
+        current = getattr(target, name)
+        if isinstance(current, (bool, int, float, str)):
+            setattr(target, name, value)
+        else:  # repeated field; a lone string would otherwise be split into characters
+            target.ClearField(name)
+            getattr(target, name).extend([value] if isinstance(value, (str, int)) else value)
+
+
+def requested_n(sampling: Mapping[str, Any]) -> int:
+    n = sampling.get("n")
+    return 1 if n is None else int(n)
+
+
+def finish_reason_name(value: int) -> str | None:
+    """FinishReason enum -> "stop"/"eos"/"length"/"abort"/"error", or None while still running."""
+    if value == api_pb2.FINISH_REASON_UNSPECIFIED:
+        return None
+    return enum_label(api_pb2.FinishReason.DESCRIPTOR, value).lower()
+
+
+def usage_from_proto(usage: api_pb2.Usage) -> Usage:
+    return Usage(
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        cached_tokens=usage.cached_tokens,
+        queue_time_s=usage.queue_time_s,
+        ttft_s=usage.ttft_s,
+        e2e_s=usage.e2e_s,
+    )
+
+
+def chunk_from_response(response: api_pb2.GenerateResponse) -> Chunk:
+    return Chunk(
+        request_id=response.request_id,
+        index=response.index,
+        token_ids=list(response.token_ids),
+        text=response.text,
+        logprobs=[
+            TokenLogprobs(token_id=lp.token_id, logprob=lp.logprob,
+                          top=[(alt.token_id, alt.logprob) for alt in lp.top])
+            for lp in response.logprobs
+        ],
+        finish_reason=finish_reason_name(response.finish_reason),
+        usage=usage_from_proto(response.usage) if response.HasField("usage") else None,
+    )
+
+
+class CompletionAssembler:
+    """Collect streamed chunks, per index, into Completions (shared by both clients' `generate`)."""
+
+    def __init__(self, n: int) -> None:
+        self._n = n
+        self._request_id = ""
+        self._parts: dict[int, _Partial] = {}
+
+    def add(self, chunk: Chunk) -> None:
+        self._request_id = self._request_id or chunk.request_id
+        part = self._parts.setdefault(chunk.index, _Partial())
+        part.text.append(chunk.text)
+        part.token_ids.extend(chunk.token_ids)
+        part.logprobs.extend(chunk.logprobs)
+        if chunk.finish_reason is not None:
+            part.finish_reason = chunk.finish_reason
+        if chunk.usage is not None:
+            part.usage = chunk.usage
+
+    def result(self) -> Completion:
+        """The finished completion; raises KVServeError if the stream ended before an index finished."""
+        choices = []
+        for index in range(max(self._n, len(self._parts))):
+            part = self._parts.get(index)
+            if part is None or part.finish_reason is None:
+                raise KVServeError(grpc.StatusCode.UNKNOWN,
+                                   f"stream ended before completion {index} finished (request {self._request_id!r})")
+            choices.append(Completion(
+                request_id=self._request_id, text="".join(part.text), token_ids=part.token_ids,
+                finish_reason=part.finish_reason, logprobs=part.logprobs, index=index,
+                usage=part.usage or Usage(0, len(part.token_ids), 0, 0.0, 0.0, 0.0),
+            ))
+        first = choices[0]
+        return Completion(
+            request_id=first.request_id, text=first.text, token_ids=list(first.token_ids),
+            finish_reason=first.finish_reason, usage=first.usage, logprobs=list(first.logprobs),
+            index=0, choices=choices,
+        )
+
+
+class _Partial:
+    __slots__ = ("text", "token_ids", "logprobs", "finish_reason", "usage")
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.token_ids: list[int] = []
+        self.logprobs: list[TokenLogprobs] = []
+        self.finish_reason: str | None = None
+        self.usage: Usage | None = None
+
+
+def enum_label(enum_type: Any, number: int) -> str:
+    """ExecutorState 2 -> "READY": the value name without the enum's UPPER_SNAKE prefix."""
+    prefix = re.sub(r"(?<!^)(?=[A-Z])", "_", enum_type.name).upper() + "_"
+    return enum_type.values_by_number[number].name.removeprefix(prefix)
+
+
+def message_to_dict(message: Any) -> dict[str, Any]:
+    """A flat response message (ModelInfo, ServerStats) -> dict; enums become their names."""
+    result: dict[str, Any] = {}
+    for field in message.DESCRIPTOR.fields:
+        value = getattr(message, field.name)
+        if field.enum_type is not None and isinstance(value, int):
+            result[field.name] = enum_label(field.enum_type, value)
+        elif isinstance(value, (bool, int, float, str, bytes)):
+            result[field.name] = value
+        else:
+            result[field.name] = list(value)
+    return result

@@ -1,0 +1,127 @@
+"""`kvserve generate "PROMPT"`: one request, streamed to the terminal (or one JSON object)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from kvserve.commands.client_options import (
+    add_connection_options,
+    add_request_options,
+    add_sampling_options,
+    make_client,
+    report_error,
+    request_from_args,
+    sampling_from_args,
+)
+
+if TYPE_CHECKING:
+    from clients import Completion
+
+EXIT_INTERRUPTED = 130
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from kvserve.cli import HelpFormatter
+
+    parser = subparsers.add_parser(
+        "generate", help="send one prompt and stream the completion",
+        description="Send PROMPT to a running kvserve server and print the completion as it streams.\n"
+                    "With --chat, PROMPT is one user message rendered with the model's chat template.\n"
+                    "Exits 1 with the gRPC status on stderr when the call fails.",
+        formatter_class=HelpFormatter,
+    )
+    parser.add_argument("prompt", metavar="PROMPT", help="the prompt text ('-' reads it from stdin)")
+    parser.add_argument("--chat", action="store_true", help="send PROMPT as a user chat message")
+    parser.add_argument("--system", default=None, help="system message to send before PROMPT (implies --chat)")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object (text, finish_reason, usage, ...) instead of streaming")
+    parser.add_argument("--verbose", action="store_true", help="print finish reason and usage to stderr")
+    add_connection_options(parser)
+    add_sampling_options(parser)
+    add_request_options(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from clients import KVServeError
+
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    kwargs: dict[str, Any] = {**sampling_from_args(args), **request_from_args(args)}
+    if args.chat or args.system is not None:
+        messages = [{"role": "system", "content": args.system}] if args.system is not None else []
+        kwargs["messages"] = messages + [{"role": "user", "content": prompt}]
+    else:
+        kwargs["prompt"] = prompt
+    try:
+        with make_client(args) as client:
+            if args.json or kwargs.get("n", 1) > 1:
+                completion = client.generate(**kwargs)
+                if args.json:
+                    print(json.dumps(completion_json(completion, with_logprobs="logprobs" in kwargs)))
+                else:
+                    print_choices(completion)
+            else:
+                completion = stream_to_stdout(client, kwargs)
+                if completion is None:
+                    return EXIT_INTERRUPTED
+    except (KVServeError, OSError) as error:
+        return report_error("generate", error)
+    if args.verbose:
+        print(usage_line(completion), file=sys.stderr)
+    return 0
+
+
+def stream_to_stdout(client: Any, kwargs: dict[str, Any]) -> "Completion | None":
+    """Print text deltas as they arrive; None if the user interrupted (the request is cancelled)."""
+    from clients.request_builder import CompletionAssembler
+
+    assembler = CompletionAssembler(n=1)
+    stream = client.stream(**kwargs)
+    try:
+        for chunk in stream:
+            assembler.add(chunk)
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        stream.cancel()
+        sys.stdout.write("\n")
+        return None
+    finally:
+        stream.cancel()
+    sys.stdout.write("\n")
+    return assembler.result()
+
+
+def print_choices(completion: "Completion") -> None:
+    for choice in completion.choices:
+        print(f"--- completion {choice.index} ({choice.finish_reason}) ---")
+        print(choice.text)
+
+
+def usage_line(completion: "Completion") -> str:
+    u = completion.usage
+    return (f"[{completion.request_id}] finish={completion.finish_reason} prompt={u.prompt_tokens} "
+            f"cached={u.cached_tokens} completion={u.completion_tokens} queue={u.queue_time_s:.3f}s "
+            f"ttft={u.ttft_s:.3f}s e2e={u.e2e_s:.3f}s")
+
+
+def completion_json(completion: "Completion", *, with_logprobs: bool) -> dict[str, Any]:
+    """The --json object: index 0's fields at the top level, every index under `choices` when n > 1."""
+
+    def one(c: "Completion") -> dict[str, Any]:
+        item: dict[str, Any] = {"index": c.index, "text": c.text, "finish_reason": c.finish_reason,
+                                "usage": asdict(c.usage), "token_ids": c.token_ids}
+        if with_logprobs:
+            item["logprobs"] = [{"token_id": lp.token_id, "logprob": lp.logprob, "top": [list(t) for t in lp.top]}
+                                for lp in c.logprobs]
+        return item
+
+    result = {"request_id": completion.request_id, **one(completion)}
+    del result["index"]
+    if len(completion.choices) > 1:
+        result["choices"] = [one(c) for c in completion.choices]
+    return result

@@ -1,0 +1,84 @@
+"""`kvserve stats`: health, model and KV/scheduler statistics of a running server.
+
+`--health-only` makes it a health probe (exit 0 only when SERVING), and `--alive` a
+liveness probe (exit 0 whenever the server answers): docker-compose uses the latter so the
+executor can start as soon as the scheduler is up, before it can serve.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from kvserve.commands.client_options import add_connection_options, make_client, report_error
+
+EXIT_NOT_SERVING = 3
+
+_STATS_LAYOUT: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("KV blocks", ("num_blocks", "blocks_free", "blocks_cached", "blocks_referenced", "kv_usage")),
+    ("requests", ("requests_waiting", "requests_running", "requests_swapped", "num_preemptions")),
+    ("prefix cache", ("prefix_queried_tokens", "prefix_hit_tokens")),
+    ("executor", ("executor_state", "executor_restarts", "steps")),
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from kvserve.cli import HelpFormatter
+
+    parser = subparsers.add_parser(
+        "stats", help="show server health, model info and KV/scheduler statistics",
+        description="Print the grpc.health status, ModelInfo and ServerStats of a running server.\n"
+                    f"Exit codes: 0 ok; 1 the server could not be reached or failed; "
+                    f"{EXIT_NOT_SERVING} (--health-only) it answered NOT_SERVING.",
+        formatter_class=HelpFormatter,
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object: health, model, stats")
+    probe = parser.add_mutually_exclusive_group()
+    probe.add_argument("--health-only", action="store_true",
+                       help="print only the health status; exit 0 only if SERVING")
+    probe.add_argument("--alive", action="store_true",
+                       help="liveness probe: exit 0 if the server answers health checks at all (even NOT_SERVING)")
+    add_connection_options(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from clients import KVServeError
+
+    try:
+        with make_client(args) as client:
+            health = client.health()
+            if args.health_only or args.alive:
+                print(health)
+                return 0 if args.alive or health == "SERVING" else EXIT_NOT_SERVING
+            model = client.model_info()
+            stats = client.server_stats()
+    except (KVServeError, OSError) as error:
+        return report_error("stats", error)
+    if args.json:
+        print(json.dumps({"health": health, "model": model, "stats": stats}))
+    else:
+        print(render(health, model, stats))
+    return 0
+
+
+def render(health: str, model: dict[str, Any], stats: dict[str, Any]) -> str:
+    """A compact human-readable report."""
+    lines = [f"health: {health}",
+             f"model: {model.get('model_id')}  executor={model.get('executor_kind')} device={model.get('device')} "
+             f"dtype={model.get('dtype')} attention={model.get('attention_backend')}",
+             f"  vocab={model.get('vocab_size')} max_model_len={model.get('max_model_len')} "
+             f"block_size={model.get('block_size')} num_blocks={model.get('num_blocks')} "
+             f"chat_template={'yes' if model.get('has_chat_template') else 'no'}"]
+    for title, keys in _STATS_LAYOUT:
+        values = "  ".join(f"{key}={_fmt(stats.get(key))}" for key in keys)
+        lines.append(f"{title}: {values}")
+    queried, hit = stats.get("prefix_queried_tokens") or 0, stats.get("prefix_hit_tokens") or 0
+    if queried:
+        lines.append(f"prefix hit rate: {hit / queried:.1%}")
+    return "\n".join(lines)
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
