@@ -33,3 +33,42 @@ MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
 MAX_LOGPROBS = 20
 MAX_SEED = 2**63 - 1
+
+# --- Executor KV budget ---------------------------------------------------------
+KV_CACHE_GB_CPU = 1.0
+"""KV cache budget on CPU in GiB when `--kv-cache-gb` is not given (CUDA sizes from free memory)."""
+
+# --- Scheduler service: API limits, queues, liveness ----------------------------
+MAX_REQUEST_BYTES = 8 * 1024 * 1024
+"""gRPC receive limit per message; larger messages are refused by gRPC itself (RESOURCE_EXHAUSTED)."""
+MAX_PROMPT_CHARS = 1_000_000
+"""Longest prompt text (or chat content, summed) the API tokenizes; longer -> INVALID_ARGUMENT."""
+MAX_CHAT_MESSAGES = 1024
+MAX_REQUEST_ID_CHARS = 128
+MAX_CACHE_SALT_CHARS = 256
+MAX_ABS_PRIORITY = 2**31 - 1
+MAX_QUEUED_REQUESTS = 1024
+"""Requests admitted but not yet started; past this, new requests get RESOURCE_EXHAUSTED at once."""
+MAX_QUEUED_PROMPT_TOKENS = 1_000_000
+"""Prompt tokens of requests not yet started; past this, RESOURCE_EXHAUSTED at once."""
+STREAM_BUFFER_CHUNKS = 64
+"""Chunks buffered per stream for a slow reader; beyond it, new tokens merge into the last chunk."""
+EXECUTOR_RESTART_TIMEOUT_S = 30.0
+"""How long in-flight requests wait for a lost executor to come back before failing UNAVAILABLE."""
+DRAIN_GRACE_S = 30.0
+"""On SIGTERM, how long in-flight requests may take to finish before they are aborted."""
+
+# --- Executor link (scheduler <-> executor over ZeroMQ) ------------------------
+LINK_TCP_PORT = 50052
+"""Loopback tcp port of the link when the scheduler and executor are started separately."""
+LINK_HEARTBEAT_INTERVAL_S = 0.5
+"""Both sides send a heartbeat this often, even while a long step runs."""
+EXECUTOR_DEAD_AFTER_S = 1.5
+"""The scheduler declares the executor lost after this long without any message from it
+(three missed heartbeats), so a hung executor is detected within the promised 2 s."""
+SCHEDULER_TIMEOUT_S = 5.0
+"""The executor exits (or re-registers) after this long without any message from its scheduler."""
+EXECUTOR_CONNECT_TIMEOUT_S = 120.0
+"""How long a new executor waits for a scheduler to acknowledge its handshake (0: forever)."""
+STEP_TIMEOUT_S = 300.0
+"""A step still unanswered after this long (heartbeats alive, compute stuck) loses the executor."""

@@ -1,0 +1,331 @@
+"""The executor side of the link: drive an `Executor` from plans received over ZeroMQ.
+
+Two threads, so liveness never waits on compute:
+- the *I/O thread* owns the DEALER socket. It sends the handshake (resent until
+  acknowledged), heartbeats every `heartbeat_interval_s`, forwards results, and watches
+  the scheduler: silence for `scheduler_timeout_s` means it is gone;
+- the *main thread* runs plans and resets in arrival order from a queue and hands each
+  answer back to the I/O thread over an inproc socket.
+
+When the scheduler is gone the executor exits (default) or resets itself and registers
+again under a new session (`reregister`). If the main thread is stuck in a step when the
+process should exit, the I/O thread ends the process after a grace period: an executor
+never outlives its scheduler as an orphan.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import threading
+import time
+import traceback
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from enum import IntEnum
+
+import structlog
+import zmq
+
+from common import defaults
+from common.link_curve import CurveKeys
+from common.link_endpoint import check_endpoint
+from executor_svc.protocol import Executor
+from protos import step_codec
+from protos.kvserve.v1 import executor_link_pb2 as pb
+
+log = structlog.get_logger(__name__)
+
+EXIT_GRACE_S = 5.0
+"""How long the I/O thread lets a busy main thread finish before ending the process."""
+GOODBYE_LINGER_MS = 200
+_RESULTS_ENDPOINT = "inproc://kvserve-executor-results"
+
+
+class ExitReason(IntEnum):
+    """Process exit codes of `kvserve executor`."""
+
+    SHUTDOWN = 0
+    SCHEDULER_LOST = 3
+    NEVER_CONNECTED = 4
+
+
+@dataclass(slots=True)
+class LinkServerConfig:
+    endpoint: str
+    heartbeat_interval_s: float = defaults.LINK_HEARTBEAT_INTERVAL_S
+    scheduler_timeout_s: float = defaults.SCHEDULER_TIMEOUT_S
+    connect_timeout_s: float = defaults.EXECUTOR_CONNECT_TIMEOUT_S
+    """0 waits forever for the first acknowledgement."""
+    reregister: bool = False
+    """On losing the scheduler: reset and register again instead of exiting."""
+    allow_remote: bool = False
+    curve_keys: CurveKeys | None = None
+    """CURVE client keys; `peer_public_keys[0]` must be the scheduler's public key."""
+
+
+@dataclass(slots=True)
+class _Work:
+    session_id: str
+    envelope: pb.SchedulerMessage
+
+
+_STOP = object()
+
+
+class LinkServer:
+    """Serve one executor over the link until told to shut down or the scheduler is gone."""
+
+    def __init__(self, executor: Executor, config: LinkServerConfig) -> None:
+        check_endpoint(config.endpoint, allow_remote=config.allow_remote)
+        if config.curve_keys is not None and len(config.curve_keys.peer_public_keys) != 1:
+            raise ValueError("CURVE on the executor needs exactly one peer key: the scheduler's public key")
+        self.executor = executor
+        self.config = config
+        self._handshake_info = step_codec.encode_info(executor.info())
+        self._ctx = zmq.Context()
+        self._work: queue.Queue = queue.Queue()
+        self._exit_reason = ExitReason.SHUTDOWN
+        self._stop = threading.Event()
+        self._main_done = threading.Event()
+        self._io_ready = threading.Event()
+        self._io_thread = threading.Thread(target=self._io_main, name="executor-link-io", daemon=True)
+
+    def serve(self) -> ExitReason:
+        """Block until shutdown; returns why the loop ended (the process exit code)."""
+        self._io_thread.start()
+        self._io_ready.wait()
+        results = self._ctx.socket(zmq.PAIR)
+        results.setsockopt(zmq.LINGER, 0)
+        results.connect(_RESULTS_ENDPOINT)
+        try:
+            while True:
+                item = self._next_work()
+                if item is _STOP or self._stop.is_set():
+                    break
+                reply = self._run(item.envelope)
+                if reply is not None:
+                    try:
+                        results.send_multipart([item.session_id.encode(), reply.SerializeToString()], zmq.NOBLOCK)
+                    except zmq.Again:
+                        break  # the I/O thread is gone: the link has ended
+        finally:
+            self._main_done.set()
+            results.close()
+            self._stop.set()
+            self._io_thread.join(timeout=EXIT_GRACE_S)
+            self._ctx.term()
+        return self._exit_reason
+
+    def request_stop(self) -> None:
+        """Ask the loop to end after the current step; safe from a signal handler (takes no
+        lock the main thread might hold: the main thread polls the flag twice a second)."""
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM / SIGINT end the process cleanly after the current step."""
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: self.request_stop())
+
+    # --- main thread -----------------------------------------------------------
+
+    def _next_work(self):
+        while True:
+            try:
+                return self._work.get(timeout=0.5)  # wake up now and then so signals get handled
+            except queue.Empty:
+                if self._stop.is_set():
+                    return _STOP
+
+    def _run(self, envelope: pb.SchedulerMessage) -> pb.ExecutorMessage | None:
+        kind = envelope.WhichOneof("kind")
+        if kind == "plan":
+            step_id = envelope.plan.step_id
+            try:
+                plan = step_codec.decode_plan(envelope.plan)
+                result = self.executor.execute(plan)
+            except Exception as exc:  # noqa: BLE001 - reported to the scheduler, not fatal here
+                log.error("step failed", step_id=step_id, error=str(exc), traceback=traceback.format_exc())
+                return pb.ExecutorMessage(error=pb.StepError(step_id=step_id, message=str(exc),
+                                                             error_type=type(exc).__name__))
+            reply = pb.ExecutorMessage()
+            step_codec.encode_result(result, reply.result)
+            return reply
+        if kind == "reset":
+            self.executor.reset()
+            return pb.ExecutorMessage(reset_done=pb.ResetDone(reset_id=envelope.reset.reset_id))
+        return None
+
+    # --- I/O thread ------------------------------------------------------------
+
+    def _io_main(self) -> None:
+        results = self._ctx.socket(zmq.PAIR)
+        results.setsockopt(zmq.LINGER, 0)
+        results.bind(_RESULTS_ENDPOINT)
+        self._io_ready.set()
+        try:
+            self._io_loop(results)
+        except Exception:  # noqa: BLE001 - the I/O thread dying would orphan the process
+            log.exception("executor link I/O thread failed")
+            self._exit_reason = ExitReason.SCHEDULER_LOST
+        finally:
+            results.close()
+            self._work.put(_STOP)
+            if not self._main_done.wait(EXIT_GRACE_S):
+                log.error("a step is still running after the link ended; exiting the process",
+                          reason=self._exit_reason.name)
+                os._exit(int(self._exit_reason))
+
+    def _io_loop(self, results: zmq.Socket) -> None:
+        """One registration after another until one of them ends the process."""
+        started = time.monotonic()
+        while not self._stop.is_set():
+            session = self._connect()
+            try:
+                if not self._serve_session(session, results, started):
+                    return
+            finally:
+                session.sock.close(linger=0)  # no-op when already closed after a goodbye
+            self._work.put(_Work(session.session_id, _local_reset()))
+
+    def _serve_session(self, session: _Session, results: zmq.Socket, started: float) -> bool:
+        """Run one registration. True: the scheduler vanished and we register again."""
+        cfg = self.config
+        poller = zmq.Poller()
+        poller.register(session.sock, zmq.POLLIN)
+        poller.register(results, zmq.POLLIN)
+        last_beat = 0.0
+        log.info("executor link connecting", endpoint=cfg.endpoint, session=session.session_id)
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if not session.acked and now - session.last_handshake >= cfg.heartbeat_interval_s:
+                session.send(self._handshake(session.session_id))
+                session.last_handshake = now
+            if session.acked and now - last_beat >= cfg.heartbeat_interval_s:
+                session.send(pb.ExecutorMessage(heartbeat=pb.Heartbeat(sent_at=time.time())).SerializeToString())
+                last_beat = now
+            session.flush()
+            events = dict(poller.poll(timeout=max(1, int(cfg.heartbeat_interval_s * 1000 / 2))))
+            if results in events:
+                self._forward_results(results, session)
+            if session.sock in events and self._receive(session):
+                return False
+            now = time.monotonic()
+            if session.acked and now - session.last_heard > cfg.scheduler_timeout_s:
+                reason = f"no message from the scheduler for {now - session.last_heard:.1f}s"
+                if cfg.reregister:
+                    log.warning("scheduler lost; resetting and registering again", reason=reason)
+                    return True
+                log.error("scheduler lost; exiting", reason=reason)
+                self._exit_reason = ExitReason.SCHEDULER_LOST
+                return False
+            if not session.acked and not cfg.reregister and 0 < cfg.connect_timeout_s < now - started:
+                log.error("no scheduler acknowledged the handshake; exiting", waited_s=round(now - started, 1))
+                self._exit_reason = ExitReason.NEVER_CONNECTED
+                return False
+        if session.acked:  # stopped by a signal: tell the scheduler now rather than let it time out
+            self._say_goodbye(session)
+        return False
+
+    def _say_goodbye(self, session: _Session) -> None:
+        session.send_reliably(pb.ExecutorMessage(goodbye=pb.Goodbye()).SerializeToString())
+        session.sock.close(linger=GOODBYE_LINGER_MS)  # let the goodbye leave
+
+    def _connect(self) -> _Session:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing for a scheduler not yet there
+        keys = self.config.curve_keys
+        if keys is not None:
+            sock.curve_secretkey = keys.secret_key
+            sock.curve_publickey = keys.public_key
+            sock.curve_serverkey = keys.peer_public_keys[0]
+        session_id = uuid.uuid4().hex
+        sock.setsockopt(zmq.ROUTING_ID, session_id.encode())
+        sock.connect(self.config.endpoint)
+        return _Session(sock, session_id)
+
+    def _handshake(self, session_id: str) -> bytes:
+        hello = pb.Handshake(protocol_version=step_codec.PROTOCOL_VERSION, session_id=session_id, pid=os.getpid(),
+                             info=self._handshake_info)
+        return pb.ExecutorMessage(handshake=hello).SerializeToString()
+
+    def _receive(self, session: _Session) -> bool:
+        """Drain the scheduler's messages; True when told to shut down."""
+        while True:
+            try:
+                data = session.sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return False
+            try:
+                envelope = pb.SchedulerMessage.FromString(data)
+            except Exception:  # noqa: BLE001
+                log.warning("dropping undecodable message from the scheduler", bytes=len(data))
+                continue
+            session.last_heard = time.monotonic()
+            kind = envelope.WhichOneof("kind")
+            if kind == "handshake_ack":
+                if envelope.handshake_ack.session_id == session.session_id and not session.acked:
+                    session.acked = True
+                    log.info("registered with the scheduler", generation=envelope.handshake_ack.generation)
+            elif kind in ("plan", "reset"):
+                session.acked = True  # a plan implies the handshake arrived
+                self._work.put(_Work(session.session_id, envelope))
+            elif kind == "shutdown":
+                log.info("scheduler asked the executor to shut down", reason=envelope.shutdown.reason)
+                self._say_goodbye(session)
+                self._exit_reason = ExitReason.SHUTDOWN
+                return True
+
+    def _forward_results(self, results: zmq.Socket, session: _Session) -> None:
+        while True:
+            try:
+                tag, data = results.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if tag.decode() == session.session_id:
+                session.send_reliably(data)
+            # else: a step of a former registration finished late; its scheduler is gone
+
+
+class _Session:
+    """One registration with a scheduler: its DEALER socket and what we heard on it."""
+
+    def __init__(self, sock: zmq.Socket, session_id: str) -> None:
+        self.sock = sock
+        self.session_id = session_id
+        self.acked = False
+        self.last_heard = time.monotonic()
+        self.last_handshake = float("-inf")
+        self.outbox: deque[bytes] = deque()
+        """Answers not yet accepted by ZeroMQ (no connection for a moment); sent before anything new."""
+
+    def send(self, data: bytes) -> None:
+        """Best effort, for handshakes and heartbeats: dropped when it cannot leave now."""
+        if not self.outbox:
+            try:
+                self.sock.send(data, zmq.NOBLOCK)
+            except zmq.Again:
+                pass  # not connected yet, or the scheduler stopped reading: liveness decides
+
+    def send_reliably(self, data: bytes) -> None:
+        """For results, errors and acks: kept and retried until the connection takes them."""
+        self.outbox.append(data)
+        self.flush()
+
+    def flush(self) -> None:
+        while self.outbox:
+            try:
+                self.sock.send(self.outbox[0], zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.outbox.popleft()
+
+
+def _local_reset() -> pb.SchedulerMessage:
+    """A marker work item: reset the executor without answering anyone."""
+    envelope = pb.SchedulerMessage()
+    envelope.reset.reset_id = -1
+    return envelope

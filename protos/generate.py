@@ -1,0 +1,112 @@
+"""Regenerate (or check) the Python code of every `.proto` under `protos/kvserve/v1/`.
+
+    python -m protos.generate          # write *_pb2.py, *_pb2.pyi, *_pb2_grpc.py beside each .proto
+    python -m protos.generate --check  # exit 1 when the committed generated code is stale
+
+protoc runs with `-I <repo root>`, so generated modules import each other as
+`from protos.kvserve.v1 import ...` and the package layout is the import path.
+`--check` generates into a temporary directory and compares, so it never touches the
+working tree. The comparison ignores only the generator's version stamps (protoc and
+grpcio-tools release numbers), so a newer grpcio-tools on a fresh clone does not flag
+code whose content is unchanged; any other difference is stale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PROTO_DIR = REPO_ROOT / "protos" / "kvserve" / "v1"
+GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
+_VERSION_STAMPS = (
+    re.compile(rb"# Protobuf Python Version: [^\n]*"),
+    re.compile(rb"_runtime_version\.ValidateProtobufRuntimeVersion\([^)]*\)"),
+    re.compile(rb"GRPC_GENERATED_VERSION = '[^']*'"),
+)
+
+
+class GenerationError(RuntimeError):
+    """protoc rejected a .proto file."""
+
+
+def proto_files() -> list[Path]:
+    """Every .proto file that generation covers, relative to the repo root, sorted."""
+    return sorted(p.relative_to(REPO_ROOT) for p in PROTO_DIR.glob("*.proto"))
+
+
+def generated_names(proto: Path) -> list[Path]:
+    """The generated files of one .proto, relative to the repo root."""
+    stem = proto.with_suffix("")
+    return [stem.parent / (stem.name + suffix) for suffix in GENERATED_SUFFIXES]
+
+
+def generate(out_root: Path) -> list[Path]:
+    """Run protoc over every .proto, writing under `out_root`; return the generated paths."""
+    from grpc_tools import protoc
+
+    protos = proto_files()
+    if not protos:
+        return []
+    include_dir = Path(protoc.__file__).resolve().parent / "_proto"  # google/protobuf/*.proto
+    out_root.mkdir(parents=True, exist_ok=True)
+    args = [
+        "grpc_tools.protoc",
+        f"-I{REPO_ROOT}",
+        f"-I{include_dir}",
+        f"--python_out={out_root}",
+        f"--pyi_out={out_root}",
+        f"--grpc_python_out={out_root}",
+        *(str(p) for p in protos),
+    ]
+    if protoc.main(args) != 0:
+        raise GenerationError(f"protoc failed on {', '.join(map(str, protos))}")
+    return [name for proto in protos for name in generated_names(proto)]
+
+
+def stale_files() -> list[Path]:
+    """Generated files (relative paths) that are missing or differ from a fresh generation."""
+    with tempfile.TemporaryDirectory(prefix="kvserve-protos-") as tmp:
+        fresh_root = Path(tmp)
+        stale = []
+        for name in generate(fresh_root):
+            committed = REPO_ROOT / name
+            if not committed.is_file() or _content(committed) != _content(fresh_root / name):
+                stale.append(name)
+        return stale
+
+
+def _content(path: Path) -> bytes:
+    """The file's bytes with generator version stamps blanked out."""
+    data = path.read_bytes()
+    for stamp in _VERSION_STAMPS:
+        data = stamp.sub(b"<version>", data)
+    return data
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m protos.generate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true",
+                        help="do not write; exit 1 if the generated code is missing or stale")
+    args = parser.parse_args(argv)
+    if args.check:
+        stale = stale_files()
+        for name in stale:
+            print(f"stale generated file: {name}", file=sys.stderr)
+        if stale:
+            print("run `make protos` (python -m protos.generate) and commit the result", file=sys.stderr)
+            return 1
+        print(f"generated code is up to date ({len(proto_files())} .proto files)")
+        return 0
+    written = generate(REPO_ROOT)
+    for name in written:
+        print(name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

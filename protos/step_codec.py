@@ -1,0 +1,267 @@
+"""Convert the step contract (`common.step` dataclasses) to and from its protobuf form.
+
+This runs twice per step on each side, so it avoids per-sequence protobuf objects on
+the hot path: cached sequences and outputs travel as parallel packed arrays (see
+`executor_link.proto`), filled with one `extend` per column and read back with one
+`list()` per column. Only new sequences, which are rare, get a message each.
+"""
+
+from __future__ import annotations
+
+from itertools import accumulate, chain
+from operator import attrgetter
+
+from common.sampling import SamplingParams
+from common.step import (
+    CachedSequence,
+    ExecutorInfo,
+    NewSequence,
+    SeqOutput,
+    StepPlan,
+    StepResult,
+    TokenLogprob,
+)
+from protos.kvserve.v1 import executor_link_pb2 as pb
+
+__all__ = [
+    "PROTOCOL_VERSION", "decode_info", "decode_plan", "decode_result", "decode_sampling",
+    "encode_info", "encode_plan", "encode_result", "encode_sampling",
+]
+
+
+PROTOCOL_VERSION = 1
+"""Sent in every Handshake; bump it when a change to executor_link.proto breaks old peers."""
+
+_seq_id = attrgetter("seq_id")
+_num_computed = attrgetter("num_computed_tokens")
+_num_scheduled = attrgetter("num_scheduled_tokens")
+_new_token_ids = attrgetter("new_token_ids")
+_new_block_ids = attrgetter("new_block_ids")
+_token_id = attrgetter("token_id")
+
+
+# --- ExecutorInfo ----------------------------------------------------------------
+
+def encode_info(info: ExecutorInfo, out: pb.ExecutorInfo | None = None) -> pb.ExecutorInfo:
+    msg = pb.ExecutorInfo() if out is None else out
+    msg.model_id = info.model_id
+    msg.num_blocks = info.num_blocks
+    msg.block_size = info.block_size
+    msg.num_cpu_blocks = info.num_cpu_blocks
+    msg.vocab_size = info.vocab_size
+    msg.max_model_len = info.max_model_len
+    msg.eos_token_ids.extend(info.eos_token_ids)
+    msg.tokenizer_path = info.tokenizer_path
+    msg.executor_kind = info.executor_kind
+    msg.device = info.device
+    msg.dtype = info.dtype
+    msg.attention_backend = info.attention_backend
+    return msg
+
+
+def decode_info(msg: pb.ExecutorInfo) -> ExecutorInfo:
+    return ExecutorInfo(
+        model_id=msg.model_id,
+        num_blocks=msg.num_blocks,
+        block_size=msg.block_size,
+        num_cpu_blocks=msg.num_cpu_blocks,
+        vocab_size=msg.vocab_size,
+        max_model_len=msg.max_model_len,
+        eos_token_ids=list(msg.eos_token_ids),
+        tokenizer_path=msg.tokenizer_path,
+        executor_kind=msg.executor_kind,
+        device=msg.device,
+        dtype=msg.dtype,
+        attention_backend=msg.attention_backend,
+    )
+
+
+# --- SamplingParams --------------------------------------------------------------
+
+def encode_sampling(params: SamplingParams, out: pb.StepSamplingParams) -> None:
+    out.temperature = params.temperature
+    out.top_k = params.top_k
+    out.top_p = params.top_p
+    out.min_p = params.min_p
+    out.repetition_penalty = params.repetition_penalty
+    out.presence_penalty = params.presence_penalty
+    out.frequency_penalty = params.frequency_penalty
+    if params.seed is not None:
+        out.seed = params.seed
+    out.n = params.n
+    out.max_tokens = params.max_tokens
+    out.min_tokens = params.min_tokens
+    out.stop_token_ids.extend(params.stop_token_ids)
+    out.stop.extend(params.stop)
+    out.ignore_eos = params.ignore_eos
+    if params.logprobs is not None:
+        out.logprobs = params.logprobs
+
+
+def decode_sampling(msg: pb.StepSamplingParams) -> SamplingParams:
+    return SamplingParams(
+        temperature=msg.temperature,
+        top_k=msg.top_k,
+        top_p=msg.top_p,
+        min_p=msg.min_p,
+        repetition_penalty=msg.repetition_penalty,
+        presence_penalty=msg.presence_penalty,
+        frequency_penalty=msg.frequency_penalty,
+        seed=msg.seed if msg.HasField("seed") else None,
+        n=msg.n,
+        max_tokens=msg.max_tokens,
+        min_tokens=msg.min_tokens,
+        stop_token_ids=tuple(msg.stop_token_ids),
+        stop=tuple(msg.stop),
+        ignore_eos=msg.ignore_eos,
+        logprobs=msg.logprobs if msg.HasField("logprobs") else None,
+    )
+
+
+# --- StepPlan --------------------------------------------------------------------
+
+def encode_plan(plan: StepPlan, out: pb.StepPlan | None = None) -> pb.StepPlan:
+    """Fill `out` (e.g. an envelope's `plan` field) or a new message from `plan`."""
+    msg = pb.StepPlan() if out is None else out
+    msg.step_id = plan.step_id
+    for seq in plan.new_seqs:
+        m = msg.new_seqs.add()
+        m.seq_id = seq.seq_id
+        m.token_ids.extend(seq.token_ids)
+        m.prompt_len = seq.prompt_len
+        m.num_computed_tokens = seq.num_computed_tokens
+        m.num_scheduled_tokens = seq.num_scheduled_tokens
+        m.block_table.extend(seq.block_table)
+        encode_sampling(seq.sampling, m.sampling)
+        m.seed = seq.seed
+    cached = plan.cached_seqs
+    if cached:
+        c = msg.cached_seqs
+        c.seq_ids.extend(map(_seq_id, cached))
+        c.num_computed_tokens.extend(map(_num_computed, cached))
+        c.num_scheduled_tokens.extend(map(_num_scheduled, cached))
+        token_lists = list(map(_new_token_ids, cached))
+        c.new_token_counts.extend(map(len, token_lists))
+        c.new_token_ids.extend(chain.from_iterable(token_lists))
+        block_lists = list(map(_new_block_ids, cached))
+        if any(block_lists):
+            c.new_block_counts.extend(map(len, block_lists))
+            c.new_block_ids.extend(chain.from_iterable(block_lists))
+    _encode_pairs(plan.copies, msg.copies)
+    _encode_pairs(plan.swap_out, msg.swap_out)
+    _encode_pairs(plan.swap_in, msg.swap_in)
+    msg.drop_seq_ids.extend(plan.drop_seq_ids)
+    return msg
+
+
+def decode_plan(msg: pb.StepPlan) -> StepPlan:
+    new_seqs = [
+        NewSequence(
+            seq_id=m.seq_id,
+            token_ids=list(m.token_ids),
+            prompt_len=m.prompt_len,
+            num_computed_tokens=m.num_computed_tokens,
+            num_scheduled_tokens=m.num_scheduled_tokens,
+            block_table=list(m.block_table),
+            sampling=decode_sampling(m.sampling),
+            seed=m.seed,
+        )
+        for m in msg.new_seqs
+    ]
+    c = msg.cached_seqs
+    seq_ids = c.seq_ids[:]
+    n = len(seq_ids)
+    new_tokens = _split(c.new_token_ids[:], c.new_token_counts[:], n, "new_token")
+    if c.new_block_counts:
+        new_blocks = _split(c.new_block_ids[:], c.new_block_counts[:], n, "new_block")
+    else:
+        new_blocks = [[] for _ in range(n)]
+    cached_seqs = list(map(
+        CachedSequence, seq_ids, new_tokens, _column(c.num_computed_tokens, n, "num_computed_tokens"),
+        _column(c.num_scheduled_tokens, n, "num_scheduled_tokens"), new_blocks,
+    ))
+    return StepPlan(
+        step_id=msg.step_id,
+        new_seqs=new_seqs,
+        cached_seqs=cached_seqs,
+        copies=_decode_pairs(msg.copies),
+        swap_out=_decode_pairs(msg.swap_out),
+        swap_in=_decode_pairs(msg.swap_in),
+        drop_seq_ids=list(msg.drop_seq_ids),
+    )
+
+
+# --- StepResult ------------------------------------------------------------------
+
+def encode_result(result: StepResult, out: pb.StepResult | None = None) -> pb.StepResult:
+    msg = pb.StepResult() if out is None else out
+    msg.step_id = result.step_id
+    msg.execute_time_s = result.execute_time_s
+    outputs = result.outputs
+    msg.seq_ids.extend(map(_seq_id, outputs))
+    msg.token_ids.extend(map(_token_id, outputs))
+    if any(o.logprob is not None or o.top_logprobs for o in outputs):
+        msg.has_logprob.extend([o.logprob is not None for o in outputs])
+        msg.logprobs.extend([0.0 if o.logprob is None else o.logprob for o in outputs])
+        msg.top_counts.extend([len(o.top_logprobs) for o in outputs])
+        msg.top_token_ids.extend([t.token_id for o in outputs for t in o.top_logprobs])
+        msg.top_logprobs.extend([t.logprob for o in outputs for t in o.top_logprobs])
+    return msg
+
+
+def decode_result(msg: pb.StepResult) -> StepResult:
+    seq_ids = msg.seq_ids[:]
+    token_ids = msg.token_ids[:]
+    if len(token_ids) != len(seq_ids):
+        raise ValueError(f"StepResult: {len(seq_ids)} seq_ids but {len(token_ids)} token_ids")
+    if not msg.has_logprob:
+        outputs = list(map(SeqOutput, seq_ids, token_ids))
+    else:
+        n = len(seq_ids)
+        if len(msg.has_logprob) != n or len(msg.logprobs) != n:
+            raise ValueError("StepResult: logprob columns do not match the outputs")
+        tops = _split(
+            [TokenLogprob(t, lp) for t, lp in zip(msg.top_token_ids, msg.top_logprobs, strict=True)],
+            list(msg.top_counts), n, "top_logprob",
+        )
+        outputs = [
+            SeqOutput(s, t, lp if has else None, top)
+            for s, t, has, lp, top in zip(seq_ids, token_ids, msg.has_logprob, msg.logprobs, tops)
+        ]
+    return StepResult(step_id=msg.step_id, outputs=outputs, execute_time_s=msg.execute_time_s)
+
+
+# --- internals -------------------------------------------------------------------
+
+def _encode_pairs(pairs: list[tuple[int, int]], out: pb.BlockPairs) -> None:
+    if pairs:
+        out.src.extend([a for a, _ in pairs])
+        out.dst.extend([b for _, b in pairs])
+
+
+def _decode_pairs(msg: pb.BlockPairs) -> list[tuple[int, int]]:
+    return list(zip(msg.src, msg.dst, strict=True))
+
+
+def _column(values, expected: int, what: str) -> list:
+    column = values[:]
+    if len(column) != expected:
+        raise ValueError(f"{what} has {len(column)} entries, expected {expected}")
+    return column
+
+
+def _split(flat: list, counts: list[int], expected: int, what: str) -> list[list]:
+    """Cut `flat` into consecutive runs of `counts[i]` items (the columnar list encoding)."""
+    if len(counts) != expected:
+        raise ValueError(f"{what}_counts has {len(counts)} entries, expected {expected}")
+    if len(flat) == expected and counts.count(1) == expected:
+        return [[x] for x in flat]  # the decode step: one new token per sequence
+    if not flat:
+        if any(counts):
+            raise ValueError(f"{what}_counts promise items but none were sent")
+        return [[] for _ in counts]
+    ends = list(accumulate(counts))
+    if ends[-1] != len(flat) or any(c < 0 for c in counts):
+        raise ValueError(f"{what}_counts do not add up to the {len(flat)} items sent")
+    starts = [0, *ends[:-1]]
+    return [flat[a:b] for a, b in zip(starts, ends)]

@@ -1,0 +1,442 @@
+"""The scheduler side of the executor link: a ZeroMQ ROUTER socket driven from asyncio.
+
+One executor at a time is *current*. Every handshake from a new registration (a new
+process, or the same process re-registering after it reset itself) makes the sender
+current and bumps `generation`, so the engine can tell that the executor's state is gone
+and re-sync: steps in flight then fail with `ExecutorLost`.
+
+Liveness: both sides send a heartbeat every `heartbeat_interval_s`. The executor is lost
+when nothing arrived from it for `dead_after_s` (a SIGKILLed or SIGSTOPped process), when
+ZeroMQ reports its connection gone (ROUTER_MANDATORY makes sending to it fail at once),
+or when a step outlives `step_timeout_s` while heartbeats still flow (a stuck compute).
+Incoming messages are always drained before the deadline is checked, so an event loop
+that was busy for a while never mistakes queued heartbeats for silence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+import zmq
+import zmq.asyncio
+
+from common import defaults
+from common.link_curve import CurveKeys
+from common.link_endpoint import check_endpoint
+from common.step import ExecutorInfo, StepPlan, StepResult
+from protos import step_codec
+from protos.kvserve.v1 import executor_link_pb2 as pb
+
+log = structlog.get_logger(__name__)
+
+SHUTDOWN_WAIT_S = 1.0
+"""close() waits this long at most for the executor to acknowledge a Shutdown."""
+MAX_MESSAGE_BYTES = 512 * 1024 * 1024
+"""Larger frames are dropped by ZeroMQ before parsing (a garbage or hostile peer)."""
+
+
+class ExecutorLost(RuntimeError):
+    """The executor died, hung, or was replaced while this call waited on it."""
+
+
+class ExecutorStepError(RuntimeError):
+    """The executor reported an error for this step; it is still alive."""
+
+    def __init__(self, step_id: int, message: str, error_type: str = "") -> None:
+        super().__init__(f"executor failed step {step_id}: {error_type + ': ' if error_type else ''}{message}")
+        self.step_id = step_id
+        self.error_type = error_type
+        self.executor_message = message
+
+
+@dataclass(slots=True)
+class _Peer:
+    identity: bytes
+    session_id: str
+    pid: int
+    info: ExecutorInfo
+    generation: int
+    last_heard: float
+
+
+class ExecutorLink:
+    """Send StepPlans to the current executor and await its StepResults."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        heartbeat_interval_s: float = defaults.LINK_HEARTBEAT_INTERVAL_S,
+        dead_after_s: float = defaults.EXECUTOR_DEAD_AFTER_S,
+        step_timeout_s: float | None = defaults.STEP_TIMEOUT_S,
+        curve_keys: CurveKeys | None = None,
+        allow_remote: bool = False,
+        on_change: Callable[[bool], None] | None = None,
+    ) -> None:
+        """`on_change(connected)` is called when an executor registers or is lost (e.g. for health)."""
+        check_endpoint(endpoint, allow_remote=allow_remote)
+        self.endpoint = endpoint
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.dead_after_s = dead_after_s
+        self.step_timeout_s = step_timeout_s
+        self._curve_keys = curve_keys
+        self._on_change = on_change
+        self._ctx: zmq.asyncio.Context | None = None
+        self._sock: zmq.asyncio.Socket | None = None
+        self._authenticator = None
+        self._tasks: list[asyncio.Task] = []
+        self._peer: _Peer | None = None
+        self._generation = 0
+        self._connected = asyncio.Event()
+        self._pending: dict[int, tuple[asyncio.Future, float]] = {}
+        """step_id -> (future of its result, when it was sent)."""
+        self._reset_waiters: dict[int, asyncio.Future] = {}
+        self._next_reset_id = 1
+        self._goodbye: asyncio.Future | None = None
+        self._closed = False
+
+    # --- public API ------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        return self._peer is not None
+
+    @property
+    def info(self) -> ExecutorInfo | None:
+        """The current executor's handshake info (None while none is connected)."""
+        return self._peer.info if self._peer else None
+
+    @property
+    def generation(self) -> int:
+        """Incremented at each new executor registration; 0 before the first."""
+        return self._generation
+
+    @property
+    def executor_pid(self) -> int | None:
+        return self._peer.pid if self._peer else None
+
+    async def start(self) -> None:
+        """Bind the ROUTER socket and start the receive and heartbeat tasks."""
+        self._ctx = zmq.asyncio.Context()
+        sock = self._ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to a vanished executor fails at once
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting executor keeps its identity
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        if self._curve_keys is not None:
+            self._authenticator = await self._start_curve_server(sock, self._curve_keys)
+        sock.bind(self.endpoint)
+        self._sock = sock
+        self._tasks = [
+            asyncio.create_task(self._receive_loop(), name="executor-link-receive"),
+            asyncio.create_task(self._heartbeat_loop(), name="executor-link-heartbeat"),
+        ]
+        log.info("executor link listening", endpoint=self.endpoint, curve=self._curve_keys is not None)
+
+    async def wait_for_executor(self, timeout_s: float | None = None) -> ExecutorInfo:
+        """Return the connected executor's info, waiting for a handshake if none is connected.
+
+        Raises TimeoutError after `timeout_s`. Compare `generation` before and after to
+        know whether it is a new registration.
+        """
+        if self._closed:
+            raise ExecutorLost("the executor link is closed")
+        await asyncio.wait_for(self._connected.wait(), timeout_s)
+        assert self._peer is not None
+        return self._peer.info
+
+    async def step(self, plan: StepPlan) -> StepResult:
+        """Run one plan on the current executor. Raises ExecutorLost or ExecutorStepError."""
+        peer = self._require_peer()
+        if plan.step_id in self._pending:
+            raise ValueError(f"step {plan.step_id} is already in flight")
+        envelope = pb.SchedulerMessage()
+        step_codec.encode_plan(plan, envelope.plan)
+        future = asyncio.get_running_loop().create_future()
+        self._pending[plan.step_id] = (future, time.monotonic())
+        try:
+            await self._send(peer, envelope.SerializeToString())
+            return await future
+        finally:
+            self._pending.pop(plan.step_id, None)
+
+    async def reset_executor(self) -> None:
+        """Tell the executor to forget every sequence; returns once it has done so."""
+        peer = self._require_peer()
+        reset_id = self._next_reset_id
+        self._next_reset_id += 1
+        future = asyncio.get_running_loop().create_future()
+        self._reset_waiters[reset_id] = future
+        try:
+            await self._send(peer, pb.SchedulerMessage(reset=pb.Reset(reset_id=reset_id)).SerializeToString())
+            await future
+        finally:
+            self._reset_waiters.pop(reset_id, None)
+
+    async def close(self, shutdown_executor: bool = True) -> None:
+        """Stop the link; with `shutdown_executor`, ask the current executor to exit first."""
+        if self._closed:
+            return
+        self._closed = True
+        if shutdown_executor and self._peer is not None and self._sock is not None:
+            await self._shutdown_executor(self._peer)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._fail_waiters(ExecutorLost("the executor link was closed"))
+        self._peer = None
+        self._connected.clear()
+        if self._authenticator is not None:
+            self._authenticator.stop()
+        if self._sock is not None:
+            self._sock.close(linger=0)
+        if self._ctx is not None:
+            await asyncio.to_thread(self._ctx.term)
+        log.info("executor link closed", endpoint=self.endpoint)
+
+    async def _shutdown_executor(self, peer: _Peer) -> None:
+        """Send Shutdown until the executor says Goodbye (a message sent just before the
+        socket closes can be lost), for at most SHUTDOWN_WAIT_S."""
+        self._goodbye = asyncio.get_running_loop().create_future()
+        message = pb.SchedulerMessage(shutdown=pb.Shutdown(reason="scheduler closing")).SerializeToString()
+        deadline = time.monotonic() + SHUTDOWN_WAIT_S
+        while time.monotonic() < deadline and self._peer is peer:
+            self._send_nowait(peer, message)
+            try:
+                await asyncio.wait_for(asyncio.shield(self._goodbye), 0.2)
+                log.info("executor acknowledged shutdown", pid=peer.pid)
+                return
+            except asyncio.TimeoutError:
+                continue
+        log.warning("executor did not acknowledge shutdown", pid=peer.pid)
+
+    # --- receiving -------------------------------------------------------------
+
+    async def _receive_loop(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        while True:
+            if await sock.poll(self._poll_timeout_ms(), zmq.POLLIN):
+                while await sock.poll(0, zmq.POLLIN):
+                    frames = await sock.recv_multipart(copy=False)
+                    try:
+                        self._handle_frames(frames)
+                    except Exception:  # noqa: BLE001 - one bad message must not stop the link
+                        log.exception("failed to handle a link message")
+            self._check_deadlines()
+
+    def _poll_timeout_ms(self) -> int:
+        """Sleep until the earliest moment the current executor could be declared lost."""
+        peer = self._peer
+        if peer is None:
+            return int(self.heartbeat_interval_s * 1000)
+        deadline = peer.last_heard + self.dead_after_s
+        if self.step_timeout_s is not None and self._pending:
+            deadline = min(deadline, min(t for _, t in self._pending.values()) + self.step_timeout_s)
+        return max(1, int((deadline - time.monotonic()) * 1000) + 1)
+
+    def _handle_frames(self, frames: list) -> None:
+        if len(frames) != 2:
+            log.warning("dropping malformed link message", frames=len(frames))
+            return
+        identity = frames[0].bytes
+        try:
+            message = pb.ExecutorMessage.FromString(frames[1].buffer)
+        except Exception:  # noqa: BLE001 - any parse error means a bad peer, not a bad scheduler
+            log.warning("dropping undecodable link message", bytes=len(frames[1].buffer))
+            return
+        kind = message.WhichOneof("kind")
+        if kind == "handshake":
+            self._on_handshake(identity, message.handshake)
+            return
+        peer = self._peer
+        if peer is None or identity != peer.identity:
+            log.debug("ignoring message from a former executor", kind=kind)
+            return
+        peer.last_heard = time.monotonic()
+        if kind == "result":
+            self._resolve_step(message.result.step_id, lambda: step_codec.decode_result(message.result))
+        elif kind == "error":
+            err = message.error
+            if err.step_id in self._pending:
+                self._fail_step(err.step_id, ExecutorStepError(err.step_id, err.message, err.error_type))
+            else:
+                log.warning("executor reported an error", step_id=err.step_id, error=err.message,
+                            error_type=err.error_type)
+        elif kind == "goodbye":  # it answers our Shutdown, or leaves on its own (SIGTERM)
+            if self._goodbye is not None and not self._goodbye.done():
+                self._goodbye.set_result(None)
+            self._lose(f"the executor (pid {peer.pid}) shut down", notify=not self._closed)
+        elif kind == "reset_done":
+            future = self._reset_waiters.get(message.reset_done.reset_id)
+            if future is not None and not future.done():
+                future.set_result(None)
+
+    def _on_handshake(self, identity: bytes, handshake: pb.Handshake) -> None:
+        current = self._peer
+        if current is not None and current.identity == identity and current.session_id == handshake.session_id:
+            current.last_heard = time.monotonic()
+            self._send_nowait(current, self._ack(current))  # a resend: our ack was not seen yet
+            return
+        if handshake.protocol_version != step_codec.PROTOCOL_VERSION:
+            log.error("executor speaks another link protocol version; ignoring it",
+                      theirs=handshake.protocol_version, ours=step_codec.PROTOCOL_VERSION, pid=handshake.pid)
+            return
+        if current is not None:
+            self._lose(f"replaced by a new executor registration (pid {handshake.pid})", notify=False)
+        self._generation += 1
+        peer = _Peer(identity=identity, session_id=handshake.session_id, pid=handshake.pid,
+                     info=step_codec.decode_info(handshake.info), generation=self._generation,
+                     last_heard=time.monotonic())
+        self._peer = peer
+        self._connected.set()
+        self._send_nowait(peer, self._ack(peer))
+        log.info("executor registered", generation=peer.generation, pid=peer.pid, model_id=peer.info.model_id,
+                 num_blocks=peer.info.num_blocks, block_size=peer.info.block_size, kind=peer.info.executor_kind)
+        self._notify(True)
+
+    def _ack(self, peer: _Peer) -> bytes:
+        ack = pb.HandshakeAck(session_id=peer.session_id, generation=peer.generation)
+        return pb.SchedulerMessage(handshake_ack=ack).SerializeToString()
+
+    def _resolve_step(self, step_id: int, decode: Callable[[], StepResult]) -> None:
+        entry = self._pending.get(step_id)
+        if entry is None:
+            log.debug("ignoring a result nobody waits for", step_id=step_id)
+            return
+        future = entry[0]
+        if future.done():
+            return
+        try:
+            future.set_result(decode())
+        except ValueError as exc:
+            future.set_exception(ExecutorStepError(step_id, f"malformed result: {exc}", "DecodeError"))
+
+    def _fail_step(self, step_id: int, exc: Exception) -> None:
+        entry = self._pending.get(step_id)
+        if entry is not None and not entry[0].done():
+            entry[0].set_exception(exc)
+
+    # --- liveness --------------------------------------------------------------
+
+    def _check_deadlines(self) -> None:
+        peer = self._peer
+        if peer is None:
+            return
+        now = time.monotonic()
+        silent_for = now - peer.last_heard
+        if silent_for > self.dead_after_s:
+            self._lose(f"no message from the executor (pid {peer.pid}) for {silent_for:.1f}s")
+            return
+        if self.step_timeout_s is not None:
+            for step_id, (_, started) in list(self._pending.items()):
+                if now - started > self.step_timeout_s:
+                    # Heartbeats flow but the compute is stuck: stop it, it is no use to us.
+                    self._send_nowait(peer, pb.SchedulerMessage(
+                        shutdown=pb.Shutdown(reason=f"step {step_id} exceeded {self.step_timeout_s}s")
+                    ).SerializeToString())
+                    self._lose(f"step {step_id} got no answer within {self.step_timeout_s}s")
+                    return
+
+    def _lose(self, reason: str, *, notify: bool = True) -> None:
+        peer = self._peer
+        if peer is None:
+            return
+        log.warning("executor lost", reason=reason, generation=peer.generation, pid=peer.pid)
+        self._peer = None
+        self._connected.clear()
+        self._fail_waiters(ExecutorLost(reason))
+        if notify:
+            self._notify(False)
+
+    def _fail_waiters(self, exc: ExecutorLost) -> None:
+        for future, _ in self._pending.values():
+            if not future.done():
+                future.set_exception(exc)
+        for future in self._reset_waiters.values():
+            if not future.done():
+                future.set_exception(exc)
+
+    def _notify(self, connected: bool) -> None:
+        if self._on_change is not None:
+            try:
+                self._on_change(connected)
+            except Exception:  # noqa: BLE001 - a listener bug must not break the link
+                log.exception("executor link on_change callback failed")
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_interval_s)
+            peer = self._peer
+            if peer is not None:
+                beat = pb.SchedulerMessage(heartbeat=pb.Heartbeat(sent_at=time.time()))
+                self._send_nowait(peer, beat.SerializeToString())
+
+    # --- sending ---------------------------------------------------------------
+
+    def _require_peer(self) -> _Peer:
+        if self._closed:
+            raise ExecutorLost("the executor link is closed")
+        if self._peer is None:
+            raise ExecutorLost("no executor is connected")
+        return self._peer
+
+    async def _send(self, peer: _Peer, data: bytes) -> None:
+        if not self._send_nowait(peer, data):
+            raise ExecutorLost(f"the executor (pid {peer.pid}) is unreachable")
+
+    def _send_nowait(self, peer: _Peer, data: bytes) -> bool:
+        """Send without waiting; a vanished peer is declared lost. False when not sent."""
+        assert self._sock is not None
+        # zmq.asyncio reports a failed NOBLOCK send through the returned (already done)
+        # future, not by raising: read it here so errors are neither lost nor delayed.
+        sent = self._sock.send_multipart([peer.identity, data], zmq.NOBLOCK, copy=len(data) < 65536)
+        if not sent.done():  # only when another send is queued; we never queue one
+            sent.add_done_callback(_consume_exception)
+            return True
+        exc = sent.exception()
+        if exc is None:
+            return True
+        if isinstance(exc, zmq.Again):
+            return False  # the executor's queue is full: it is not reading; liveness will tell
+        if isinstance(exc, zmq.ZMQError) and exc.errno == zmq.EHOSTUNREACH:
+            if self._peer is peer:
+                self._lose(f"the executor's connection closed (pid {peer.pid})")
+            return False
+        raise exc
+
+    async def _start_curve_server(self, sock: zmq.asyncio.Socket, keys: CurveKeys):
+        from zmq.auth.asyncio import AsyncioAuthenticator
+
+        authenticator = AsyncioAuthenticator(self._ctx)
+        authenticator.start()
+        allowed = set(keys.peer_public_keys)
+        if allowed:
+            authenticator.configure_curve_callback("*", credentials_provider=_AllowList(allowed))
+        else:
+            authenticator.configure_curve(domain="*", location=zmq.auth.CURVE_ALLOW_ANY)
+        sock.curve_secretkey = keys.secret_key
+        sock.curve_publickey = keys.public_key
+        sock.curve_server = True
+        return authenticator
+
+
+def _consume_exception(future: asyncio.Future) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("link send failed", error=str(future.exception()))
+
+
+@dataclass(slots=True)
+class _AllowList:
+    """ZAP credentials provider: accept exactly these client public keys (Z85)."""
+
+    keys: set[bytes]
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return key in self.keys  # pyzmq passes the client key Z85-encoded
+
+
