@@ -1,0 +1,259 @@
+"""The gRPC front door: `KVServe`, standard health checking and server reflection.
+
+The server starts before any executor has registered (health NOT_SERVING, Generate
+UNAVAILABLE) so that orchestrators can watch it come up; `attach` hands it the engine
+once the executor's handshake has sized the scheduler.
+
+Status codes: INVALID_ARGUMENT "field: message" for bad fields, RESOURCE_EXHAUSTED
+when the queue is full, UNAVAILABLE without a usable executor or while draining,
+INTERNAL when the executor failed a step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from common.sampling import InvalidFieldError
+from common.step import ExecutorInfo
+from protos.kvserve.v1 import api_pb2, api_pb2_grpc
+from scheduler_svc.engine import Engine, ExecutorState
+from scheduler_svc.auth import TokenTable
+from scheduler_svc.namespaces import ANONYMOUS_TENANT, prefix_namespace, tenant_from_metadata
+from scheduler_svc.request import FinishReason, RequestRejected
+from scheduler_svc.request_stream import CompletionChunk, FailureKind, RequestFailed
+from scheduler_svc.request_validation import ModelLimits, encode_chat, encode_text, validate_generate
+from scheduler_svc.server_config import ServerConfig
+from scheduler_svc.tokenizer import Tokenizer
+
+log = structlog.get_logger(__name__)
+
+SERVICE_NAME = api_pb2.DESCRIPTOR.services_by_name["KVServe"].full_name
+
+_FAILURE_CODES = {
+    FailureKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    FailureKind.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    FailureKind.INTERNAL: grpc.StatusCode.INTERNAL,
+}
+_FINISH_REASONS = {
+    FinishReason.STOP: api_pb2.FINISH_REASON_STOP,
+    FinishReason.EOS: api_pb2.FINISH_REASON_EOS,
+    FinishReason.LENGTH: api_pb2.FINISH_REASON_LENGTH,
+    FinishReason.ABORT: api_pb2.FINISH_REASON_ABORT,
+    FinishReason.ERROR: api_pb2.FINISH_REASON_ERROR,
+}
+_EXECUTOR_STATES = {
+    ExecutorState.WAITING: api_pb2.EXECUTOR_STATE_WAITING,
+    ExecutorState.READY: api_pb2.EXECUTOR_STATE_READY,
+    ExecutorState.LOST: api_pb2.EXECUTOR_STATE_LOST,
+}
+
+
+@dataclass(slots=True)
+class ServingModel:
+    """What the API needs once an executor has registered."""
+
+    engine: Engine
+    tokenizer: Tokenizer
+    info: ExecutorInfo
+    limits: ModelLimits
+
+
+def scoped_request_id(tenant: str, request_id: str) -> str:
+    """The engine-wide id of a client's request: tenants may reuse ids and only abort their own."""
+    return f"{tenant}/{request_id}"
+
+
+class KVServeServicer(api_pb2_grpc.KVServeServicer):
+    """`tokens` (when auth is on) names each caller's tenant; without it everyone is anonymous."""
+
+    def __init__(self, *, restarts: Callable[[], int] = lambda: 0, tokens: TokenTable | None = None) -> None:
+        self.model: ServingModel | None = None
+        self._restarts = restarts
+        self._tokens = tokens
+
+    def _tenant_of(self, context: grpc.aio.ServicerContext) -> str:
+        metadata = context.invocation_metadata()
+        if self._tokens is None:
+            return tenant_from_metadata(metadata)
+        # The auth interceptor already refused calls without a valid token.
+        return self._tokens.tenant_from_metadata(metadata) or ANONYMOUS_TENANT
+
+    def _require_model(self) -> ServingModel:
+        if self.model is None:
+            raise RequestFailed(FailureKind.UNAVAILABLE, "no executor has registered yet")
+        return self.model
+
+    async def Generate(self, request: api_pb2.GenerateRequest,
+                       context: grpc.aio.ServicerContext) -> AsyncIterator[api_pb2.GenerateResponse]:
+        try:
+            model = self._require_model()
+            if _prompt_chars(request) > _INLINE_TOKENIZE_CHARS:
+                validated = await asyncio.to_thread(validate_generate, request, model.tokenizer, model.limits)
+            else:
+                validated = validate_generate(request, model.tokenizer, model.limits)
+            tenant = self._tenant_of(context)
+            namespace = prefix_namespace(model.info.model_id, tenant, validated.cache_salt)
+            request_id = validated.request_id
+            scoped = dataclasses.replace(validated, request_id=scoped_request_id(tenant, request_id))
+            stream = model.engine.submit(scoped, namespace)
+        except InvalidFieldError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except RequestRejected as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _rejection_message(exc))
+        except RequestFailed as exc:
+            await context.abort(_FAILURE_CODES[exc.kind], exc.message)
+        try:
+            async for chunk in stream:
+                yield _chunk_to_proto(request_id, chunk)
+        except RequestFailed as exc:
+            await context.abort(_FAILURE_CODES[exc.kind], exc.message)
+        finally:
+            # Cancel, deadline or disconnect: the generator is closed before the stream ended.
+            if not stream.closed:
+                model.engine.abort(scoped.request_id)
+
+    async def Abort(self, request: api_pb2.AbortRequest, context: grpc.aio.ServicerContext) -> api_pb2.AbortResponse:
+        if self.model is None:
+            return api_pb2.AbortResponse(found=False)
+        scoped = scoped_request_id(self._tenant_of(context), request.request_id)
+        return api_pb2.AbortResponse(found=self.model.engine.abort(scoped))
+
+    async def Tokenize(self, request: api_pb2.TokenizeRequest,
+                       context: grpc.aio.ServicerContext) -> api_pb2.TokenizeResponse:
+        try:
+            model = self._require_model()
+            kind = request.WhichOneof("input")
+            if kind == "text":
+                ids = encode_text(request.text, model.tokenizer, "text")
+            elif kind == "chat":
+                ids = encode_chat(request.chat, model.tokenizer, "chat")
+            else:
+                raise InvalidFieldError("input", "set text or chat")
+        except InvalidFieldError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except RequestFailed as exc:
+            await context.abort(_FAILURE_CODES[exc.kind], exc.message)
+        return api_pb2.TokenizeResponse(token_ids=ids, tokens=model.tokenizer.tokens(ids))
+
+    async def ModelInfo(self, request: api_pb2.ModelInfoRequest,
+                        context: grpc.aio.ServicerContext) -> api_pb2.ModelInfoResponse:
+        if self.model is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no executor has registered yet")
+        info, limits = self.model.info, self.model.limits
+        return api_pb2.ModelInfoResponse(
+            model_id=info.model_id, vocab_size=limits.vocab_size, max_model_len=limits.max_model_len,
+            block_size=info.block_size, num_blocks=info.num_blocks, eos_token_ids=list(info.eos_token_ids),
+            executor_kind=info.executor_kind, device=info.device, dtype=info.dtype,
+            attention_backend=info.attention_backend, has_chat_template=self.model.tokenizer.has_chat_template)
+
+    async def ServerStats(self, request: api_pb2.ServerStatsRequest,
+                          context: grpc.aio.ServicerContext) -> api_pb2.ServerStatsResponse:
+        if self.model is None:
+            return api_pb2.ServerStatsResponse(executor_state=api_pb2.EXECUTOR_STATE_WAITING,
+                                               executor_restarts=self._restarts())
+        stats = self.model.engine.stats()
+        s = stats.scheduler
+        return api_pb2.ServerStatsResponse(
+            num_blocks=s.num_blocks, blocks_free=s.blocks_free, blocks_cached=s.blocks_cached,
+            blocks_referenced=s.blocks_referenced, kv_usage=s.kv_usage, requests_waiting=s.num_waiting,
+            requests_running=s.num_running, requests_swapped=s.num_swapped,
+            prefix_queried_tokens=s.prefix_queried_tokens, prefix_hit_tokens=s.prefix_hit_tokens,
+            num_preemptions=s.num_preemptions, executor_state=_EXECUTOR_STATES[stats.executor_state],
+            executor_restarts=self._restarts(), steps=stats.steps)
+
+
+_INLINE_TOKENIZE_CHARS = 20_000
+"""Longer prompts are tokenized on a worker thread so the event loop keeps streaming meanwhile."""
+
+
+def _prompt_chars(request: api_pb2.GenerateRequest) -> int:
+    kind = request.WhichOneof("prompt")
+    if kind == "text":
+        return len(request.text)
+    if kind == "chat":
+        return sum(len(m.content) for m in request.chat.messages)
+    return 0
+
+
+_SAMPLING_FIELDS = frozenset(api_pb2.SamplingParams.DESCRIPTOR.fields_by_name)
+
+
+def _rejection_message(exc: RequestRejected) -> str:
+    """The scheduler names its own field ("max_tokens"); clients see the API path ("sampling.max_tokens")."""
+    field = f"sampling.{exc.field}" if exc.field in _SAMPLING_FIELDS else exc.field
+    return f"{field}: {exc.reason}"
+
+
+def _chunk_to_proto(request_id: str, chunk: CompletionChunk) -> api_pb2.GenerateResponse:
+    response = api_pb2.GenerateResponse(request_id=request_id, index=chunk.index, token_ids=chunk.token_ids,
+                                        text=chunk.text)
+    for lp in chunk.logprobs:
+        response.logprobs.append(api_pb2.TokenLogprobs(
+            token_id=lp.token_id, logprob=lp.logprob,
+            top=[api_pb2.Logprob(token_id=t.token_id, logprob=t.logprob) for t in lp.top]))
+    if chunk.finish_reason is not None:
+        response.finish_reason = _FINISH_REASONS[chunk.finish_reason]
+    if chunk.usage is not None:
+        u = chunk.usage
+        response.usage.CopyFrom(api_pb2.Usage(
+            prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens, cached_tokens=u.cached_tokens,
+            queue_time_s=u.queue_time_s, ttft_s=u.ttft_s, e2e_s=u.e2e_s))
+    return response
+
+
+class ApiServer:
+    """The grpc.aio server with KVServe, health and reflection; `serving` drives the health status."""
+
+    def __init__(self, config: ServerConfig, servicer: KVServeServicer, *,
+                 interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+                 credentials: grpc.ServerCredentials | None = None) -> None:
+        self._config = config
+        self.servicer = servicer
+        self._credentials = credentials
+        options = [("grpc.max_receive_message_length", config.max_request_bytes),
+                   ("grpc.so_reuseport", 0)]
+        self._server = grpc.aio.server(interceptors=list(interceptors), options=options)
+        api_pb2_grpc.add_KVServeServicer_to_server(servicer, self._server)
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server)
+        self.port: int | None = None
+        self._state_tasks: set[asyncio.Task] = set()
+
+    async def start(self) -> int:
+        await self.set_serving(False)
+        address = f"{self._config.host}:{self._config.port}"
+        if self._credentials is not None:
+            self.port = self._server.add_secure_port(address, self._credentials)
+        else:
+            self.port = self._server.add_insecure_port(address)
+        if not self.port:
+            raise OSError(f"cannot listen on {address}")
+        await self._server.start()
+        return self.port
+
+    async def set_serving(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, status)
+
+    def on_executor_state(self, state: ExecutorState) -> None:
+        """Engine callback (sync): SERVING only while an executor is ready."""
+        task = asyncio.get_running_loop().create_task(self.set_serving(state is ExecutorState.READY))
+        self._state_tasks.add(task)
+        task.add_done_callback(self._state_tasks.discard)
+
+    async def enter_drain(self) -> None:
+        await self.health.enter_graceful_shutdown()
+
+    async def stop(self, grace_s: float | None = 1.0) -> None:
+        await self._server.stop(grace_s)

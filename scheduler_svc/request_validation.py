@@ -1,0 +1,138 @@
+"""Turn a `GenerateRequest` into prompt token ids and `SamplingParams`, refusing bad fields.
+
+Every refusal raises `InvalidFieldError` whose `field` is the API field path
+(e.g. "sampling.top_p"), which the API maps to INVALID_ARGUMENT "field: message".
+Range checks of the sampling fields live in `SamplingParams.validate`; this module
+adds what needs the model: context length, vocabulary, chat template and roles.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from common import defaults
+from common.sampling import InvalidFieldError, SamplingParams
+from protos.kvserve.v1 import api_pb2
+from scheduler_svc.tokenizer import CHAT_ROLES, ChatMessage, ChatTemplateError, Tokenizer
+
+_SAMPLING_FLOATS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+_SAMPLING_INTS = ("top_k", "seed", "n", "min_tokens", "logprobs")
+
+
+@dataclass(slots=True)
+class ModelLimits:
+    """What validation needs to know about the served model."""
+
+    max_model_len: int
+    vocab_size: int
+
+
+@dataclass(slots=True)
+class ValidatedRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    priority: int
+    cache_salt: str
+
+
+def validate_generate(request: api_pb2.GenerateRequest, tokenizer: Tokenizer, limits: ModelLimits) -> ValidatedRequest:
+    """Validate every field; raise InvalidFieldError naming the first bad one."""
+    request_id = validate_request_id(request.request_id)
+    if len(request.cache_salt) > defaults.MAX_CACHE_SALT_CHARS:
+        raise InvalidFieldError("cache_salt", f"at most {defaults.MAX_CACHE_SALT_CHARS} characters")
+    if abs(request.priority) > defaults.MAX_ABS_PRIORITY:
+        raise InvalidFieldError("priority", f"must be within ±{defaults.MAX_ABS_PRIORITY}, got {request.priority}")
+    prompt = prompt_token_ids(request, tokenizer, limits)
+    sampling = sampling_params(request.sampling, len(prompt), limits)
+    return ValidatedRequest(request_id=request_id, prompt_token_ids=prompt, sampling=sampling,
+                            priority=int(request.priority), cache_salt=request.cache_salt)
+
+
+def validate_request_id(request_id: str) -> str:
+    if not request_id:
+        return uuid.uuid4().hex
+    if len(request_id) > defaults.MAX_REQUEST_ID_CHARS:
+        raise InvalidFieldError("request_id", f"at most {defaults.MAX_REQUEST_ID_CHARS} characters")
+    if not request_id.isprintable() or not request_id.isascii():
+        raise InvalidFieldError("request_id", "must be printable ASCII")
+    return request_id
+
+
+def prompt_token_ids(request: api_pb2.GenerateRequest, tokenizer: Tokenizer, limits: ModelLimits) -> list[int]:
+    kind = request.WhichOneof("prompt")
+    if kind == "text":
+        ids = encode_text(request.text, tokenizer, "text")
+    elif kind == "token_ids":
+        ids = list(request.token_ids.ids)
+        bad = next((t for t in ids if not 0 <= t < limits.vocab_size), None)
+        if bad is not None:
+            raise InvalidFieldError("token_ids", f"token id {bad} is outside the vocabulary [0, {limits.vocab_size})")
+    elif kind == "chat":
+        ids = encode_chat(request.chat, tokenizer, "chat")
+    else:
+        raise InvalidFieldError("prompt", "set one of text, token_ids or chat")
+    if not ids:
+        raise InvalidFieldError(kind, "the prompt must not be empty")
+    if len(ids) >= limits.max_model_len:
+        raise InvalidFieldError(kind, f"the prompt has {len(ids)} tokens; the context holds {limits.max_model_len} "
+                                      "and at least one must be left for the output")
+    return ids
+
+
+def encode_text(text: str, tokenizer: Tokenizer, field: str) -> list[int]:
+    if not text:
+        raise InvalidFieldError(field, "the prompt must not be empty")
+    if len(text) > defaults.MAX_PROMPT_CHARS:
+        raise InvalidFieldError(field, f"at most {defaults.MAX_PROMPT_CHARS} characters")
+    return tokenizer.encode(text)
+
+
+def encode_chat(chat: api_pb2.ChatPrompt, tokenizer: Tokenizer, field: str) -> list[int]:
+    messages = chat.messages
+    if not messages:
+        raise InvalidFieldError(f"{field}.messages", "at least one message is required")
+    if len(messages) > defaults.MAX_CHAT_MESSAGES:
+        raise InvalidFieldError(f"{field}.messages", f"at most {defaults.MAX_CHAT_MESSAGES} messages")
+    total = 0
+    for i, message in enumerate(messages):
+        if message.role not in CHAT_ROLES:
+            raise InvalidFieldError(f"{field}.messages[{i}].role",
+                                    f"unknown role {message.role[:32]!r}; use one of {sorted(CHAT_ROLES)}")
+        total += len(message.content)
+    if total > defaults.MAX_PROMPT_CHARS:
+        raise InvalidFieldError(f"{field}.messages", f"at most {defaults.MAX_PROMPT_CHARS} characters in all")
+    try:
+        return tokenizer.encode_chat([ChatMessage(m.role, m.content) for m in messages])
+    except ChatTemplateError as exc:
+        raise InvalidFieldError(field, str(exc)) from exc
+
+
+def sampling_params(pb: api_pb2.SamplingParams, prompt_len: int, limits: ModelLimits) -> SamplingParams:
+    """Proto -> SamplingParams; unset fields keep the defaults, max_tokens is clamped only when unset."""
+    params = SamplingParams()
+    for name in _SAMPLING_FLOATS:
+        if pb.HasField(name):
+            setattr(params, name, float(getattr(pb, name)))
+    for name in _SAMPLING_INTS:
+        if pb.HasField(name):
+            setattr(params, name, int(getattr(pb, name)))
+    room = limits.max_model_len - prompt_len
+    if pb.HasField("max_tokens"):
+        params.max_tokens = int(pb.max_tokens)
+        if params.max_tokens > room:
+            raise InvalidFieldError("sampling.max_tokens", f"prompt ({prompt_len} tokens) + max_tokens "
+                                    f"({params.max_tokens}) exceeds the context of {limits.max_model_len} tokens")
+    else:
+        params.max_tokens = min(params.max_tokens, room)
+    params.stop_token_ids = tuple(int(t) for t in pb.stop_token_ids)
+    if any(not 0 <= t < limits.vocab_size for t in params.stop_token_ids):
+        raise InvalidFieldError("sampling.stop_token_ids", f"token ids must be in [0, {limits.vocab_size})")
+    params.stop = tuple(pb.stop)
+    params.ignore_eos = bool(pb.ignore_eos)
+    try:
+        params.validate()
+    except InvalidFieldError as exc:
+        raise InvalidFieldError(f"sampling.{exc.field}", exc.reason) from exc
+    return params

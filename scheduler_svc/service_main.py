@@ -1,0 +1,190 @@
+"""The scheduler service's async main: link, gRPC API, first executor, engine, drain.
+
+Order matters: the link binds and the gRPC server listens first (health NOT_SERVING),
+so an orchestrator can watch start-up; then the first executor's handshake sizes the
+Scheduler, the engine starts, health turns SERVING and one line says where it listens.
+SIGTERM (or SIGINT) drains: health NOT_SERVING, new requests refused, in-flight ones
+get `drain_grace_s` to finish, then the executor is told to shut down and we exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from dataclasses import dataclass
+
+import grpc
+
+import structlog
+
+from common.link_endpoint import private_ipc_endpoint
+from common.step import ExecutorInfo
+from scheduler_svc.api_server import ApiServer, KVServeServicer, ServingModel
+from scheduler_svc.auth import BearerAuthInterceptor, TokenFileError, TokenTable, load_token_file
+from scheduler_svc.bind_policy import BindSecurity, InsecureBindError, check_bind
+from scheduler_svc.engine import Engine
+from scheduler_svc.executor_link import ExecutorLink
+from scheduler_svc.executor_supervisor import ExecutorSupervisor
+from scheduler_svc.metrics import ServerMetrics
+from scheduler_svc.request_validation import ModelLimits
+from scheduler_svc.scheduler import Scheduler
+from scheduler_svc.scheduler_config import SchedulerConfig
+from scheduler_svc.server_config import ServerConfig
+from scheduler_svc.tls import TlsConfigError, server_credentials, tls_files
+from scheduler_svc.tokenizer import Tokenizer
+
+log = structlog.get_logger(__name__)
+
+
+class ExecutorStartError(RuntimeError):
+    """The supervised executor exited before it ever registered."""
+
+
+@dataclass(slots=True)
+class ApiSecurity:
+    tokens: TokenTable | None
+    credentials: grpc.ServerCredentials | None
+
+
+def load_api_security(config: ServerConfig) -> ApiSecurity:
+    """Check the bind policy and read token and TLS files, before anything listens or starts."""
+    files = tls_files(config.tls_cert, config.tls_key, config.tls_client_ca)
+    check_bind(BindSecurity(host=config.host, auth=config.auth_token_file is not None, tls=files is not None,
+                            allow_insecure_remote=config.allow_insecure_remote))
+    tokens = load_token_file(config.auth_token_file) if config.auth_token_file is not None else None
+    return ApiSecurity(tokens=tokens, credentials=server_credentials(files) if files is not None else None)
+
+
+def resolve_link_endpoint(config: ServerConfig) -> str:
+    """The configured endpoint, or an ipc socket in a fresh private (0700) directory."""
+    return config.link or private_ipc_endpoint()
+
+
+def build_scheduler(config: ServerConfig, info: ExecutorInfo) -> Scheduler:
+    max_model_len = min(info.max_model_len, config.max_model_len or info.max_model_len)
+    return Scheduler(SchedulerConfig(
+        num_blocks=info.num_blocks, block_size=info.block_size, num_cpu_blocks=info.num_cpu_blocks,
+        max_model_len=max_model_len, max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_seqs=config.max_num_seqs, preemption_mode=config.preemption_mode,
+        enable_prefix_caching=config.enable_prefix_caching, cache_aware_order=config.cache_aware_order,
+        eos_token_ids=tuple(info.eos_token_ids), debug_invariants=config.debug_invariants))
+
+
+async def run_service(config: ServerConfig, *, endpoint: str | None = None,
+                      supervisor: ExecutorSupervisor | None = None) -> int:
+    """Serve until SIGTERM/SIGINT; returns the process exit code (2: bad security options)."""
+    try:
+        security = load_api_security(config)
+    except (TokenFileError, TlsConfigError, InsecureBindError) as exc:
+        print(f"kvserve: {exc}", file=sys.stderr, flush=True)
+        return 2
+    endpoint = endpoint or resolve_link_endpoint(config)
+    engine: Engine | None = None
+    registered_pid: int | None = None
+
+    def on_link_change(connected: bool) -> None:
+        nonlocal registered_pid
+        if connected:
+            registered_pid = link.executor_pid
+        elif supervisor is not None:
+            supervisor.kill_if_current(registered_pid)  # lost but maybe alive (hung): replace it
+        if engine is not None:
+            engine.on_link_change(connected)
+
+    link = ExecutorLink(endpoint, heartbeat_interval_s=config.heartbeat_interval_s,
+                        dead_after_s=config.executor_dead_after_s, step_timeout_s=config.step_timeout_s,
+                        allow_remote=config.allow_remote_link, on_change=on_link_change)
+    await link.start()
+    restarts = (lambda: supervisor.restarts) if supervisor else (lambda: max(0, link.generation - 1))
+    servicer = KVServeServicer(restarts=restarts, tokens=security.tokens)
+    interceptors = [BearerAuthInterceptor(security.tokens)] if security.tokens is not None else []
+    api = ApiServer(config, servicer, interceptors=interceptors, credentials=security.credentials)
+    shutdown = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, shutdown.set)
+    engine_task: asyncio.Task | None = None
+    metrics = ServerMetrics() if config.metrics_port is not None else None
+    try:
+        port = await api.start()
+        if metrics is not None:
+            metrics_port = metrics.start_http_server(config.host, config.metrics_port)
+            log.info("metrics_listening", host=config.host, port=metrics_port)
+        log.info("grpc_listening", host=config.host, port=port, link=endpoint, health="NOT_SERVING")
+        if supervisor is not None:
+            await supervisor.start()
+        info = await _first_executor(link, supervisor, shutdown, config.executor_start_timeout_s)
+        if info is None:
+            return 0
+        tokenizer = Tokenizer.from_dir(info.tokenizer_path)
+        scheduler = build_scheduler(config, info)
+        engine = Engine(scheduler, link, tokenizer, config, on_state_change=api.on_executor_state, metrics=metrics)
+        limits = ModelLimits(max_model_len=min(info.max_model_len, config.max_model_len or info.max_model_len),
+                             vocab_size=info.vocab_size)
+        servicer.model = ServingModel(engine=engine, tokenizer=tokenizer, info=info, limits=limits)
+        engine_task = loop.create_task(engine.run())
+        await api.set_serving(True)
+        log.info("serving", model_id=info.model_id, executor=info.executor_kind, num_blocks=info.num_blocks,
+                 max_model_len=limits.max_model_len)
+        print(f"kvserve: serving {info.model_id} on {config.host}:{port} (executor {info.executor_kind})",
+              flush=True)
+        stop_wait = loop.create_task(shutdown.wait())
+        await asyncio.wait({stop_wait, engine_task}, return_when=asyncio.FIRST_COMPLETED)
+        stop_wait.cancel()
+        if engine_task.done():
+            engine_task.result()  # the loop never ends on its own: surface its exception
+        log.info("draining", active_requests=engine.num_active, grace_s=config.drain_grace_s)
+        await api.enter_drain()
+        await engine.drain(config.drain_grace_s)
+        await engine_task
+        return 0
+    except ExecutorStartError as exc:
+        log.error("executor_start_failed", error=str(exc))
+        print(f"kvserve: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        if engine is not None:
+            engine.stop()
+        if engine_task is not None and not engine_task.done():
+            engine_task.cancel()
+        await api.stop(1.0)
+        if metrics is not None:
+            metrics.stop_http_server()
+        await link.close(shutdown_executor=True)
+        if supervisor is not None:
+            await supervisor.stop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        log.info("stopped")
+
+
+async def _first_executor(link: ExecutorLink, supervisor: ExecutorSupervisor | None, shutdown: asyncio.Event,
+                          timeout_s: float | None) -> ExecutorInfo | None:
+    """Wait for the first handshake; None if asked to shut down first."""
+    loop = asyncio.get_running_loop()
+    waits: dict[asyncio.Task, str] = {
+        loop.create_task(link.wait_for_executor(timeout_s=timeout_s)): "executor",
+        loop.create_task(shutdown.wait()): "shutdown",
+    }
+    if supervisor is not None:
+        waits[loop.create_task(supervisor.exits.get())] = "exited"
+    try:
+        done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        first = next(iter(done))
+        kind = waits[first]
+        if kind == "executor":
+            try:
+                info = first.result()
+            except (TimeoutError, asyncio.TimeoutError):
+                raise ExecutorStartError(f"no executor registered within {timeout_s:g} s") from None
+            log.info("executor_registered", model_id=info.model_id, num_blocks=info.num_blocks,
+                     block_size=info.block_size, kind=info.executor_kind)
+            return info
+        if kind == "exited":
+            raise ExecutorStartError(f"the executor exited with code {first.result()} before registering; "
+                                     "see its log lines above")
+        return None
+    finally:
+        for task in waits:
+            task.cancel()

@@ -1,0 +1,154 @@
+"""Process lifecycle of `kvserve serve`: SIGTERM drain, executor restart, executor never coming back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2
+
+from protos.kvserve.v1 import api_pb2, api_pb2_grpc
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _request(seed: int, max_tokens: int) -> api_pb2.GenerateRequest:
+    return api_pb2.GenerateRequest(
+        token_ids=api_pb2.TokenIds(ids=[100 + seed, 200 + seed, 300 + seed, 17, 18, 19]),
+        sampling=api_pb2.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+
+
+def _executor_pids(server) -> list[int]:
+    pids = []
+    for line in server.log_text().splitlines():
+        if '"executor_started"' in line:
+            pids.append(json.loads(line[line.index("{"):])["pid"])
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def _tokens(stub, request) -> tuple[list[int], int]:
+    ids, reason = [], 0
+    async for chunk in stub.Generate(request, timeout=120):
+        ids.extend(chunk.token_ids)
+        reason = chunk.finish_reason or reason
+    return ids, reason
+
+
+def test_sigterm_drains_in_flight_requests_then_exits(serve_factory) -> None:
+    server = serve_factory(["--executor", "fake", "--num-blocks", "512", "--step-latency-ms", "20",
+                            "--drain-grace-s", "20"])
+    executor_pid = _executor_pids(server)[0]
+
+    async def scenario():
+        async with grpc.aio.insecure_channel(server.address) as channel:
+            stub = api_pb2_grpc.KVServeStub(channel)
+            call = stub.Generate(_request(1, 60), timeout=60)
+            first = await call.read()
+            server.process.terminate()
+            await asyncio.sleep(0.3)
+            assert server.health() in (health_pb2.HealthCheckResponse.NOT_SERVING, None)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await _tokens(stub, _request(2, 5))
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            chunks = [first]
+            while (chunk := await call.read()) is not grpc.aio.EOF:
+                chunks.append(chunk)
+            return chunks
+
+    chunks = asyncio.run(scenario())
+    assert sum(len(c.token_ids) for c in chunks) == 60
+    assert chunks[-1].finish_reason == api_pb2.FINISH_REASON_LENGTH
+    assert server.process.wait(30) == 0
+    deadline = time.monotonic() + 10
+    while _alive(executor_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(executor_pid), "the executor outlived kvserve serve"
+
+
+def test_killed_executor_is_restarted_and_streams_complete_unchanged(serve_factory) -> None:
+    args = ["--executor", "fake", "--num-blocks", "1024", "--step-latency-ms", "10"]
+    server = serve_factory(args)
+    requests = [_request(i, 80) for i in range(20)]
+
+    async def run_all(kill: bool):
+        async with grpc.aio.insecure_channel(server.address) as channel:
+            stub = api_pb2_grpc.KVServeStub(channel)
+            tasks = [asyncio.create_task(_tokens(stub, r)) for r in requests]
+            if kill:
+                await asyncio.sleep(0.3)
+                os.kill(_executor_pids(server)[-1], 9)
+            return await asyncio.gather(*tasks)
+
+    undisturbed = asyncio.run(run_all(kill=False))
+    disturbed = asyncio.run(run_all(kill=True))
+    assert [ids for ids, _ in disturbed] == [ids for ids, _ in undisturbed]
+    assert all(len(ids) == 80 and reason == api_pb2.FINISH_REASON_LENGTH for ids, reason in disturbed)
+    stats = server.stats()
+    assert stats.executor_restarts == 1
+    assert stats.blocks_referenced == 0
+    assert stats.executor_state == api_pb2.EXECUTOR_STATE_READY
+    assert len(_executor_pids(server)) == 2
+
+
+def test_executor_that_never_returns_fails_requests_unavailable(serve_factory) -> None:
+    server = serve_factory(["--executor", "fake", "--num-blocks", "512", "--step-latency-ms", "10",
+                            "--no-executor-restart", "--executor-restart-timeout", "2"])
+
+    async def scenario():
+        async with grpc.aio.insecure_channel(server.address) as channel:
+            stub = api_pb2_grpc.KVServeStub(channel)
+            tasks = [asyncio.create_task(_tokens(stub, _request(i, 2000))) for i in range(5)]
+            await asyncio.sleep(0.3)
+            os.kill(_executor_pids(server)[-1], 9)
+            started = time.monotonic()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            return results, time.monotonic() - started
+
+    results, elapsed = asyncio.run(scenario())
+    assert all(isinstance(r, grpc.aio.AioRpcError) and r.code() == grpc.StatusCode.UNAVAILABLE for r in results)
+    assert "did not come back" in results[0].details()
+    assert elapsed < 2 + 2 + 3  # detection (dead_after 2 s) + restart timeout + slack
+    assert server.process.poll() is None  # the scheduler survives
+    stats = server.stats()
+    assert stats.blocks_referenced == 0
+    assert stats.executor_state == api_pb2.EXECUTOR_STATE_LOST
+
+
+def test_hung_executor_is_replaced_and_streams_complete(serve_factory) -> None:
+    server = serve_factory(["--executor", "fake", "--num-blocks", "1024", "--step-latency-ms", "10",
+                            "--executor-dead-after-s", "1"])
+    requests = [_request(i, 60) for i in range(8)]
+
+    async def run_all(hang: bool):
+        async with grpc.aio.insecure_channel(server.address) as channel:
+            stub = api_pb2_grpc.KVServeStub(channel)
+            tasks = [asyncio.create_task(_tokens(stub, r)) for r in requests]
+            if hang:
+                await asyncio.sleep(0.2)
+                os.kill(_executor_pids(server)[-1], 19)  # SIGSTOP: alive, silent
+            return await asyncio.gather(*tasks)
+
+    undisturbed = asyncio.run(run_all(hang=False))
+    started = time.monotonic()
+    disturbed = asyncio.run(run_all(hang=True))
+    assert [ids for ids, _ in disturbed] == [ids for ids, _ in undisturbed]
+    assert time.monotonic() - started < 30
+    hung_pid = _executor_pids(server)[0]
+    assert not _alive(hung_pid)
+    assert server.stats().executor_restarts == 1 and server.stats().blocks_referenced == 0
