@@ -55,6 +55,9 @@ STREAM_BUFFER_CHUNKS = 64
 """Chunks buffered per stream for a slow reader; beyond it, new tokens merge into the last chunk."""
 EXECUTOR_RESTART_TIMEOUT_S = 30.0
 """How long in-flight requests wait for a lost executor to come back before failing UNAVAILABLE."""
+EXECUTOR_LOSSES_PER_REQUEST = 3
+"""A request in flight through this many executor losses fails UNAVAILABLE instead of being
+recomputed again: a request that crashes or hangs every executor must not crash-loop forever."""
 DRAIN_GRACE_S = 30.0
 """On SIGTERM, how long in-flight requests may take to finish before they are aborted."""
 

@@ -72,6 +72,8 @@ class _ActiveRequest:
     has_stop_strings: bool = False
     started: bool = False
     usage: list[Usage | None] = field(default_factory=list)
+    executor_losses: int = 0
+    """Executor losses this request lived through; past the limit it fails instead of recomputing."""
 
 
 @dataclass(slots=True)
@@ -361,6 +363,7 @@ class Engine:
         """Wait for a new executor; re-sync the scheduler; fail everything if none comes in time."""
         log.warning("executor_lost", error=why, active_requests=len(self._requests))
         self._set_state(ExecutorState.LOST)
+        self._fail_repeat_victims(why)
         timeout = self._config.executor_restart_timeout_s
         deadline = self._clock() + timeout
         info: ExecutorInfo | None = None
@@ -378,9 +381,28 @@ class Engine:
         if info is not None:
             self._resync(info)
 
+    def _fail_repeat_victims(self, why: str) -> None:
+        """Count this loss against every request in flight; fail those that reached the limit.
+
+        A request that crashes or hangs each executor it reaches would otherwise be
+        recomputed forever and take every other request down with it each time.
+        """
+        limit = self._config.executor_losses_per_request
+        for active in list(self._requests.values()):
+            active.executor_losses += 1
+            if active.executor_losses < limit:
+                continue
+            message = (f"the executor was lost {active.executor_losses} times while this request was in flight "
+                       f"(last: {why}); not retrying it")
+            active.log.warning("request_failed_after_executor_losses", losses=active.executor_losses)
+            self._scheduler.abort(active.request_id, FinishReason.ERROR)
+            active.stream.fail(RequestFailed(FailureKind.UNAVAILABLE, message))
+            self._finish_request(active, FinishReason.ERROR)
+
     def _resync(self, info: ExecutorInfo) -> None:
         """A new executor holds nothing: recompute every sequence from the scheduler's state."""
-        self._scheduler.reset_executor(info.num_blocks)
+        # Requests that no longer fit a smaller new pool come back as final ERROR outputs.
+        self._deliver(self._scheduler.reset_executor(info.num_blocks))
         self._synced_generation = self._link.generation
         self._unavailable_reason = None
         if self._metrics is not None:
@@ -399,5 +421,5 @@ class Engine:
         except ExecutorLost as exc:
             await self._recover_executor(str(exc))
             return
-        self._scheduler.reset_executor()
+        self._deliver(self._scheduler.reset_executor())
         self._synced_generation = self._link.generation

@@ -35,12 +35,18 @@ class ServerConfig:
     """ZeroMQ endpoint the scheduler binds and the executor connects to; "" = ipc in a private runtime dir."""
     allow_remote_link: bool = False
     """Permit a non-loopback tcp link (a private network the operator chose)."""
+    curve_secret_key: str | None = None
+    """The scheduler's CURVE certificate (NAME.key_secret); turns CURVE on for a tcp link."""
+    curve_executor_keys: tuple[str, ...] = ()
+    """Public certificates (NAME.key) of the executors allowed in; empty: any that knows our public key."""
     heartbeat_interval_s: float = defaults.LINK_HEARTBEAT_INTERVAL_S
     executor_dead_after_s: float = defaults.EXECUTOR_DEAD_AFTER_S
     step_timeout_s: float | None = defaults.STEP_TIMEOUT_S
     executor_start_timeout_s: float | None = None
     """How long to wait for the first executor at start-up; None waits forever."""
     executor_restart_timeout_s: float = defaults.EXECUTOR_RESTART_TIMEOUT_S
+    executor_losses_per_request: int = defaults.EXECUTOR_LOSSES_PER_REQUEST
+    """Executor losses a request may live through before it fails UNAVAILABLE (poison-request guard)."""
 
     # --- scheduling
     max_model_len: int | None = None

@@ -18,6 +18,7 @@ import grpc
 
 import structlog
 
+from common.link_curve import CurveKeys, load_keys
 from common.link_endpoint import private_ipc_endpoint
 from common.step import ExecutorInfo
 from scheduler_svc.api_server import ApiServer, KVServeServicer, ServingModel
@@ -41,10 +42,15 @@ class ExecutorStartError(RuntimeError):
     """The supervised executor exited before it ever registered."""
 
 
+class LinkKeyError(ValueError):
+    """A CURVE certificate for the executor link is missing or unreadable."""
+
+
 @dataclass(slots=True)
 class ApiSecurity:
     tokens: TokenTable | None
     credentials: grpc.ServerCredentials | None
+    curve_keys: CurveKeys | None = None
 
 
 def load_api_security(config: ServerConfig) -> ApiSecurity:
@@ -53,7 +59,20 @@ def load_api_security(config: ServerConfig) -> ApiSecurity:
     check_bind(BindSecurity(host=config.host, auth=config.auth_token_file is not None, tls=files is not None,
                             allow_insecure_remote=config.allow_insecure_remote))
     tokens = load_token_file(config.auth_token_file) if config.auth_token_file is not None else None
-    return ApiSecurity(tokens=tokens, credentials=server_credentials(files) if files is not None else None)
+    return ApiSecurity(tokens=tokens, credentials=server_credentials(files) if files is not None else None,
+                       curve_keys=link_curve_keys(config))
+
+
+def link_curve_keys(config: ServerConfig) -> CurveKeys | None:
+    """The scheduler's CURVE keys (and the executors it admits), None when CURVE is off."""
+    if config.curve_secret_key is None:
+        if config.curve_executor_keys:
+            raise LinkKeyError("--curve-executor-key needs --curve-secret-key")
+        return None
+    try:
+        return load_keys(config.curve_secret_key, list(config.curve_executor_keys))
+    except (OSError, ValueError) as exc:
+        raise LinkKeyError(f"CURVE keys: {exc}") from exc
 
 
 def resolve_link_endpoint(config: ServerConfig) -> str:
@@ -76,7 +95,7 @@ async def run_service(config: ServerConfig, *, endpoint: str | None = None,
     """Serve until SIGTERM/SIGINT; returns the process exit code (2: bad security options)."""
     try:
         security = load_api_security(config)
-    except (TokenFileError, TlsConfigError, InsecureBindError) as exc:
+    except (TokenFileError, TlsConfigError, InsecureBindError, LinkKeyError) as exc:
         print(f"kvserve: {exc}", file=sys.stderr, flush=True)
         return 2
     endpoint = endpoint or resolve_link_endpoint(config)
@@ -94,7 +113,8 @@ async def run_service(config: ServerConfig, *, endpoint: str | None = None,
 
     link = ExecutorLink(endpoint, heartbeat_interval_s=config.heartbeat_interval_s,
                         dead_after_s=config.executor_dead_after_s, step_timeout_s=config.step_timeout_s,
-                        allow_remote=config.allow_remote_link, on_change=on_link_change)
+                        allow_remote=config.allow_remote_link, curve_keys=security.curve_keys,
+                        on_change=on_link_change)
     await link.start()
     restarts = (lambda: supervisor.restarts) if supervisor else (lambda: max(0, link.generation - 1))
     servicer = KVServeServicer(restarts=restarts, tokens=security.tokens)
@@ -126,7 +146,9 @@ async def run_service(config: ServerConfig, *, endpoint: str | None = None,
         engine_task = loop.create_task(engine.run())
         await api.set_serving(True)
         log.info("serving", model_id=info.model_id, executor=info.executor_kind, num_blocks=info.num_blocks,
-                 max_model_len=limits.max_model_len)
+                 max_model_len=limits.max_model_len, auth=security.tokens is not None,
+                 tls=security.credentials is not None, link_curve=security.curve_keys is not None,
+                 debug_invariants=config.debug_invariants)
         print(f"kvserve: serving {info.model_id} on {config.host}:{port} (executor {info.executor_kind})",
               flush=True)
         stop_wait = loop.create_task(shutdown.wait())

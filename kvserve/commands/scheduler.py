@@ -35,6 +35,13 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
     link = parser.add_argument_group("executor link")
     link.add_argument("--allow-remote-link", action="store_true",
                       help="allow a non-loopback tcp link endpoint (a private network you chose)")
+    link.add_argument("--curve-secret-key", metavar="FILE", default=d.curve_secret_key,
+                      help="this scheduler's CURVE certificate (NAME.key_secret); encrypts and authenticates "
+                           "a tcp link (executors then need --curve-server-key with its public NAME.key)")
+    link.add_argument("--curve-executor-key", metavar="FILE", dest="curve_executor_keys", action="append",
+                      default=list(d.curve_executor_keys),
+                      help="public certificate (NAME.key) of an executor allowed to register; repeat for "
+                           "several; none: any executor holding our public key")
     link.add_argument("--step-timeout-s", type=float, default=d.step_timeout_s,
                       help="a step unanswered this long (heartbeats alive) loses the executor")
     link.add_argument("--heartbeat-interval-s", type=float, default=d.heartbeat_interval_s,
@@ -45,6 +52,9 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
                       help="seconds to wait for the first executor; None: forever")
     link.add_argument("--executor-restart-timeout", type=float, default=d.executor_restart_timeout_s,
                       help="seconds a lost executor may take to come back before requests fail UNAVAILABLE")
+    link.add_argument("--executor-losses-per-request", type=int, default=d.executor_losses_per_request,
+                      help="a request in flight through this many executor losses fails UNAVAILABLE "
+                           "instead of being recomputed again")
     sched = parser.add_argument_group("scheduling")
     sched.add_argument("--max-model-len", type=int, default=d.max_model_len,
                        help="cap on the context length; None: the executor's max_model_len")
@@ -75,12 +85,14 @@ def server_config_from_args(args: argparse.Namespace, *, link: str = ""):
 
     return ServerConfig(
         host=args.host, port=args.port, max_request_bytes=args.max_request_bytes, metrics_port=args.metrics_port,
+        curve_secret_key=args.curve_secret_key, curve_executor_keys=tuple(args.curve_executor_keys),
         auth_token_file=args.auth_token_file, tls_cert=args.tls_cert, tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca, allow_insecure_remote=args.allow_insecure_remote, link=link,
         allow_remote_link=args.allow_remote_link, step_timeout_s=args.step_timeout_s,
         heartbeat_interval_s=args.heartbeat_interval_s, executor_dead_after_s=args.executor_dead_after_s,
         executor_start_timeout_s=args.executor_start_timeout,
-        executor_restart_timeout_s=args.executor_restart_timeout, max_model_len=args.max_model_len,
+        executor_restart_timeout_s=args.executor_restart_timeout,
+        executor_losses_per_request=args.executor_losses_per_request, max_model_len=args.max_model_len,
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
         preemption_mode=args.preemption_mode, enable_prefix_caching=args.enable_prefix_caching,
         cache_aware_order=args.cache_aware_order, debug_invariants=args.debug_invariants,
