@@ -1,0 +1,243 @@
+"""Drive a kvserve server with a workload through the async client and time every token.
+
+Sessions start at Poisson arrival times (`request_rate` per second, seeded) or all at
+once; at most `concurrency` sessions are in flight. Turns of one session are sent one after
+the other, each resending the conversation so far. While the workload runs, a sampler
+polls `server_stats()` for the peak number of running sequences and the preemption and
+prefix-cache counters.
+
+Client-side timing: TTFT is send → first chunk with tokens; ITL is the gap between
+consecutive token-carrying chunks; TPOT is (e2e − TTFT) / (output tokens − 1); e2e is
+send → last chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from tqdm import tqdm
+
+from kvserve.bench.workloads import Session, Workload
+
+log = structlog.get_logger(__name__)
+
+STATS_POLL_INTERVAL_S = 0.02
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What one request measured, client side, plus the server's usage figures."""
+
+    session_id: str
+    turn: int
+    prompt_tokens: int
+    max_tokens: int
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    ttft_s: float = math.nan
+    e2e_s: float = math.nan
+    queue_time_s: float = math.nan
+    itl_s: list[float] = field(default_factory=list)
+    finish_reason: str = ""
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+    @property
+    def tpot_s(self) -> float:
+        if self.output_tokens < 2:
+            return math.nan
+        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
+
+    @property
+    def sequence_len(self) -> int:
+        return self.prompt_tokens + self.output_tokens
+
+
+@dataclass(slots=True)
+class ServerCounters:
+    """The server_stats() fields the benchmark reads, as a snapshot."""
+
+    running: int = 0
+    preemptions: int = 0
+    prefix_queried_tokens: int = 0
+    prefix_hit_tokens: int = 0
+
+    @classmethod
+    def from_stats(cls, stats: dict[str, Any]) -> "ServerCounters":
+        return cls(
+            running=int(stats.get("requests_running", 0) or 0),
+            preemptions=int(stats.get("num_preemptions", 0) or 0),
+            prefix_queried_tokens=int(stats.get("prefix_queried_tokens", 0) or 0),
+            prefix_hit_tokens=int(stats.get("prefix_hit_tokens", 0) or 0),
+        )
+
+
+@dataclass(slots=True)
+class RunResult:
+    """One workload against one server configuration."""
+
+    configuration: str
+    workload: str
+    records: list[RequestRecord]
+    duration_s: float
+    peak_running: int = 0
+    preemptions: int = 0
+    prefix_queried_tokens: int = 0
+    prefix_hit_tokens: int = 0
+
+
+def arrival_offsets(num_sessions: int, request_rate: float | None, seed: int) -> list[float]:
+    """Start times in seconds: Poisson process at `request_rate`/s, or all 0 when None/inf."""
+    if request_rate is None or math.isinf(request_rate):
+        return [0.0] * num_sessions
+    if request_rate <= 0:
+        raise ValueError(f"request_rate must be positive, got {request_rate}")
+    rng = random.Random(f"arrivals:{seed}")
+    offsets, t = [], 0.0
+    for _ in range(num_sessions):
+        offsets.append(t)
+        t += rng.expovariate(request_rate)
+    return offsets
+
+
+class _StatsSampler:
+    """Polls server_stats() in the background; keeps the peak running count."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.peak_running = 0
+        self.last: ServerCounters | None = None
+        self._task: asyncio.Task | None = None
+
+    async def snapshot(self) -> ServerCounters | None:
+        try:
+            counters = ServerCounters.from_stats(await self._client.server_stats())
+        except Exception as exc:  # stats are best effort; the latency figures do not need them
+            log.debug("server_stats failed", error=str(exc))
+            return None
+        self.peak_running = max(self.peak_running, counters.running)
+        self.last = counters
+        return counters
+
+    async def _loop(self) -> None:
+        while True:
+            await self.snapshot()
+            await asyncio.sleep(STATS_POLL_INTERVAL_S)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> ServerCounters | None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        return await self.snapshot()
+
+
+async def _send_turn(client: Any, session: Session, turn_index: int, prompt: list[int],
+                     max_tokens: int, request_id: str) -> tuple[RequestRecord, list[int]]:
+    record = RequestRecord(session.session_id, turn_index, len(prompt), max_tokens)
+    output: list[int] = []
+    start = time.perf_counter()
+    last_token_time: float | None = None
+    try:
+        async for chunk in client.stream(token_ids=prompt, request_id=request_id, cache_salt=session.cache_salt,
+                                         max_tokens=max_tokens, ignore_eos=True, temperature=0.0):
+            now = time.perf_counter()
+            if chunk.token_ids:
+                if last_token_time is None:
+                    record.ttft_s = now - start
+                else:
+                    record.itl_s.append(now - last_token_time)
+                last_token_time = now
+                output.extend(chunk.token_ids)
+            if chunk.finish_reason:
+                record.finish_reason = chunk.finish_reason
+            if chunk.usage is not None:
+                record.cached_tokens = chunk.usage.cached_tokens
+                record.queue_time_s = chunk.usage.queue_time_s
+        record.e2e_s = time.perf_counter() - start
+    except Exception as exc:
+        record.error = f"{type(exc).__name__}: {exc}"
+        record.e2e_s = time.perf_counter() - start
+    record.output_tokens = len(output)
+    return record, output
+
+
+async def _run_session(client: Any, session: Session, prefix: str) -> list[RequestRecord]:
+    records, history = [], []
+    for i, turn in enumerate(session.turns):
+        prompt = history + turn.new_token_ids
+        record, output = await _send_turn(client, session, i, prompt, turn.max_tokens,
+                                          f"{prefix}-{session.session_id}-t{i}")
+        records.append(record)
+        if not record.ok:
+            break
+        history = prompt + output
+    return records
+
+
+async def warm_up(client: Any, token_ids: list[int]) -> None:
+    """One short untimed request in its own cache namespace: start-up costs stay out of the figures."""
+    async for _ in client.stream(token_ids=token_ids[:16], cache_salt="bench-warmup", max_tokens=2,
+                                 ignore_eos=True, temperature=0.0):
+        pass
+
+
+async def run_workload(client: Any, workload: Workload, *, configuration: str, concurrency: int | None,
+                       request_rate: float | None, seed: int, progress: bool = True) -> RunResult:
+    """Send every session of `workload` and collect per-request records and server counters."""
+    run_prefix = f"bench-{configuration}-{workload.name}{'-' + workload.phase if workload.phase else ''}-{seed}"
+    for session in workload.warmup:
+        await _run_session(client, session, run_prefix + "-warmup")
+
+    sampler = _StatsSampler(client)
+    before = await sampler.snapshot()
+    sampler.peak_running = 0
+    sampler.start()
+    gate = asyncio.Semaphore(concurrency) if concurrency else None
+    offsets = arrival_offsets(len(workload.sessions), request_rate, seed)
+    label = workload.name + (f"/{workload.phase}" if workload.phase else "")
+    bar = tqdm(total=workload.num_requests, desc=f"{configuration} {label}", file=sys.stderr,
+               disable=not progress, leave=False)
+    start = time.perf_counter()
+
+    async def one(session: Session, offset: float) -> list[RequestRecord]:
+        delay = offset - (time.perf_counter() - start)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if gate is None:
+            records = await _run_session(client, session, run_prefix)
+        else:
+            async with gate:
+                records = await _run_session(client, session, run_prefix)
+        bar.update(len(session.turns))
+        return records
+
+    try:
+        per_session = await asyncio.gather(*(one(s, o) for s, o in zip(workload.sessions, offsets)))
+    finally:
+        duration = time.perf_counter() - start
+        after = await sampler.stop()
+        bar.close()
+    result = RunResult(configuration=configuration, workload=label,
+                       records=[r for rs in per_session for r in rs], duration_s=duration,
+                       peak_running=sampler.peak_running)
+    if before is not None and after is not None:
+        result.preemptions = after.preemptions - before.preemptions
+        result.prefix_queried_tokens = after.prefix_queried_tokens - before.prefix_queried_tokens
+        result.prefix_hit_tokens = after.prefix_hit_tokens - before.prefix_hit_tokens
+    return result

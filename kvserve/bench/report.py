@@ -1,0 +1,189 @@
+"""Turn run results into per-configuration summaries, the headline ratios, a table and JSON.
+
+Ratios (each None when the run did not measure both sides):
+- `vs_hf_throughput`: kvserve (prefix caching on) output tokens/s on `mixed` over Hugging Face
+  `generate` on the same requests.
+- `warm_vs_cold_ttft`: mean TTFT of the cold half of `cold-warm` over the warm half (how many
+  times lower warm is). Without `cold-warm`, `shared-prefix` on the no-cache server over the
+  caching server.
+- `concurrency_vs_prealloc`: kvserve's peak running sequences on `shared-prefix` (about 80% of
+  each request is the shared prefix) over the contiguous preallocation estimate. The estimate
+  is also given for every other workload in `prealloc.by_workload`, but only this one is the ratio.
+- `kv_partial_block_waste_pct`: unused slots in last blocks over all allocated slots, from the
+  final lengths of every request kvserve served.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvserve.bench.latency_stats import summarize
+from kvserve.bench.load_driver import RunResult
+from kvserve.bench.prealloc_estimate import estimate, partial_block_waste
+
+KVSERVE = "kvserve"
+KVSERVE_NO_CACHE = "kvserve-no-cache"
+HF_GENERATE = "hf-generate"
+
+GOALS = {
+    "vs_hf_throughput": (">=", 8.0),
+    "warm_vs_cold_ttft": (">=", 5.0),
+    "concurrency_vs_prealloc": (">=", 7.0),
+    "kv_partial_block_waste_pct": ("<=", 4.0),
+}
+"""DESIGN §5 targets, so the report can say which were met."""
+
+RATIO_KEYS = tuple(GOALS)
+LATENCY_KEYS = ("ttft", "tpot", "itl", "e2e")
+
+
+def summarize_run(run: RunResult) -> dict[str, Any]:
+    """Latency percentiles, throughputs and cache figures of one workload run."""
+    ok = [r for r in run.records if r.ok]
+    prompt_tokens = sum(r.prompt_tokens for r in ok)
+    output_tokens = sum(r.output_tokens for r in ok)
+    cached_tokens = sum(r.cached_tokens for r in ok)
+    duration = run.duration_s if run.duration_s > 0 else math.nan
+    return {
+        "configuration": run.configuration,
+        "workload": run.workload,
+        "num_requests": len(run.records),
+        "num_failed": len(run.records) - len(ok),
+        "errors": sorted({r.error for r in run.records if r.error})[:5],
+        "duration_s": run.duration_s,
+        "request_throughput": len(ok) / duration,
+        "output_throughput": output_tokens / duration,
+        "total_prompt_tokens": prompt_tokens,
+        "total_output_tokens": output_tokens,
+        "cached_tokens": cached_tokens,
+        "prefix_cache_hit_rate": cached_tokens / prompt_tokens if prompt_tokens else 0.0,
+        "server_prefix_hit_rate": (run.prefix_hit_tokens / run.prefix_queried_tokens
+                                   if run.prefix_queried_tokens else None),
+        "preemptions": run.preemptions,
+        "peak_running": run.peak_running,
+        "ttft": summarize([r.ttft_s for r in ok if not math.isnan(r.ttft_s)]).to_dict(),
+        "tpot": summarize([r.tpot_s for r in ok if not math.isnan(r.tpot_s)]).to_dict(),
+        "itl": summarize([gap for r in ok for gap in r.itl_s]).to_dict(),
+        "e2e": summarize([r.e2e_s for r in ok]).to_dict(),
+    }
+
+
+@dataclass(slots=True)
+class BenchReport:
+    """Everything `kvserve bench serve` prints or writes."""
+
+    meta: dict[str, Any]
+    results: list[dict[str, Any]] = field(default_factory=list)
+    prealloc: dict[str, Any] | None = None
+    kv_waste: dict[str, Any] | None = None
+    ratios: dict[str, float | None] = field(default_factory=lambda: dict.fromkeys(RATIO_KEYS))
+
+    def find(self, configuration: str, workload: str) -> dict[str, Any] | None:
+        return next((r for r in self.results
+                     if r["configuration"] == configuration and r["workload"] == workload), None)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        goals = {}
+        for key, (op, target) in GOALS.items():
+            value = self.ratios.get(key)
+            met = None if value is None else (value >= target if op == ">=" else value <= target)
+            goals[key] = {"goal": f"{op} {target:g}", "value": value, "met": met}
+        return _finite({"ratios": self.ratios, "goals": goals, "meta": self.meta, "results": self.results,
+                        "prealloc": self.prealloc, "kv_waste": self.kv_waste})
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_json_dict(), indent=2, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    """NaN/inf become None so the JSON is strict."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or denominator is None:
+        return None
+    if not (math.isfinite(numerator) and math.isfinite(denominator)) or denominator <= 0:
+        return None
+    return numerator / denominator
+
+
+def compute_ratios(report: BenchReport, runs: list[RunResult], *, num_blocks: int, block_size: int,
+                   max_request_len_by_workload: dict[str, int]) -> None:
+    """Fill `report.ratios`, `report.prealloc` and `report.kv_waste` from the summaries and traces."""
+    kv_mixed, hf_mixed = report.find(KVSERVE, "mixed"), report.find(HF_GENERATE, "mixed")
+    if kv_mixed and hf_mixed:
+        report.ratios["vs_hf_throughput"] = _ratio(kv_mixed["output_throughput"], hf_mixed["output_throughput"])
+
+    cold, warm = report.find(KVSERVE, "cold-warm/cold"), report.find(KVSERVE, "cold-warm/warm")
+    if not (cold and warm):
+        cold, warm = report.find(KVSERVE_NO_CACHE, "shared-prefix"), report.find(KVSERVE, "shared-prefix")
+    if cold and warm:
+        report.ratios["warm_vs_cold_ttft"] = _ratio(cold["ttft"]["mean"], warm["ttft"]["mean"])
+
+    kv_runs = [r for r in runs if r.configuration == KVSERVE]
+    if num_blocks > 0 and kv_runs:
+        report.prealloc = {"block_size": block_size, "num_blocks": num_blocks, "by_workload": {
+            r.workload: estimate(num_blocks, block_size, max_request_len_by_workload[r.workload.split("/")[0]],
+                                 r.peak_running).to_dict()
+            for r in kv_runs}}
+        # The goal is stated at ~80% shared prefix: only `shared-prefix` gives the headline ratio.
+        shared = report.prealloc["by_workload"].get("shared-prefix")
+        if shared is not None:
+            report.ratios["concurrency_vs_prealloc"] = shared["ratio"]
+
+    lengths = [rec.sequence_len for r in kv_runs for rec in r.records if rec.ok]
+    if lengths and block_size > 0:
+        waste = partial_block_waste(lengths, block_size)
+        by_workload = {r.workload: partial_block_waste([rec.sequence_len for rec in r.records if rec.ok],
+                                                       block_size).waste_pct for r in kv_runs}
+        report.kv_waste = {"block_size": block_size, **waste.to_dict(), "by_workload": by_workload}
+        report.ratios["kv_partial_block_waste_pct"] = waste.waste_pct
+
+
+def _ms(summary: dict[str, float], key: str) -> str:
+    value = summary.get(key)
+    return "-" if value is None or not math.isfinite(value) else f"{value * 1000:.1f}"
+
+
+def render_table(report: BenchReport) -> str:
+    """A fixed-width table for the terminal, then the ratios against their goals."""
+    header = (f"{'configuration':<18} {'workload':<16} {'reqs':>5} {'fail':>4} {'req/s':>7} {'out tok/s':>10} "
+              f"{'TTFT mean':>10} {'p50':>8} {'p90':>8} {'p99':>8} {'TPOT mean':>10} {'ITL p50':>8} "
+              f"{'E2E p50':>9} {'E2E p99':>9} {'hit %':>6} {'preempt':>7} {'peak':>5}")
+    lines = ["latencies in ms", header, "-" * len(header)]
+    for r in report.results:
+        hit = r.get("prefix_cache_hit_rate")
+        lines.append(
+            f"{r['configuration']:<18} {r['workload']:<16} {r['num_requests']:>5} {r['num_failed']:>4} "
+            f"{r['request_throughput']:>7.2f} {r['output_throughput']:>10.1f} "
+            f"{_ms(r['ttft'], 'mean'):>10} {_ms(r['ttft'], 'p50'):>8} {_ms(r['ttft'], 'p90'):>8} "
+            f"{_ms(r['ttft'], 'p99'):>8} {_ms(r['tpot'], 'mean'):>10} {_ms(r['itl'], 'p50'):>8} "
+            f"{_ms(r['e2e'], 'p50'):>9} {_ms(r['e2e'], 'p99'):>9} "
+            f"{'-' if hit is None else f'{100 * hit:.1f}':>6} {r.get('preemptions', 0):>7} {r.get('peak_running', 0):>5}"
+        )
+    if report.prealloc:
+        lines.append("")
+        for workload, p in report.prealloc["by_workload"].items():
+            lines.append(f"prealloc estimate ({workload}): budget {p['budget_tokens']} tokens, max request "
+                         f"{p['max_request_len']} tokens -> {p['prealloc_concurrency']} concurrent; "
+                         f"kvserve peak {p['kvserve_peak_concurrency']}")
+    lines.append("\nratios (DESIGN §5 goal):")
+    for key, (op, target) in GOALS.items():
+        value = report.ratios.get(key)
+        if value is None:
+            verdict = "not measured"
+        else:
+            met = value >= target if op == ">=" else value <= target
+            verdict = f"{value:.2f}  ({'met' if met else 'NOT met'}; goal {op} {target:g})"
+        lines.append(f"  {key:<28} {verdict}")
+    return "\n".join(lines)

@@ -1,0 +1,147 @@
+"""Prometheus metrics of one scheduler, named after vLLM's with a `kvserve:` prefix.
+
+Each server gets its own `CollectorRegistry` (never the process-global one), so tests and
+several servers in one process do not collide. The engine calls:
+
+- `observe_step(duration_s, stats, prompt_tokens, generation_tokens)` after every step:
+  gauges from the `SchedulerStats` snapshot, token counters, step-time histogram. The
+  snapshot's prefix and preemption figures are cumulative; the counters advance by their
+  growth (a reset after an executor re-sync counts from zero again). It also feeds the
+  periodic stats log line (`scheduler_svc.stats_logger`).
+- `observe_first_token(ttft_s)`, `observe_token_gap(itl_s)` as tokens reach a request;
+- `observe_finished(finish_reason, e2e_s, queue_time_s)` once per finished request;
+- `set_executor_up(up)`, `inc_executor_restarts()` on executor state changes;
+- `start_http_server(host, port)` to serve `/metrics` (returns the bound port; 0 picks one).
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import start_http_server as _prometheus_http_server
+
+from scheduler_svc.outputs import SchedulerStats
+from scheduler_svc.stats_logger import STATS_LOG_INTERVAL_S, StatsLogger
+
+PREFIX = "kvserve:"
+
+TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                  20.0, 40.0, 80.0, 160.0, 640.0)
+ITL_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+                 10.0, 20.0, 80.0)
+REQUEST_BUCKETS_S = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                     120.0, 240.0, 480.0, 960.0, 1920.0)
+STEP_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+def _reason_label(reason: Any) -> str:
+    value = reason.value if isinstance(reason, enum.Enum) else reason
+    return str(value).lower()
+
+
+class ServerMetrics:
+    """The metric set of one server, on its own registry; see the module docstring for the calls."""
+
+    def __init__(self, registry: CollectorRegistry | None = None, *,
+                 log_interval_s: float = STATS_LOG_INTERVAL_S) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.stats_logger = StatsLogger(log_interval_s)
+        r = self.registry
+        self.num_requests_running = Gauge(PREFIX + "num_requests_running", "Requests running on the executor.", registry=r)
+        self.num_requests_waiting = Gauge(PREFIX + "num_requests_waiting", "Requests waiting to be scheduled.", registry=r)
+        self.num_requests_swapped = Gauge(PREFIX + "num_requests_swapped", "Requests swapped out to CPU.", registry=r)
+        self.kv_cache_usage_perc = Gauge(PREFIX + "kv_cache_usage_perc",
+                                         "Fraction of KV blocks referenced by live sequences (1 = 100%).", registry=r)
+        self.prefix_cache_queries = Counter(PREFIX + "prefix_cache_queries",
+                                            "Prompt tokens looked up in the prefix cache.", registry=r)
+        self.prefix_cache_hits = Counter(PREFIX + "prefix_cache_hits",
+                                         "Prompt tokens served from the prefix cache.", registry=r)
+        self.num_preemptions = Counter(PREFIX + "num_preemptions", "Sequences preempted.", registry=r)
+        self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prompt tokens computed (prefill).", registry=r)
+        self.generation_tokens = Counter(PREFIX + "generation_tokens", "Tokens generated.", registry=r)
+        self.request_success = Counter(PREFIX + "request_success", "Finished requests by finish reason.",
+                                       ["finished_reason"], registry=r)
+        self.time_to_first_token = Histogram(PREFIX + "time_to_first_token_seconds", "Arrival to first token.",
+                                             buckets=TTFT_BUCKETS_S, registry=r)
+        self.inter_token_latency = Histogram(PREFIX + "inter_token_latency_seconds",
+                                             "Gap between consecutive tokens of a sequence.",
+                                             buckets=ITL_BUCKETS_S, registry=r)
+        self.e2e_request_latency = Histogram(PREFIX + "e2e_request_latency_seconds", "Arrival to finish.",
+                                             buckets=REQUEST_BUCKETS_S, registry=r)
+        self.request_queue_time = Histogram(PREFIX + "request_queue_time_seconds", "Arrival to first scheduled.",
+                                            buckets=REQUEST_BUCKETS_S, registry=r)
+        self.step_duration = Histogram(PREFIX + "step_duration_seconds", "Wall time of one engine step.",
+                                       buckets=STEP_BUCKETS_S, registry=r)
+        self.executor_up = Gauge(PREFIX + "executor_up", "1 when an executor is connected and ready.", registry=r)
+        self.executor_restarts = Counter(PREFIX + "executor_restarts", "Executors replaced after a loss.", registry=r)
+        self._seen = {"queried": 0, "hits": 0, "preemptions": 0}
+        self._lock = threading.Lock()
+        self._http_server: Any = None
+
+    # --- engine calls ----------------------------------------------------------------
+
+    def observe_step(self, duration_s: float, stats: SchedulerStats, prompt_tokens: int,
+                     generation_tokens: int) -> None:
+        """After every engine step: gauges, token counters, step time, and the periodic log line."""
+        self.step_duration.observe(duration_s)
+        self.num_requests_running.set(stats.num_running)
+        self.num_requests_waiting.set(stats.num_waiting)
+        self.num_requests_swapped.set(stats.num_swapped)
+        self.kv_cache_usage_perc.set(stats.kv_usage)
+        if prompt_tokens > 0:
+            self.prompt_tokens.inc(prompt_tokens)
+        if generation_tokens > 0:
+            self.generation_tokens.inc(generation_tokens)
+        with self._lock:
+            self._advance(self.prefix_cache_queries, "queried", stats.prefix_queried_tokens)
+            self._advance(self.prefix_cache_hits, "hits", stats.prefix_hit_tokens)
+            self._advance(self.num_preemptions, "preemptions", stats.num_preemptions)
+        self.stats_logger.observe_step(stats, prompt_tokens, generation_tokens)
+
+    def observe_first_token(self, ttft_s: float) -> None:
+        self.time_to_first_token.observe(ttft_s)
+
+    def observe_token_gap(self, itl_s: float) -> None:
+        self.inter_token_latency.observe(itl_s)
+
+    def observe_finished(self, finish_reason: Any, e2e_s: float, queue_time_s: float | None) -> None:
+        """Once per finished request; `finish_reason` is a FinishReason or its string ("stop", "length", ...)."""
+        self.request_success.labels(finished_reason=_reason_label(finish_reason)).inc()
+        self.e2e_request_latency.observe(e2e_s)
+        if queue_time_s is not None:
+            self.request_queue_time.observe(queue_time_s)
+
+    def set_executor_up(self, up: bool) -> None:
+        self.executor_up.set(1 if up else 0)
+
+    def inc_executor_restarts(self) -> None:
+        self.executor_restarts.inc()
+
+    # --- exposition ---------------------------------------------------------------------
+
+    def scrape(self) -> str:
+        """The text exposition format of this registry (what GET /metrics returns)."""
+        return generate_latest(self.registry).decode()
+
+    def start_http_server(self, host: str, port: int) -> int:
+        """Serve /metrics on a daemon thread; returns the bound port (useful with port 0)."""
+        server, _thread = _prometheus_http_server(port, addr=host, registry=self.registry)
+        self._http_server = server
+        return server.server_port
+
+    def stop_http_server(self) -> None:
+        server, self._http_server = self._http_server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+
+    def _advance(self, counter: Counter, key: str, total: int) -> None:
+        """Move a counter by the growth of a cumulative total; a total that went down restarted at 0."""
+        last = self._seen[key]
+        delta = total - last if total >= last else total
+        if delta > 0:
+            counter.inc(delta)
+        self._seen[key] = total
