@@ -125,10 +125,11 @@ async def run_service(config: ServerConfig, *, endpoint: str | None = None,
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, shutdown.set)
     engine_task: asyncio.Task | None = None
-    metrics = ServerMetrics() if config.metrics_port is not None else None
+    # Always built: it also drives the periodic stats log line; the HTTP endpoint is opt-in.
+    metrics = ServerMetrics()
     try:
         port = await api.start()
-        if metrics is not None:
+        if config.metrics_port is not None:
             metrics_port = metrics.start_http_server(config.host, config.metrics_port)
             log.info("metrics_listening", host=config.host, port=metrics_port)
         log.info("grpc_listening", host=config.host, port=port, link=endpoint, health="NOT_SERVING")
@@ -171,8 +172,7 @@ async def run_service(config: ServerConfig, *, endpoint: str | None = None,
         if engine_task is not None and not engine_task.done():
             engine_task.cancel()
         await api.stop(1.0)
-        if metrics is not None:
-            metrics.stop_http_server()
+        metrics.stop_http_server()
         await link.close(shutdown_executor=True)
         if supervisor is not None:
             await supervisor.stop()
