@@ -1,0 +1,5 @@
+"""Attention backends behind one interface: `torch` (CPU default) and `triton` (CUDA default)."""
+
+from executor_svc.attention.base import AttentionBackend, AttentionMetadata, create_backend
+
+__all__ = ["AttentionBackend", "AttentionMetadata", "create_backend"]

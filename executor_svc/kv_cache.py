@@ -1,0 +1,88 @@
+"""The paged KV cache: one tensor holding K and V of every layer, plus CPU swap space.
+
+Layout `[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]`: each layer's
+K and V are contiguous `[num_blocks, block_size, num_kv_heads, head_dim]` views, and a
+block op (copy, swap) touches every layer in a single indexed copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+GIB = 1024**3
+
+
+@dataclass(slots=True)
+class CacheGeometry:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: torch.dtype
+
+    @property
+    def bytes_per_block(self) -> int:
+        """K and V of one block across all layers."""
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+
+    def blocks_for_bytes(self, budget_bytes: float) -> int:
+        return max(0, int(budget_bytes // self.bytes_per_block))
+
+
+class PagedKVCache:
+    """Device KV blocks, optional CPU swap blocks, and the plan's block operations."""
+
+    def __init__(self, geometry: CacheGeometry, num_blocks: int, num_cpu_blocks: int, device: str) -> None:
+        if num_blocks < 1:
+            raise ValueError("the KV budget leaves no room for a single block; raise --kv-cache-gb")
+        self.geometry = geometry
+        self.num_blocks = num_blocks
+        self.num_cpu_blocks = num_cpu_blocks
+        g = geometry
+        shape = (g.num_layers, 2, num_blocks, g.block_size, g.num_kv_heads, g.head_dim)
+        self.tensor = torch.zeros(shape, dtype=g.dtype, device=device)
+        self.swap = None
+        if num_cpu_blocks > 0:
+            pin = torch.device(device).type == "cuda"
+            self.swap = torch.zeros((g.num_layers, 2, num_cpu_blocks, *shape[3:]), dtype=g.dtype,
+                                    pin_memory=pin)
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(k_cache, v_cache) of one layer, each [num_blocks, block_size, kv_heads, head_dim]."""
+        return self.tensor[index, 0], self.tensor[index, 1]
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Whole-block device copies (copy-on-write, partial-prefix reuse)."""
+        if not pairs:
+            return
+        src, dst = self._indices(pairs, self.tensor.device)
+        self.tensor[:, :, dst] = self.tensor[:, :, src]
+
+    def swap_out(self, pairs: list[tuple[int, int]]) -> None:
+        """(device_block, cpu_block) pairs."""
+        if not pairs:
+            return
+        swap = self._require_swap()
+        dev, cpu = self._indices(pairs, "cpu")
+        swap[:, :, cpu] = self.tensor[:, :, dev.to(self.tensor.device)].to("cpu")
+
+    def swap_in(self, pairs: list[tuple[int, int]]) -> None:
+        """(cpu_block, device_block) pairs."""
+        if not pairs:
+            return
+        swap = self._require_swap()
+        cpu, dev = self._indices(pairs, "cpu")
+        self.tensor[:, :, dev.to(self.tensor.device)] = swap[:, :, cpu].to(self.tensor.device, non_blocking=True)
+
+    def _require_swap(self) -> torch.Tensor:
+        if self.swap is None:
+            raise RuntimeError("plan asks for a swap but the executor has no CPU swap space (swap_space_gb=0)")
+        return self.swap
+
+    @staticmethod
+    def _indices(pairs: list[tuple[int, int]], device) -> tuple[torch.Tensor, torch.Tensor]:
+        index = torch.tensor(pairs, dtype=torch.long, device=device)
+        return index[:, 0], index[:, 1]

@@ -1,0 +1,147 @@
+"""The real executor: loads a Llama-family model and runs StepPlans on a paged KV cache.
+
+Plan semantics are those documented at the top of `common/step.py`: drops, swap-out,
+swap-in, copies, then the sequence deltas, one forward pass over every scheduled token,
+and a sample for each sequence whose scheduled tokens reach the end of its known tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import structlog
+import torch
+
+from common import defaults
+from common.step import ExecutorInfo, StepPlan, StepResult
+from executor_svc import model_store
+from executor_svc.attention.base import create_backend
+from executor_svc.input_batch import build_input_batch
+from executor_svc.kv_cache import GIB, CacheGeometry, PagedKVCache
+from executor_svc.llama import LlamaModel
+from executor_svc.model_config import load_model_config
+from executor_svc.runner_config import (RunnerConfig, resolve_attention_backend, resolve_device,
+                                        resolve_dtype, resolve_num_threads)
+from executor_svc.sampler import sample
+from executor_svc.sequence_state import SequenceState, SequenceTable
+from executor_svc.weights import load_weights, weight_files
+
+log = structlog.get_logger(__name__)
+
+
+class ModelRunner:
+    """Satisfies `executor_svc.protocol.Executor` for real models."""
+
+    def __init__(self, config: RunnerConfig) -> None:
+        self.config = config
+        self.device = resolve_device(config)
+        self.dtype_name = resolve_dtype(config, self.device)
+        self.dtype = getattr(torch, self.dtype_name)
+        self.backend_name = resolve_attention_backend(config, self.device)
+        if self.device == "cpu":
+            torch.set_num_threads(resolve_num_threads(config))
+        started = time.monotonic()
+        self.model_dir = model_store.ensure_model_dir(config.model)
+        self.model_config = load_model_config(self.model_dir)
+        self.max_model_len = self._max_model_len()
+        weights = load_weights(self.model_dir, self.model_config, self.device, self.dtype)
+        self.model = LlamaModel(self.model_config, weights, self.max_model_len, self.device, self.dtype)
+        self.backend = create_backend(self.backend_name)
+        self.geometry = CacheGeometry(self.model_config.num_layers, self.model_config.num_kv_heads,
+                                      self.model_config.head_dim, config.block_size, self.dtype)
+        num_blocks = self._num_device_blocks()
+        num_cpu_blocks = self.geometry.blocks_for_bytes(config.swap_space_gb * GIB)
+        self.cache = PagedKVCache(self.geometry, num_blocks, num_cpu_blocks, self.device)
+        self.seqs = SequenceTable()
+        self.model_id = self._model_id()
+        log.info("model runner ready", model_id=self.model_id, device=self.device, dtype=self.dtype_name,
+                 attention=self.backend_name, num_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks,
+                 threads=torch.get_num_threads() if self.device == "cpu" else None,
+                 seconds=round(time.monotonic() - started, 2))
+
+    # --- Executor protocol -------------------------------------------------------
+
+    def info(self) -> ExecutorInfo:
+        cfg = self.model_config
+        return ExecutorInfo(
+            model_id=self.model_id, num_blocks=self.cache.num_blocks, block_size=self.config.block_size,
+            num_cpu_blocks=self.cache.num_cpu_blocks, vocab_size=cfg.vocab_size,
+            max_model_len=self.max_model_len, eos_token_ids=list(cfg.eos_token_ids),
+            tokenizer_path=str(self.model_dir), executor_kind="torch", device=self.device,
+            dtype=self.dtype_name, attention_backend=self.backend_name,
+        )
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        started = time.perf_counter()
+        self.seqs.drop(plan.drop_seq_ids)
+        self.cache.swap_out(plan.swap_out)
+        self.cache.swap_in(plan.swap_in)
+        self.cache.copy_blocks(plan.copies)
+        scheduled: list[SequenceState] = []
+        for new in plan.new_seqs:
+            state = self.seqs.add(new)
+            if state.num_scheduled_tokens > 0:
+                scheduled.append(state)
+        for cached in plan.cached_seqs:
+            state = self.seqs.update(cached)
+            if state.num_scheduled_tokens > 0:
+                scheduled.append(state)
+        outputs = []
+        if scheduled:
+            with torch.inference_mode():
+                batch = build_input_batch(scheduled, self.config.block_size, self.device, self.model.scale,
+                                          self.dtype, self.model_config.num_kv_heads)
+                logits = self.model.forward(batch, self.cache, self.backend)
+                outputs = sample(logits, batch.sampling_seqs, self.model_config.eos_token_ids)
+        return StepResult(step_id=plan.step_id, outputs=outputs,
+                          execute_time_s=time.perf_counter() - started)
+
+    def reset(self) -> None:
+        self.seqs.clear()
+
+    def close(self) -> None:
+        self.seqs.clear()
+        self.cache = None  # type: ignore[assignment]
+        self.model = None  # type: ignore[assignment]
+        if self.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+
+    # --- start-up ----------------------------------------------------------------
+
+    def _max_model_len(self) -> int:
+        cfg = self.model_config
+        limit = self.config.max_model_len or cfg.max_position_embeddings
+        if cfg.sliding_window and cfg.sliding_window < limit:
+            # Sliding-window attention is not implemented; within the window it equals full attention.
+            log.warning("capping max_model_len to the sliding window", sliding_window=cfg.sliding_window)
+            limit = cfg.sliding_window
+        return limit
+
+    def _num_device_blocks(self) -> int:
+        if not self.device.startswith("cuda"):
+            budget = self.config.kv_cache_gb if self.config.kv_cache_gb is not None else defaults.KV_CACHE_GB_CPU
+            return self.geometry.blocks_for_bytes(budget * GIB)
+        if self.config.kv_cache_gb is not None:
+            return self.geometry.blocks_for_bytes(self.config.kv_cache_gb * GIB)
+        return self.geometry.blocks_for_bytes(self._profile_free_cuda_bytes())
+
+    def _profile_free_cuda_bytes(self) -> float:
+        """Run a forward at the largest batch, then give the KV cache what is left of the fraction."""
+        from executor_svc.profiling_batch import profile_peak_activation_bytes
+
+        torch.cuda.synchronize()
+        free, total = torch.cuda.mem_get_info()
+        in_use = total - free
+        peak = profile_peak_activation_bytes(self)
+        budget = total * self.config.gpu_memory_utilization - in_use - peak
+        log.info("profiled CUDA memory", total_gib=round(total / GIB, 2), weights_gib=round(in_use / GIB, 2),
+                 activations_gib=round(peak / GIB, 2), kv_gib=round(budget / GIB, 2))
+        return max(0.0, budget)
+
+    def _model_id(self) -> str:
+        source = model_store.resolve_source(self.config.model)
+        digest = hashlib.sha256((self.model_dir / "config.json").read_bytes())
+        for path in weight_files(self.model_dir):
+            digest.update(f"{path.name}:{path.stat().st_size}".encode())
+        return f"{source.name}@{digest.hexdigest()[:12]}"

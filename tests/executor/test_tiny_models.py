@@ -1,0 +1,160 @@
+"""Loading tiny random Llama / Mistral / Qwen2 checkpoints and matching transformers' logits.
+
+The checkpoints are written with `save_pretrained` into a tmp dir (no real weights, fast).
+Logits are compared for every prompt position, over a two-step run (prefill, then an
+extend over the cached context) so the paged cache is exercised too.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from common.sampling import SamplingParams
+from executor_svc.input_batch import build_input_batch
+from executor_svc.model_config import UnsupportedModelError
+from executor_svc.model_runner import ModelRunner
+from executor_svc.plan_driver import PlanDriver
+from executor_svc.runner_config import RunnerConfig
+from executor_svc.sequence_state import SequenceState
+
+COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+
+
+def _tiny_checkpoint(tmp_path, arch: str, **overrides):
+    import transformers
+
+    config_cls, model_cls = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+    }[arch]
+    torch.manual_seed(0)
+    config = config_cls(**(COMMON | overrides))
+    model = model_cls(config).eval()
+    if arch == "qwen2":  # random init leaves biases at zero; make them matter
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.q_proj.bias.normal_()
+                layer.self_attn.k_proj.bias.normal_()
+    path = tmp_path / arch
+    model.save_pretrained(path)
+    return model, path
+
+
+def _runner_logits(runner: ModelRunner, tokens: list[int], split: int) -> torch.Tensor:
+    """Logits at every position, computed as a prefill of `split` tokens then an extend."""
+    seq = SequenceState(seq_id=1, token_ids=tokens, prompt_len=len(tokens), block_table=list(range(8)),
+                        sampling=SamplingParams(temperature=0.0), seed=0)
+    chunks = []
+    for start, count in ((0, split), (split, len(tokens) - split)):
+        seq.num_computed_tokens, seq.num_scheduled_tokens = start, count
+        with torch.inference_mode():
+            batch = build_input_batch([seq], runner.config.block_size, runner.device, runner.model.scale,
+                                      runner.dtype, runner.model_config.num_kv_heads)
+            batch.sample_indices = torch.arange(count)
+            chunks.append(runner.model.forward(batch, runner.cache, runner.backend))
+    return torch.cat(chunks)
+
+
+CASES = {
+    "llama-tied-llama3-rope": ("llama", dict(tie_word_embeddings=True, rope_theta=5000.0, rope_scaling={
+        "rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32})),
+    "llama-linear-rope": ("llama", dict(rope_scaling={"rope_type": "linear", "factor": 2.0})),
+    "mistral": ("mistral", dict(tie_word_embeddings=False, sliding_window=None)),
+    "qwen2-qkv-bias": ("qwen2", dict(tie_word_embeddings=False)),
+}
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_logits_match_transformers(tmp_path, case, backend):
+    arch, overrides = CASES[case]
+    model, path = _tiny_checkpoint(tmp_path, arch, **overrides)
+    runner = ModelRunner(RunnerConfig(model=str(path), kv_cache_gb=0.001, attention_backend=backend))
+    tokens = torch.randint(0, 256, (37,), generator=torch.Generator().manual_seed(1)).tolist()
+    with torch.inference_mode():
+        expected = model(torch.tensor([tokens])).logits[0]
+    got = _runner_logits(runner, tokens, split=20)
+    torch.testing.assert_close(got, expected, atol=2e-4, rtol=1e-4)
+    info = runner.info()
+    assert info.vocab_size == 256 and info.max_model_len == 256 and info.attention_backend == backend
+    assert info.model_id.startswith(f"{arch}@")
+
+
+def test_unsupported_architecture_is_named(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "vocab_size": 10}))
+    with pytest.raises(UnsupportedModelError, match="GPT2LMHeadModel"):
+        ModelRunner(RunnerConfig(model=str(tmp_path)))
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    return _tiny_checkpoint(tmp_path_factory.mktemp("tiny"), "llama")[1]
+
+
+def _run(runner: ModelRunner, prompts: list[list[int]], **add_kwargs) -> dict[int, list[int]]:
+    driver = PlanDriver(runner)
+    for i, prompt in enumerate(prompts):
+        driver.add(i, prompt, max_new_tokens=12, **add_kwargs)
+    return driver.run()
+
+
+PROMPTS = [[(7 * i + j) % 256 for j in range(n)] for i, n in enumerate((5, 16, 23, 40))]
+
+
+def test_triton_backend_generates_the_same_tokens_as_torch(tiny_llama):
+    torch_out = _run(ModelRunner(RunnerConfig(model=str(tiny_llama), kv_cache_gb=0.001)), PROMPTS, chunk_size=9)
+    triton_out = _run(ModelRunner(RunnerConfig(model=str(tiny_llama), kv_cache_gb=0.001,
+                                               attention_backend="triton")), PROMPTS, chunk_size=9)
+    assert torch_out == triton_out
+
+
+def test_swap_out_and_in_preserves_the_sequence(tiny_llama):
+    runner = ModelRunner(RunnerConfig(model=str(tiny_llama), kv_cache_gb=0.001, swap_space_gb=0.001))
+    assert runner.info().num_cpu_blocks > 4
+    expected = _run(runner, PROMPTS[2:3])[0]
+
+    from common.step import CachedSequence, NewSequence, StepPlan
+
+    prompt = PROMPTS[2]
+    greedy = SamplingParams(temperature=0.0)
+    first = runner.execute(StepPlan(1, new_seqs=[NewSequence(5, prompt, len(prompt), 0, len(prompt), [3, 4],
+                                                             greedy, 0)]))
+    tokens = prompt + [first.outputs[0].token_id]
+    # Preempt by swap: blocks 3, 4 go to CPU blocks 0, 1 and are overwritten by another sequence.
+    runner.execute(StepPlan(2, swap_out=[(3, 0), (4, 1)], drop_seq_ids=[5]))
+    runner.execute(StepPlan(3, new_seqs=[NewSequence(6, PROMPTS[3], 40, 0, 40, [3, 4, 5], greedy, 0)],
+                            drop_seq_ids=[]))
+    runner.execute(StepPlan(4, drop_seq_ids=[6]))
+    # Resume into different device blocks.
+    step = runner.execute(StepPlan(5, swap_in=[(0, 7), (1, 8)], new_seqs=[
+        NewSequence(5, tokens, len(prompt), len(prompt), 1, [7, 8], greedy, 0)]))
+    outputs = [first.outputs[0].token_id, step.outputs[0].token_id]
+    for i in range(10):
+        tokens.append(outputs[-1])
+        new_blocks = [9] if len(tokens) == 33 else []
+        step = runner.execute(StepPlan(6 + i, cached_seqs=[
+            CachedSequence(5, [outputs[-1]], len(tokens) - 1, 1, new_blocks)]))
+        outputs.append(step.outputs[0].token_id)
+    assert outputs == expected
+
+
+def test_copied_blocks_serve_as_prefix_and_reset_forgets_sequences(tiny_llama):
+    runner = ModelRunner(RunnerConfig(model=str(tiny_llama), kv_cache_gb=0.001))
+    expected = _run(runner, PROMPTS[3:4])[0]
+    driver = PlanDriver(runner)
+    driver.add(50, PROMPTS[3][:32] + [1, 2, 3], max_new_tokens=1, retain=True)
+    driver.run()
+    driver.add(0, PROMPTS[3], max_new_tokens=12, prefix_blocks=driver.retained[50][:2], copy_prefix=True)
+    assert driver.run()[0] == expected
+    from common.step import CachedSequence, StepPlan
+    from executor_svc.sequence_state import UnknownSequenceError
+
+    runner.reset()
+    with pytest.raises(UnknownSequenceError):
+        runner.execute(StepPlan(99, cached_seqs=[CachedSequence(0, [1], 40, 1)]))
