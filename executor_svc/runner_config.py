@@ -49,7 +49,9 @@ def resolve_num_threads(config: RunnerConfig) -> int:
     if config.num_threads:
         return config.num_threads
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, usable - 1)
+    # With cores to spare, leave one to the scheduler process. On a small machine the
+    # scheduler mostly idles while a step computes, so the executor takes every core.
+    return usable - 1 if usable > 4 else usable
 
 
 def resolve_dtype(config: RunnerConfig, device: str) -> str:

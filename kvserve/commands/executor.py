@@ -27,7 +27,7 @@ RUNNER_FLAG_HELP = {
     "max_num_batched_tokens": "largest step, in tokens (sizes the CUDA profiling pass)",
     "max_num_seqs": "most sequences in one step",
     "max_model_len": "longest context; None: the model's max_position_embeddings",
-    "num_threads": "torch intra-op threads on cpu; None: torch's choice",
+    "num_threads": "torch intra-op threads on cpu; None: every usable core, less one for the scheduler above 4 cores",
 }
 _TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 DESCRIPTION = ("Run the model (or the fake executor) in this process and serve step plans from a "
