@@ -36,6 +36,10 @@ from scheduler_svc.tokenizer import Tokenizer
 log = structlog.get_logger(__name__)
 
 SERVICE_NAME = api_pb2.DESCRIPTOR.services_by_name["KVServe"].full_name
+TRANSPORT_SIZE_FACTOR = 4
+"""gRPC accepts messages up to this multiple of --max-request-bytes, so a request somewhat over
+the limit reaches validation and gets INVALID_ARGUMENT naming its prompt field; beyond it the
+transport itself answers RESOURCE_EXHAUSTED without buffering the whole message."""
 
 _FAILURE_CODES = {
     FailureKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
@@ -218,7 +222,7 @@ class ApiServer:
         self._config = config
         self.servicer = servicer
         self._credentials = credentials
-        options = [("grpc.max_receive_message_length", config.max_request_bytes),
+        options = [("grpc.max_receive_message_length", TRANSPORT_SIZE_FACTOR * config.max_request_bytes),
                    ("grpc.so_reuseport", 0)]
         self._server = grpc.aio.server(interceptors=list(interceptors), options=options)
         api_pb2_grpc.add_KVServeServicer_to_server(servicer, self._server)

@@ -22,10 +22,11 @@ _SAMPLING_INTS = ("top_k", "seed", "n", "min_tokens", "logprobs")
 
 @dataclass(slots=True)
 class ModelLimits:
-    """What validation needs to know about the served model."""
+    """What validation checks against: the served model's limits and the server's request size."""
 
     max_model_len: int
     vocab_size: int
+    max_request_bytes: int = defaults.MAX_REQUEST_BYTES
 
 
 @dataclass(slots=True)
@@ -39,6 +40,12 @@ class ValidatedRequest:
 
 def validate_generate(request: api_pb2.GenerateRequest, tokenizer: Tokenizer, limits: ModelLimits) -> ValidatedRequest:
     """Validate every field; raise InvalidFieldError naming the first bad one."""
+    size = request.ByteSize()
+    if size > limits.max_request_bytes:
+        # The prompt is what makes a request big, so name it; gRPC itself refuses far larger
+        # messages (see api_server.TRANSPORT_SIZE_FACTOR) with RESOURCE_EXHAUSTED.
+        raise InvalidFieldError(request.WhichOneof("prompt") or "request",
+                                f"request of {size} bytes is over the {limits.max_request_bytes}-byte limit")
     request_id = validate_request_id(request.request_id)
     if len(request.cache_salt) > defaults.MAX_CACHE_SALT_CHARS:
         raise InvalidFieldError("cache_salt", f"at most {defaults.MAX_CACHE_SALT_CHARS} characters")

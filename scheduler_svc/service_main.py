@@ -142,7 +142,7 @@ async def run_service(config: ServerConfig, *, endpoint: str | None = None,
         scheduler = build_scheduler(config, info)
         engine = Engine(scheduler, link, tokenizer, config, on_state_change=api.on_executor_state, metrics=metrics)
         limits = ModelLimits(max_model_len=min(info.max_model_len, config.max_model_len or info.max_model_len),
-                             vocab_size=info.vocab_size)
+                             vocab_size=info.vocab_size, max_request_bytes=config.max_request_bytes)
         servicer.model = ServingModel(engine=engine, tokenizer=tokenizer, info=info, limits=limits)
         engine_task = loop.create_task(engine.run())
         await api.set_serving(True)

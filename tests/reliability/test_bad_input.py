@@ -113,11 +113,18 @@ def test_token_id_outside_the_vocabulary(stub, vocab_size: int) -> None:
     assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("token_ids"), details
 
 
-def test_oversize_message_is_refused_by_grpc(server) -> None:
-    options = [("grpc.max_send_message_length", 2 * defaults.MAX_REQUEST_BYTES)]
+def test_oversize_message_gets_invalid_argument_naming_the_prompt(server) -> None:
+    options = [("grpc.max_send_message_length", 8 * defaults.MAX_REQUEST_BYTES)]
     with grpc.insecure_channel(server.address, options=options) as channel:
         stub = api_pb2_grpc.KVServeStub(channel)
-        code, _, _ = _code_and_details(stub, _text("x" * (defaults.MAX_REQUEST_BYTES + 1)))
+        code, details, _ = _code_and_details(stub, _text("x" * (defaults.MAX_REQUEST_BYTES + 1)))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("text:"), details
+        # Two varint bytes per id: just over the limit.
+        ids = api_pb2.GenerateRequest(token_ids=api_pb2.TokenIds(ids=[1000] * (defaults.MAX_REQUEST_BYTES // 2 + 16)))
+        code, details, _ = _code_and_details(stub, ids)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("token_ids:"), details
+        # Far past the limit the transport refuses it before buffering the whole message.
+        code, _, _ = _code_and_details(stub, _text("x" * (5 * defaults.MAX_REQUEST_BYTES)))
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
