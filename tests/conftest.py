@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.support.serve_process import ServeProcess, start_serve
 
 
 @pytest.fixture(scope="session")
@@ -13,3 +18,22 @@ def default_model_dir() -> Path:
     from executor_svc.model_store import ensure_model_dir
 
     return ensure_model_dir()
+
+
+@pytest.fixture
+def serve_factory() -> Iterator[Callable[..., ServeProcess]]:
+    """`start(args, wait=True, host=...)` runs `kvserve serve`; every server is stopped (groups killed) at teardown."""
+    started: list[ServeProcess] = []
+    tmp_dir = Path(tempfile.mkdtemp(prefix="kvserve-test-"))
+
+    def start(args: list[str], *, wait: bool = True, host: str = "127.0.0.1") -> ServeProcess:
+        server = start_serve(args, tmp_dir, host=host)
+        started.append(server)
+        if wait:
+            server.wait_serving()
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+    shutil.rmtree(tmp_dir, ignore_errors=True)

@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from protos.kvserve.v1 import api_pb2, api_pb2_grpc
-from tests.reliability.serve_harness import ServeProcess, greedy_request, start_serve
+from tests.support.serve_process import ServeProcess, greedy_request, start_serve
 
 pytestmark = pytest.mark.timeout(120)
 

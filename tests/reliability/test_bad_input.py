@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from common import defaults
 from protos.kvserve.v1 import api_pb2, api_pb2_grpc
-from tests.reliability.serve_harness import ServeProcess, greedy_request, start_serve
+from tests.support.serve_process import ServeProcess, greedy_request, start_serve
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from protos.kvserve.v1 import api_pb2_grpc
-from tests.reliability.serve_harness import collect, greedy_request
+from tests.support.serve_process import collect, greedy_request
 
 pytestmark = pytest.mark.timeout(180)
 

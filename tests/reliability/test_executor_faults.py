@@ -24,7 +24,7 @@ from grpc_health.v1 import health_pb2
 
 from common import defaults
 from protos.kvserve.v1 import api_pb2, api_pb2_grpc
-from tests.reliability.serve_harness import collect, free_port, greedy_request, pid_alive, wait_dead
+from tests.support.serve_process import collect, free_port, greedy_request, pid_alive, wait_dead
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -195,7 +195,7 @@ def test_executor_exits_when_its_scheduler_vanishes(serve, tmp_path: Path, super
 
 
 def test_reregistering_executor_survives_its_scheduler_and_serves_the_next(tmp_path: Path) -> None:
-    from tests.reliability.serve_harness import ServeProcess
+    from tests.support.serve_process import ServeProcess
 
     link = f"tcp://127.0.0.1:{free_port()}"
     port = free_port()

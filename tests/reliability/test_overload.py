@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from protos.kvserve.v1 import api_pb2_grpc
-from tests.reliability.serve_harness import greedy_request
+from tests.support.serve_process import greedy_request
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -24,7 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from protos.kvserve.v1 import api_pb2, api_pb2_grpc
 
-START_TIMEOUT_S = 60.0
+START_TIMEOUT_S = 120.0  # a real-model server converts and loads weights first
 FAKE_ARGS = ("--executor", "fake")
 
 
