@@ -50,48 +50,53 @@ class LlamaModel:
         angles = torch.outer(torch.arange(max_model_len, dtype=torch.float32), inv_freq)
         angles = torch.cat([angles, angles], dim=-1)
         self.cos = angles.cos().to(device=device, dtype=dtype)
-        self.sin = angles.sin().to(device=device, dtype=dtype)
+        half = config.head_dim // 2
+        # rotate_half(x) * sin == roll(x, half) * sin_signed: the sign lives in the table, not in a negation per layer.
+        self.sin_signed = torch.cat([-angles[:, :half].sin(), angles[:, half:].sin()], dim=-1).to(device=device,
+                                                                                                 dtype=dtype)
         self.scale = config.head_dim ** -0.5
-        q = config.num_heads * config.head_dim
-        kv = config.num_kv_heads * config.head_dim
-        self._split = (q, kv, kv)
+        self._qk_width = (config.num_heads + config.num_kv_heads) * config.head_dim
 
     def forward(self, batch: InputBatch, cache: PagedKVCache, backend: AttentionBackend) -> torch.Tensor:
         cfg, w = self.config, self.weights
         meta = batch.attention
         backend.prepare(meta)
         num_tokens = batch.num_tokens
-        cos = self.cos.index_select(0, batch.positions)
-        sin = self.sin.index_select(0, batch.positions)
-        x = F.embedding(batch.input_ids, w.embed_tokens)
+        cos = self.cos.index_select(0, batch.positions)[:, None, :]
+        sin = self.sin_signed.index_select(0, batch.positions)[:, None, :]
+        x = F.embedding(batch.input_ids, w.embed_tokens)  # a fresh tensor: the residual adds below are in place
         for index, layer in enumerate(w.layers):
             h = rms_norm(x, layer.input_norm, cfg.rms_norm_eps)
             qkv = layer.qkv(h)
-            q, k, v = qkv.split(self._split, dim=-1)
-            q = apply_rope(q.view(num_tokens, cfg.num_heads, cfg.head_dim), cos, sin)
-            k = apply_rope(k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim), cos, sin)
-            v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+            # q and k heads side by side, rotated in one pass.
+            qk = apply_rope(qkv[:, :self._qk_width].view(num_tokens, -1, cfg.head_dim), cos, sin)
+            q, k = qk[:, :cfg.num_heads].contiguous(), qk[:, cfg.num_heads:]
+            v = qkv[:, self._qk_width:].view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
             k_cache, v_cache = cache.layer(index)
             backend.store_kv(k, v, k_cache, v_cache, meta)
             attn = backend.forward(q, k_cache, v_cache, meta)
-            x = x + layer.o_proj(attn.reshape(num_tokens, -1))
+            x.add_(layer.o_proj(attn.reshape(num_tokens, -1)))
             h = rms_norm(x, layer.post_attention_norm, cfg.rms_norm_eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
+            x.add_(layer.down(F.silu(gate).mul_(up)))
         x = x.index_select(0, batch.sample_indices)
         x = rms_norm(x, w.final_norm, cfg.rms_norm_eps)
         return w.lm_head(x).float()
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm computed in float32, cast back before the weight (as transformers does)."""
+    """RMSNorm computed in float32, cast back before the weight (as transformers does).
+
+    The same operations in the same order as transformers, with in-place steps where they
+    save an allocation; results are bit-identical."""
     xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+    inv_rms = xf.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()
+    return (xf * inv_rms).to(x.dtype).mul_(weight)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE; `x` [T, heads, head_dim], `cos`/`sin` [T, head_dim]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE; `x` [T, heads, head_dim], `cos`/`sin_signed` [T, 1, head_dim].
+
+    `sin_signed` is sin with its first half negated, so `roll(x, half) * sin_signed` equals
+    transformers' `rotate_half(x) * sin` bit for bit (a sign flip is exact)."""
+    return (x * cos).add_(x.roll(x.shape[-1] // 2, dims=-1).mul_(sin_signed))
