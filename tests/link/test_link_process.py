@@ -238,6 +238,9 @@ def test_executor_exits_when_the_scheduler_vanishes(link_endpoint, executors) ->
         await link.start()
         proc = executors.start(link_endpoint, "--scheduler-timeout-s", "1.5")
         await link.wait_for_executor(timeout_s=30)
+        # A round trip proves the executor heard us; closing right after the handshake could drop
+        # the ack, and an executor never acknowledged waits out --connect-timeout-s instead.
+        await link.reset_executor()
         await link.close(shutdown_executor=False)  # as if the scheduler was killed
         return proc, time.monotonic()
 
