@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from common.sampling import SamplingParams
+from protos.sampling import SamplingParams
 from executor_svc.model_runner import ModelRunner
 from executor_svc.plan_driver import PlanDriver
 

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import structlog
 
-from common import defaults
-from common.sampling import SamplingParams
-from common.step import ExecutorInfo, SeqOutput, StepPlan, StepResult, TokenLogprob
+from protos import defaults
+from protos.sampling import SamplingParams
+from protos.step import ExecutorInfo, SampledToken, StepPlan, StepResult, TokenLogprob
 
 log = structlog.get_logger(__name__)
 
@@ -131,7 +131,7 @@ class FakeExecutor:
             seq = self._admit(new.seq_id, new.token_ids, new.prompt_len, new.num_computed_tokens,
                               new.block_table, new.sampling, new.seed)
             scheduled.append((new.seq_id, seq, new.num_scheduled_tokens))
-        for cached in plan.cached_seqs:
+        for cached in plan.known_seqs:
             seq = self._advance(cached.seq_id, cached.new_token_ids, cached.num_computed_tokens,
                                 cached.new_block_ids)
             scheduled.append((cached.seq_id, seq, cached.num_scheduled_tokens))
@@ -320,7 +320,7 @@ class FakeExecutor:
 
     # --- sampling ------------------------------------------------------------------
 
-    def _sample(self, seq_id: int, seq: _Sequence) -> SeqOutput:
+    def _sample(self, seq_id: int, seq: _Sequence) -> SampledToken:
         length = len(seq.token_ids)
         window = self._compare(seq, max(0, length - self.config.context_window), length,
                                f"seq {seq_id}", "context")
@@ -331,7 +331,7 @@ class FakeExecutor:
         if self._wants_eos(h, seq, output_pos):
             token = self.vocab.eos_token_ids[0]
         seq.last_sampled = token
-        out = SeqOutput(seq_id=seq_id, token_id=token)
+        out = SampledToken(seq_id=seq_id, token_id=token)
         if seq.sampling.logprobs is not None:
             out.logprob = _fake_logprob(h)
             out.top_logprobs = self._top_logprobs(h, token, out.logprob, seq.sampling.logprobs)

@@ -1,6 +1,6 @@
 """The real executor: loads a Llama-family model and runs StepPlans on a paged KV cache.
 
-Plan semantics are those documented at the top of `common/step.py`: drops, swap-out,
+Plan semantics are those documented at the top of `protos/step.py`: drops, swap-out,
 swap-in, copies, then the sequence deltas, one forward pass over every scheduled token,
 and a sample for each sequence whose scheduled tokens reach the end of its known tokens.
 """
@@ -13,8 +13,8 @@ import time
 import structlog
 import torch
 
-from common import defaults
-from common.step import ExecutorInfo, StepPlan, StepResult
+from protos import defaults
+from protos.step import ExecutorInfo, StepPlan, StepResult
 from executor_svc import model_store
 from executor_svc.attention.base import create_backend
 from executor_svc.input_batch import build_input_batch
@@ -83,7 +83,7 @@ class ModelRunner:
             state = self.seqs.add(new)
             if state.num_scheduled_tokens > 0:
                 scheduled.append(state)
-        for cached in plan.cached_seqs:
+        for cached in plan.known_seqs:
             state = self.seqs.update(cached)
             if state.num_scheduled_tokens > 0:
                 scheduled.append(state)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import structlog
 
-from common import defaults
+from protos import defaults
 
 log = structlog.get_logger(__name__)
 

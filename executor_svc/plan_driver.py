@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from common.sampling import SamplingParams
-from common.step import CachedSequence, NewSequence, StepPlan, StepResult
+from protos.sampling import SamplingParams
+from protos.step import KnownSequence, NewSequence, StepPlan, StepResult
 from executor_svc.protocol import Executor
 
 
@@ -101,7 +101,7 @@ class PlanDriver:
                     block_table=list(seq.block_table), sampling=seq.sampling, seed=seq.seed))
                 seq.sent = True
             else:
-                plan.cached_seqs.append(CachedSequence(
+                plan.known_seqs.append(KnownSequence(
                     seq_id=seq.seq_id, new_token_ids=seq.pending, num_computed_tokens=seq.num_computed,
                     num_scheduled_tokens=count, new_block_ids=list(seq.new_blocks)))
             seq.pending, seq.new_blocks = [], []

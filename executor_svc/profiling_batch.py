@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from common.sampling import SamplingParams
+from protos.sampling import SamplingParams
 from executor_svc.input_batch import build_input_batch
 from executor_svc.kv_cache import PagedKVCache
 from executor_svc.sequence_state import SequenceState

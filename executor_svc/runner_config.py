@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common import defaults
+from protos import defaults
 
 
 @dataclass(slots=True)

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import torch
 
-from common.step import SeqOutput, TokenLogprob
+from protos.step import SampledToken, TokenLogprob
 from executor_svc.penalties import apply_penalties
 from executor_svc.seeded_noise import row_key, uniform_noise
 from executor_svc.sequence_state import SequenceState
 
 
 def sample(logits: torch.Tensor, seqs: list[SequenceState], eos_token_ids: list[int] | tuple[int, ...] = ()
-           ) -> list[SeqOutput]:
+           ) -> list[SampledToken]:
     """Pick one token per row of `logits` [n, vocab] (float32) for the matching sequence."""
     n, vocab = logits.shape
     if n == 0:
@@ -97,9 +97,9 @@ def _draw(logits: torch.Tensor, params: list, keys: list[int]) -> torch.Tensor:
     return (scaled - torch.log(exponential)).argmax(dim=-1)
 
 
-def _outputs(logits: torch.Tensor, chosen: torch.Tensor, seqs: list[SequenceState]) -> list[SeqOutput]:
+def _outputs(logits: torch.Tensor, chosen: torch.Tensor, seqs: list[SequenceState]) -> list[SampledToken]:
     token_ids = chosen.tolist()
-    outputs = [SeqOutput(seq_id=s.seq_id, token_id=t) for s, t in zip(seqs, token_ids)]
+    outputs = [SampledToken(seq_id=s.seq_id, token_id=t) for s, t in zip(seqs, token_ids)]
     wants = [i for i, s in enumerate(seqs) if s.sampling.logprobs is not None]
     if not wants:
         return outputs

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.sampling import SamplingParams
-from common.step import CachedSequence, NewSequence
+from protos.sampling import SamplingParams
+from protos.step import KnownSequence, NewSequence
 
 
 class UnknownSequenceError(KeyError):
@@ -65,7 +65,7 @@ class SequenceTable:
         self._seqs[seq.seq_id] = state
         return state
 
-    def update(self, seq: CachedSequence) -> SequenceState:
+    def update(self, seq: KnownSequence) -> SequenceState:
         state = self._seqs.get(seq.seq_id)
         if state is None:
             raise UnknownSequenceError(f"plan updates sequence {seq.seq_id}, which the executor does not hold")

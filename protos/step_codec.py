@@ -1,4 +1,4 @@
-"""Convert the step contract (`common.step` dataclasses) to and from its protobuf form.
+"""Convert the step contract (`protos.step` dataclasses) to and from its protobuf form.
 
 This runs twice per step on each side, so it avoids per-sequence protobuf objects on
 the hot path: cached sequences and outputs travel as parallel packed arrays (see
@@ -11,12 +11,12 @@ from __future__ import annotations
 from itertools import accumulate, chain
 from operator import attrgetter
 
-from common.sampling import SamplingParams
-from common.step import (
-    CachedSequence,
+from protos.sampling import SamplingParams
+from protos.step import (
+    KnownSequence,
     ExecutorInfo,
     NewSequence,
-    SeqOutput,
+    SampledToken,
     StepPlan,
     StepResult,
     TokenLogprob,
@@ -134,9 +134,9 @@ def encode_plan(plan: StepPlan, out: pb.StepPlan | None = None) -> pb.StepPlan:
         m.block_table.extend(seq.block_table)
         encode_sampling(seq.sampling, m.sampling)
         m.seed = seq.seed
-    cached = plan.cached_seqs
+    cached = plan.known_seqs
     if cached:
-        c = msg.cached_seqs
+        c = msg.known_seqs
         c.seq_ids.extend(map(_seq_id, cached))
         c.num_computed_tokens.extend(map(_num_computed, cached))
         c.num_scheduled_tokens.extend(map(_num_scheduled, cached))
@@ -168,7 +168,7 @@ def decode_plan(msg: pb.StepPlan) -> StepPlan:
         )
         for m in msg.new_seqs
     ]
-    c = msg.cached_seqs
+    c = msg.known_seqs
     seq_ids = c.seq_ids[:]
     n = len(seq_ids)
     new_tokens = _split(c.new_token_ids[:], c.new_token_counts[:], n, "new_token")
@@ -176,14 +176,14 @@ def decode_plan(msg: pb.StepPlan) -> StepPlan:
         new_blocks = _split(c.new_block_ids[:], c.new_block_counts[:], n, "new_block")
     else:
         new_blocks = [[] for _ in range(n)]
-    cached_seqs = list(map(
-        CachedSequence, seq_ids, new_tokens, _column(c.num_computed_tokens, n, "num_computed_tokens"),
+    known_seqs = list(map(
+        KnownSequence, seq_ids, new_tokens, _column(c.num_computed_tokens, n, "num_computed_tokens"),
         _column(c.num_scheduled_tokens, n, "num_scheduled_tokens"), new_blocks,
     ))
     return StepPlan(
         step_id=msg.step_id,
         new_seqs=new_seqs,
-        cached_seqs=cached_seqs,
+        known_seqs=known_seqs,
         copies=_decode_pairs(msg.copies),
         swap_out=_decode_pairs(msg.swap_out),
         swap_in=_decode_pairs(msg.swap_in),
@@ -215,7 +215,7 @@ def decode_result(msg: pb.StepResult) -> StepResult:
     if len(token_ids) != len(seq_ids):
         raise ValueError(f"StepResult: {len(seq_ids)} seq_ids but {len(token_ids)} token_ids")
     if not msg.has_logprob:
-        outputs = list(map(SeqOutput, seq_ids, token_ids))
+        outputs = list(map(SampledToken, seq_ids, token_ids))
     else:
         n = len(seq_ids)
         if len(msg.has_logprob) != n or len(msg.logprobs) != n:
@@ -225,7 +225,7 @@ def decode_result(msg: pb.StepResult) -> StepResult:
             list(msg.top_counts), n, "top_logprob",
         )
         outputs = [
-            SeqOutput(s, t, lp if has else None, top)
+            SampledToken(s, t, lp if has else None, top)
             for s, t, has, lp, top in zip(seq_ids, token_ids, msg.has_logprob, msg.logprobs, tops)
         ]
     return StepResult(step_id=msg.step_id, outputs=outputs, execute_time_s=msg.execute_time_s)

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 import structlog
 
-from common import defaults
+from protos import defaults
 from kvserve.bench import workloads as wl
 from kvserve.bench.load_driver import RunResult, run_workload, warm_up
 from kvserve.bench.report import KVSERVE, KVSERVE_NO_CACHE, BenchReport, compute_ratios, summarize_run

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from common import defaults
+from protos import defaults
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     import datetime as dt
     import sys
 
-    from common.log_config import configure_logging
+    from protos.log_config import configure_logging
     from executor_svc.model_store import ensure_model_dir
     from kvserve.bench import workloads
     from kvserve.bench.hf_baseline import load_model, requests_from_workload, run_hf_baseline

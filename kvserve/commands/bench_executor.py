@@ -6,7 +6,7 @@ import argparse
 import json
 from dataclasses import asdict
 
-from common import defaults
+from protos import defaults
 
 DEFAULT_DECODE_BATCHES = (1, 8, 32, 64)
 GOAL_DECODE64_ROOFLINE = 0.5
@@ -46,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from common.log_config import configure_logging
+    from protos.log_config import configure_logging
     from executor_svc.executor_bench import run_executor_bench
     from executor_svc.model_runner import ModelRunner
     from executor_svc.runner_config import RunnerConfig

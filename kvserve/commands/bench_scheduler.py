@@ -33,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from scheduler_svc.scheduler_bench import run_scheduler_bench
+    from kvserve.bench.scheduler_overhead import run_scheduler_bench
 
     sharing = {"both": (False, True), "on": (True,), "off": (False,)}[args.prefix_sharing]
     results = []

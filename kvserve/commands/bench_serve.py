@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from common import defaults
+from protos import defaults
 
 WORKLOAD_CHOICES = ("mixed", "shared-prefix", "multi-turn", "cold-warm", "all")
 
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     import shlex
     import sys
 
-    from common.log_config import configure_logging
+    from protos.log_config import configure_logging
     from kvserve.bench.serve_benchmark import BenchConfig, run_serve_benchmark
     from kvserve.bench.workloads import WORKLOAD_NAMES
 

@@ -1,7 +1,7 @@
 """Options and plumbing shared by the client commands (`generate`, `chat`, `stats`).
 
 Sampling flags mirror api.proto's SamplingParams. They are left unset unless given, so the
-server's defaults (common/sampling.py) apply; `--help` names those defaults.
+server's defaults (protos/sampling.py) apply; `--help` names those defaults.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from common import defaults
-from common.sampling import SamplingParams
+from protos import defaults
+from protos.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from clients import Client

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from common import defaults
+from protos import defaults
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from common.log_config import configure_logging
+    from protos.log_config import configure_logging
     from executor_svc.model_store import ensure_model_dir
 
     configure_logging()

@@ -12,7 +12,7 @@ import argparse
 import dataclasses
 import sys
 
-from common import defaults
+from protos import defaults
 
 RUNNER_FLAG_HELP = {
     "model": "the default model's name, an HF model directory, or a .gguf file",
@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from common.link_endpoint import default_tcp_endpoint
+    from protos.link_endpoint import default_tcp_endpoint
     from executor_svc.fake_executor import FakeExecutorConfig
     from executor_svc.runner_config import RunnerConfig
 
@@ -105,11 +105,11 @@ _SHARED_WITH_FAKE = ("model", "block_size", "max_model_len")
 
 
 def run(args: argparse.Namespace) -> int:
-    from common.log_config import configure_logging
-    from executor_svc.link_server import LinkServerConfig
-    from executor_svc.main import run_executor
+    from protos.log_config import configure_logging
+    from executor_svc.link_worker import LinkWorkerConfig
+    from executor_svc.process import run_executor
 
-    from common.link_endpoint import LinkEndpointError, check_endpoint
+    from protos.link_endpoint import LinkEndpointError, check_endpoint
 
     configure_logging(process="executor")
     try:
@@ -122,10 +122,10 @@ def run(args: argparse.Namespace) -> int:
         if not (args.curve_secret_key and args.curve_server_key):
             print("kvserve executor: CURVE needs both --curve-secret-key and --curve-server-key", file=sys.stderr)
             return 2
-        from common.link_curve import load_keys
+        from protos.link_curve import load_keys
 
         curve = load_keys(args.curve_secret_key, [args.curve_server_key])
-    link = LinkServerConfig(
+    link = LinkWorkerConfig(
         endpoint=args.link, heartbeat_interval_s=args.heartbeat_interval_s,
         scheduler_timeout_s=args.scheduler_timeout_s, connect_timeout_s=args.connect_timeout_s,
         reregister=args.reregister, allow_remote=args.allow_remote_link, curve_keys=curve,

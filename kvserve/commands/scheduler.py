@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import argparse
 
-from common import defaults
+from protos import defaults
 
 
 def add_server_options(parser: argparse.ArgumentParser) -> None:
     """Every ServerConfig option as a flag; defaults come from ServerConfig itself."""
-    from scheduler_svc.server_config import ServerConfig
+    from scheduler_svc.server.server_config import ServerConfig
 
     d = ServerConfig()
     api = parser.add_argument_group("gRPC API")
@@ -81,7 +81,7 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
 
 
 def server_config_from_args(args: argparse.Namespace, *, link: str = ""):
-    from scheduler_svc.server_config import ServerConfig
+    from scheduler_svc.server.server_config import ServerConfig
 
     return ServerConfig(
         host=args.host, port=args.port, max_request_bytes=args.max_request_bytes, metrics_port=args.metrics_port,
@@ -118,8 +118,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from common.log_config import configure_logging
-    from scheduler_svc.service_main import run_service
+    from protos.log_config import configure_logging
+    from scheduler_svc.server.service import run_service
 
     configure_logging(process="scheduler")
     config = server_config_from_args(args, link=args.link)

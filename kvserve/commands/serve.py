@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import shlex
 
-from common import defaults
+from protos import defaults
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -60,10 +60,10 @@ def executor_args(args: argparse.Namespace, endpoint: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from common.log_config import configure_logging
+    from protos.log_config import configure_logging
     from kvserve.commands.scheduler import server_config_from_args
-    from scheduler_svc.executor_supervisor import ExecutorSupervisor, executor_command
-    from scheduler_svc.service_main import resolve_link_endpoint, run_service
+    from scheduler_svc.server.executor_supervisor import ExecutorSupervisor, executor_command
+    from scheduler_svc.server.service import resolve_link_endpoint, run_service
 
     configure_logging(process="scheduler")
     config = server_config_from_args(args, link=args.link)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from grpc_health.v1 import health_pb2
 
-from common import defaults
+from protos import defaults
 
 CLI_TIMEOUT_S = 60
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common import defaults
+from protos import defaults
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -104,7 +104,7 @@ def test_dockerfile_builds_one_cuda_image() -> None:
     assert "ENV" in text and f"{defaults.CACHE_DIR_ENV}=/cache" in text
     assert "COPY docker/link_healthcheck.py ./docker/link_healthcheck.py" in text
     assert "WORKDIR /app" in text
-    for package in ("kvserve", "common", "protos", "scheduler_svc", "executor_svc", "kernels", "clients"):
+    for package in ("kvserve", "protos", "scheduler_svc", "executor_svc", "kernels", "clients"):
         assert f"COPY {package} ./{package}" in text
 
 

@@ -13,7 +13,7 @@ from clients.request_builder import (
     chunk_from_response,
     message_to_dict,
 )
-from common import defaults
+from protos import defaults
 from protos.kvserve.v1 import api_pb2
 
 

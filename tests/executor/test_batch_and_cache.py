@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.sampling import SamplingParams
+from protos.sampling import SamplingParams
 from executor_svc.input_batch import PlanError, build_input_batch
 from executor_svc.kv_cache import CacheGeometry, PagedKVCache
 from executor_svc.sequence_state import SequenceState

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from common.sampling import SamplingParams
+from protos.sampling import SamplingParams
 from executor_svc.penalties import apply_penalties
 from executor_svc.sampler import filtered_logits, sample
 from executor_svc.seeded_noise import row_key, uniform_noise

@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from common.sampling import SamplingParams
+from protos.sampling import SamplingParams
 from executor_svc.input_batch import build_input_batch
 from executor_svc.model_config import UnsupportedModelError
 from executor_svc.model_runner import ModelRunner
@@ -119,7 +119,7 @@ def test_swap_out_and_in_preserves_the_sequence(tiny_llama):
     assert runner.info().num_cpu_blocks > 4
     expected = _run(runner, PROMPTS[2:3])[0]
 
-    from common.step import CachedSequence, NewSequence, StepPlan
+    from protos.step import KnownSequence, NewSequence, StepPlan
 
     prompt = PROMPTS[2]
     greedy = SamplingParams(temperature=0.0)
@@ -138,8 +138,8 @@ def test_swap_out_and_in_preserves_the_sequence(tiny_llama):
     for i in range(10):
         tokens.append(outputs[-1])
         new_blocks = [9] if len(tokens) == 33 else []
-        step = runner.execute(StepPlan(6 + i, cached_seqs=[
-            CachedSequence(5, [outputs[-1]], len(tokens) - 1, 1, new_blocks)]))
+        step = runner.execute(StepPlan(6 + i, known_seqs=[
+            KnownSequence(5, [outputs[-1]], len(tokens) - 1, 1, new_blocks)]))
         outputs.append(step.outputs[0].token_id)
     assert outputs == expected
 
@@ -152,9 +152,9 @@ def test_copied_blocks_serve_as_prefix_and_reset_forgets_sequences(tiny_llama):
     driver.run()
     driver.add(0, PROMPTS[3], max_new_tokens=12, prefix_blocks=driver.retained[50][:2], copy_prefix=True)
     assert driver.run()[0] == expected
-    from common.step import CachedSequence, StepPlan
+    from protos.step import KnownSequence, StepPlan
     from executor_svc.sequence_state import UnknownSequenceError
 
     runner.reset()
     with pytest.raises(UnknownSequenceError):
-        runner.execute(StepPlan(99, cached_seqs=[CachedSequence(0, [1], 40, 1)]))
+        runner.execute(StepPlan(99, known_seqs=[KnownSequence(0, [1], 40, 1)]))

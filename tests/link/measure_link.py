@@ -17,21 +17,21 @@ import sys
 import tempfile
 import time
 
-from common.sampling import SamplingParams
-from common.step import CachedSequence, NewSequence, SeqOutput, StepPlan, StepResult
+from protos.sampling import SamplingParams
+from protos.step import KnownSequence, NewSequence, SampledToken, StepPlan, StepResult
 from executor_svc.fake_executor import FakeExecutor, FakeExecutorConfig
 from protos import step_codec
 from protos.kvserve.v1 import executor_link_pb2 as pb
-from scheduler_svc.executor_link import ExecutorLink, ExecutorLost
+from scheduler_svc.server.executor_link import ExecutorLink, ExecutorLost
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPT = 20
 
 
 def codec_us(num_seqs: int, rounds: int = 2000) -> tuple[float, float]:
-    plan = StepPlan(1, cached_seqs=[CachedSequence(i, [1000 + i], 500, 1, [i] if i % 16 == 0 else [])
+    plan = StepPlan(1, known_seqs=[KnownSequence(i, [1000 + i], 500, 1, [i] if i % 16 == 0 else [])
                                     for i in range(num_seqs)])
-    result = StepResult(1, [SeqOutput(i, 2000 + i) for i in range(num_seqs)], 0.01)
+    result = StepResult(1, [SampledToken(i, 2000 + i) for i in range(num_seqs)], 0.01)
 
     def plan_trip():
         env = pb.SchedulerMessage()
@@ -64,7 +64,7 @@ def prefill_plan(num_seqs: int) -> StepPlan:
 
 def decode_plan(step_id: int, last: dict[int, int]) -> StepPlan:
     computed = PROMPT + step_id - 2
-    return StepPlan(step_id, cached_seqs=[CachedSequence(s, [t], computed, 1) for s, t in last.items()])
+    return StepPlan(step_id, known_seqs=[KnownSequence(s, [t], computed, 1) for s, t in last.items()])
 
 
 def fake_step_ms(num_seqs: int, steps: int = 10) -> float:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from common.sampling import SamplingParams
-from common.step import CachedSequence, NewSequence, StepPlan, StepResult
+from protos.sampling import SamplingParams
+from protos.step import KnownSequence, NewSequence, StepPlan, StepResult
 
 
 @dataclass
@@ -70,7 +70,7 @@ class PlanDriver:
                                                  list(seq.blocks), seq.sampling, seq.seed))
                 seq.known = True
             else:
-                plan.cached_seqs.append(CachedSequence(seq.seq_id, seq.unsent_tokens, seq.num_computed, n,
+                plan.known_seqs.append(KnownSequence(seq.seq_id, seq.unsent_tokens, seq.num_computed, n,
                                                        seq.unsent_blocks))
             seq.unsent_tokens, seq.unsent_blocks = [], []
             scheduled[seq.seq_id] = n

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from common.sampling import SamplingParams
-from common.step import CachedSequence, NewSequence, StepPlan
+from protos.sampling import SamplingParams
+from protos.step import KnownSequence, NewSequence, StepPlan
 from executor_svc.fake_executor import FakeExecutor, FakeExecutorConfig, PlanError
 from tests.link.plan_driver import PlanDriver
 
@@ -179,12 +179,12 @@ def test_scheduler_bugs_are_caught(tokenizer_dir: str, case: str, match: str) ->
         # Seq 3 shares seq 1's partial block 2 and writes into it without copy-on-write.
         "write_into_shared_block": StepPlan(9, new_seqs=[NewSequence(3, PROMPT_A + [42], 12, 11, 1, [0, 1, 2], GREEDY, 0)]),
         "copy_into_live_block": StepPlan(9, copies=[(0, 4)]),
-        "computed_count_off": StepPlan(9, cached_seqs=[CachedSequence(1, [t1], 10, 1)]),
-        "wrong_sampled_token": StepPlan(9, cached_seqs=[CachedSequence(1, [t1 + 1], 11, 1)]),
-        "unknown_sequence": StepPlan(9, cached_seqs=[CachedSequence(77, [5], 0, 1)]),
+        "computed_count_off": StepPlan(9, known_seqs=[KnownSequence(1, [t1], 10, 1)]),
+        "wrong_sampled_token": StepPlan(9, known_seqs=[KnownSequence(1, [t1 + 1], 11, 1)]),
+        "unknown_sequence": StepPlan(9, known_seqs=[KnownSequence(77, [5], 0, 1)]),
         # Position 12 (the 13th token) needs a 4th block that was never sent.
-        "beyond_block_table": StepPlan(9, cached_seqs=[CachedSequence(1, [t1, 7], 11, 2)]),
-        "block_out_of_range": StepPlan(9, cached_seqs=[CachedSequence(1, [t1], 11, 1, [64])]),
+        "beyond_block_table": StepPlan(9, known_seqs=[KnownSequence(1, [t1, 7], 11, 2)]),
+        "block_out_of_range": StepPlan(9, known_seqs=[KnownSequence(1, [t1], 11, 1, [64])]),
         "known_sent_as_new": StepPlan(9, new_seqs=[NewSequence(1, PROMPT_A, 11, 0, 11, [8, 9, 10], GREEDY, 0)]),
     }[case]
     if case == "prefix_after_reset":
@@ -198,14 +198,14 @@ def test_a_correct_plan_after_the_same_setup_passes(tokenizer_dir: str) -> None:
     """The negative cases above fail for their bug, not because the setup is broken."""
     fake = _prefilled(tokenizer_dir)
     t1, t2 = _next_token(fake, 1), _next_token(fake, 2)
-    result = fake.execute(StepPlan(9, copies=[(2, 3)], cached_seqs=[
-        CachedSequence(1, [t1], 11, 1, [8]), CachedSequence(2, [t2], 7, 1)],
+    result = fake.execute(StepPlan(9, copies=[(2, 3)], known_seqs=[
+        KnownSequence(1, [t1], 11, 1, [8]), KnownSequence(2, [t2], 7, 1)],
         new_seqs=[NewSequence(3, PROMPT_A + [42], 12, 11, 1, [0, 1, 3], GREEDY, 0)]))
     assert {o.seq_id for o in result.outputs} == {1, 2, 3}
 
 
 def test_fake_executor_process_never_imports_torch() -> None:
-    code = ("import sys, executor_svc.fake_executor, executor_svc.link_server, executor_svc.main, kvserve.cli; "
+    code = ("import sys, executor_svc.fake_executor, executor_svc.link_worker, executor_svc.process, kvserve.cli; "
             "kvserve.cli.build_parser().parse_args(['executor', '--executor', 'fake']); "
             "executor_svc.fake_executor.FakeExecutor(); "
             "bad = [m for m in ('torch', 'transformers', 'triton') if m in sys.modules]; "

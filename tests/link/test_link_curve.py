@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import zmq.auth
 
-from common.link_curve import load_keys
-from scheduler_svc.executor_link import ExecutorLink
+from protos.link_curve import load_keys
+from scheduler_svc.server.executor_link import ExecutorLink
 from tests.link.test_link_process import decode, run
 
 pytestmark = pytest.mark.timeout(90)

@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from common.sampling import SamplingParams
-from common.step import CachedSequence, NewSequence, StepPlan
+from protos.sampling import SamplingParams
+from protos.step import KnownSequence, NewSequence, StepPlan
 from executor_svc.fake_executor import FakeExecutor, FakeExecutorConfig
-from scheduler_svc.executor_link import ExecutorLink, ExecutorLost, ExecutorStepError
+from scheduler_svc.server.executor_link import ExecutorLink, ExecutorLost, ExecutorStepError
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -41,8 +41,8 @@ async def decode(link: ExecutorLink, steps: int, seq_id: int = 1) -> list[int]:
     for i in range(steps - 1):
         computed = 5 + i
         new_blocks = [computed // 16] if computed % 16 == 0 else []
-        result = await link.step(StepPlan(2 + i, cached_seqs=[
-            CachedSequence(seq_id, [tokens[-1]], computed, 1, new_blocks)]))
+        result = await link.step(StepPlan(2 + i, known_seqs=[
+            KnownSequence(seq_id, [tokens[-1]], computed, 1, new_blocks)]))
         tokens.append(result.outputs[0].token_id)
     return tokens
 
@@ -53,7 +53,7 @@ def expected_tokens(tokenizer_dir: str, steps: int) -> list[int]:
     tokens = [fake.execute(first_plan()).outputs[0].token_id]
     for i in range(steps - 1):
         computed = 5 + i
-        plan = StepPlan(2 + i, cached_seqs=[CachedSequence(1, [tokens[-1]], computed, 1,
+        plan = StepPlan(2 + i, known_seqs=[KnownSequence(1, [tokens[-1]], computed, 1,
                                                            [computed // 16] if computed % 16 == 0 else [])])
         tokens.append(fake.execute(plan).outputs[0].token_id)
     return tokens
@@ -95,14 +95,14 @@ def test_step_error_is_reported_and_the_executor_survives(link_endpoint, executo
         try:
             await link.wait_for_executor(timeout_s=30)
             with pytest.raises(ExecutorStepError, match="unknown to the executor") as caught:
-                await link.step(StepPlan(5, cached_seqs=[CachedSequence(99, [1], 0, 1)]))
+                await link.step(StepPlan(5, known_seqs=[KnownSequence(99, [1], 0, 1)]))
             assert caught.value.step_id == 5 and caught.value.error_type == "PlanError"
             assert link.connected
             assert len(await decode(link, 3)) == 3
             # reset_executor: the executor forgets seq 1, so continuing it is an error.
             await link.reset_executor()
             with pytest.raises(ExecutorStepError, match="unknown"):
-                await link.step(StepPlan(50, cached_seqs=[CachedSequence(1, [1], 7, 1)]))
+                await link.step(StepPlan(50, known_seqs=[KnownSequence(1, [1], 7, 1)]))
         finally:
             await link.close()
 
@@ -195,7 +195,7 @@ def test_restarted_executor_registers_as_a_new_generation(link_endpoint, executo
             with pytest.raises(ExecutorLost):
                 # Either the send fails (connection gone) or liveness catches it.
                 for _ in range(100):
-                    await link.step(StepPlan(100, cached_seqs=[CachedSequence(1, [before[-1]], 8, 1)]))
+                    await link.step(StepPlan(100, known_seqs=[KnownSequence(1, [before[-1]], 8, 1)]))
                     await asyncio.sleep(0.05)
             second = executors.start(link_endpoint)
             await link.wait_for_executor(timeout_s=30)

@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common import defaults
-from common.sampling import SamplingParams
-from common.step import (
-    CachedSequence,
+from protos import defaults
+from protos.sampling import SamplingParams
+from protos.step import (
+    KnownSequence,
     ExecutorInfo,
     NewSequence,
-    SeqOutput,
+    SampledToken,
     StepPlan,
     StepResult,
     TokenLogprob,
@@ -43,17 +43,17 @@ new_sequences = st.builds(
     seed=st.integers(0, defaults.MAX_SEED),
 )
 cached_sequences = st.builds(
-    CachedSequence, seq_id=ids, new_token_ids=token_lists, num_computed_tokens=small,
+    KnownSequence, seq_id=ids, new_token_ids=token_lists, num_computed_tokens=small,
     num_scheduled_tokens=small, new_block_ids=st.lists(small, max_size=4),
 )
 pairs = st.lists(st.tuples(small, small), max_size=6)
 plans = st.builds(
     StepPlan, step_id=ids, new_seqs=st.lists(new_sequences, max_size=4),
-    cached_seqs=st.lists(cached_sequences, max_size=30), copies=pairs, swap_out=pairs, swap_in=pairs,
+    known_seqs=st.lists(cached_sequences, max_size=30), copies=pairs, swap_out=pairs, swap_in=pairs,
     drop_seq_ids=st.lists(ids, max_size=8),
 )
 outputs = st.builds(
-    SeqOutput, seq_id=ids, token_id=small, logprob=st.none() | finite,
+    SampledToken, seq_id=ids, token_id=small, logprob=st.none() | finite,
     top_logprobs=st.lists(st.builds(TokenLogprob, token_id=small, logprob=finite), max_size=5),
 )
 results = st.builds(StepResult, step_id=ids, outputs=st.lists(outputs, max_size=30), execute_time_s=finite)
@@ -107,11 +107,11 @@ def test_seed_none_and_logprobs_none_stay_none() -> None:
 
 def test_inconsistent_columns_are_rejected() -> None:
     msg = pb.StepPlan()
-    msg.cached_seqs.seq_ids.extend([1, 2])
-    msg.cached_seqs.num_computed_tokens.extend([3, 4])
-    msg.cached_seqs.num_scheduled_tokens.extend([1, 1])
-    msg.cached_seqs.new_token_counts.extend([1, 1])
-    msg.cached_seqs.new_token_ids.extend([7])  # one token promised twice
+    msg.known_seqs.seq_ids.extend([1, 2])
+    msg.known_seqs.num_computed_tokens.extend([3, 4])
+    msg.known_seqs.num_scheduled_tokens.extend([1, 1])
+    msg.known_seqs.new_token_counts.extend([1, 1])
+    msg.known_seqs.new_token_ids.extend([7])  # one token promised twice
     with pytest.raises(ValueError, match="new_token"):
         step_codec.decode_plan(msg)
     result = pb.StepResult(seq_ids=[1, 2], token_ids=[5])
@@ -120,8 +120,8 @@ def test_inconsistent_columns_are_rejected() -> None:
 
 
 def decode_step_plan(num_seqs: int) -> StepPlan:
-    return StepPlan(step_id=7, cached_seqs=[
-        CachedSequence(i, [1000 + i], 500 + i, 1, [i] if i % 16 == 0 else []) for i in range(num_seqs)
+    return StepPlan(step_id=7, known_seqs=[
+        KnownSequence(i, [1000 + i], 500 + i, 1, [i] if i % 16 == 0 else []) for i in range(num_seqs)
     ])
 
 
@@ -132,13 +132,13 @@ def test_256_sequence_decode_plan_codec_is_fast() -> None:
     accidental per-token message or quadratic loop.
     """
     plan = decode_step_plan(256)
-    result = StepResult(7, [SeqOutput(i, 2000 + i) for i in range(256)], 0.01)
+    result = StepResult(7, [SampledToken(i, 2000 + i) for i in range(256)], 0.01)
     for _ in range(20):
         _wire_plan(plan), _wire_result(result)
     rounds = 200
     started = time.perf_counter()
     for _ in range(rounds):
-        assert _wire_plan(plan).cached_seqs[-1].seq_id == 255
+        assert _wire_plan(plan).known_seqs[-1].seq_id == 255
         assert len(_wire_result(result).outputs) == 256
     per_step_ms = (time.perf_counter() - started) / rounds * 1000
     assert per_step_ms < 4.0, f"plan+result round trip took {per_step_ms:.2f} ms"

@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common import defaults
+from protos import defaults
 from protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from tests.support.serve_process import ServeProcess, greedy_request, start_serve
 

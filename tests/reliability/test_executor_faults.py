@@ -22,7 +22,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from common import defaults
+from protos import defaults
 from protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from tests.support.serve_process import collect, free_port, greedy_request, pid_alive, wait_dead
 

@@ -16,7 +16,7 @@ import time
 import grpc
 import pytest
 
-from common import defaults
+from protos import defaults
 from protos.kvserve.v1 import api_pb2, api_pb2_grpc
 
 pytestmark = pytest.mark.timeout(300)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from common.sampling import SamplingParams
-from common.step import StepPlan
-from scheduler_svc.outputs import SequenceOutput
-from scheduler_svc.request import FinishReason
-from scheduler_svc.scheduler import Scheduler
-from scheduler_svc.scheduler_config import SchedulerConfig
+from protos.sampling import SamplingParams
+from protos.step import StepPlan
+from scheduler_svc.core.outputs import SequenceOutput
+from scheduler_svc.core.request import FinishReason
+from scheduler_svc.core.scheduler import Scheduler
+from scheduler_svc.core.scheduler_config import SchedulerConfig
 from tests.scheduler.slot_executor import SlotExecutor
 
 

@@ -1,6 +1,6 @@
 """A fake executor that checks every plan: each KV slot stores (token id, position).
 
-It follows the step semantics of `common.step` literally (drops, swap-out, swap-in,
+It follows the step semantics of `protos.step` literally (drops, swap-out, swap-in,
 copies, then the forward pass) with its own copy of every sequence's tokens and block
 table, writes each scheduled token into the slot the block table names, and then reads
 the whole context back through the block table. A wrong block table, copy or swap, a
@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from common.step import SeqOutput, StepPlan, StepResult, TokenLogprob
+from protos.step import SampledToken, StepPlan, StepResult, TokenLogprob
 
 
 class PlanError(AssertionError):
@@ -103,10 +103,10 @@ class SlotExecutor:
             self._verify_context(new.seq_id, state, new.num_computed_tokens)
             self.seqs[new.seq_id] = state
             work.append((new.seq_id, state, new.num_computed_tokens, new.num_scheduled_tokens))
-        for cached in plan.cached_seqs:
+        for cached in plan.known_seqs:
             state = self.seqs.get(cached.seq_id)
             if state is None:
-                raise PlanError(f"CachedSequence {cached.seq_id} is unknown")
+                raise PlanError(f"KnownSequence {cached.seq_id} is unknown")
             if cached.num_computed_tokens != state.computed:
                 raise PlanError(f"seq {cached.seq_id}: plan says {cached.num_computed_tokens} computed, "
                                 f"executor computed {state.computed}")
@@ -131,7 +131,7 @@ class SlotExecutor:
             if state.computed == len(state.tokens):
                 token = next_token(state.tokens, state.seed, self.vocab_size)
                 top = [TokenLogprob(token, -0.5)] * state.logprobs if state.logprobs else []
-                outputs.append(SeqOutput(seq_id, token, -0.5 if state.logprobs is not None else None, top))
+                outputs.append(SampledToken(seq_id, token, -0.5 if state.logprobs is not None else None, top))
         return StepResult(plan.step_id, outputs)
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from scheduler_svc.request import FinishReason, SequenceStatus
-from scheduler_svc.scheduler_config import SchedulerConfig
+from scheduler_svc.core.request import FinishReason, SequenceStatus
+from scheduler_svc.core.scheduler_config import SchedulerConfig
 from tests.scheduler.harness import Harness
 from tests.scheduler.slot_executor import expected_completion
 

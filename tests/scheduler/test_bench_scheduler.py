@@ -6,7 +6,7 @@ import argparse
 import json
 
 from kvserve.commands import bench_scheduler
-from scheduler_svc.scheduler_bench import FeedbackExecutor, build_scheduler, run_scheduler_bench, warm_up
+from kvserve.bench.scheduler_overhead import FeedbackExecutor, build_scheduler, run_scheduler_bench, warm_up
 
 
 def test_warm_up_reaches_steady_decode_with_a_shared_prefix() -> None:
@@ -16,7 +16,7 @@ def test_warm_up_reaches_steady_decode_with_a_shared_prefix() -> None:
     executor = FeedbackExecutor()
     warm_up(scheduler, executor, 8)
     plan = scheduler.schedule()
-    assert len(plan.cached_seqs) == 8 and all(s.num_scheduled_tokens == 1 for s in plan.cached_seqs)
+    assert len(plan.known_seqs) == 8 and all(s.num_scheduled_tokens == 1 for s in plan.known_seqs)
     stats = scheduler.stats()
     assert stats.prefix_hit_tokens >= 2 * 288
     scheduler.update(executor.execute(plan))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_svc.invariants import InvariantError
-from scheduler_svc.scheduler_config import SchedulerConfig
+from scheduler_svc.core.invariants import InvariantError
+from scheduler_svc.core.scheduler_config import SchedulerConfig
 from tests.scheduler.harness import Harness
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from common.step import StepResult
-from scheduler_svc.request import FinishReason
-from scheduler_svc.scheduler_config import SchedulerConfig
+from protos.step import StepResult
+from scheduler_svc.core.request import FinishReason
+from scheduler_svc.core.scheduler_config import SchedulerConfig
 from tests.scheduler.harness import Harness
 from tests.scheduler.slot_executor import SlotExecutor, expected_completion
 
@@ -103,7 +103,7 @@ def test_reset_executor_requeues_everything_and_finishes_identically() -> None:
     plan = h.schedule()  # in flight when the executor dies: its result never comes
     assert h.scheduler.reset_executor(num_blocks=10) == []
     h.executor = SlotExecutor(10, 4, 0, h.vocab_size)
-    assert plan.cached_seqs and h.scheduler.update(StepResult(plan.step_id)) == []  # a late result is ignored
+    assert plan.known_seqs and h.scheduler.update(StepResult(plan.step_id)) == []  # a late result is ignored
     stats = h.scheduler.stats()
     assert (stats.num_running, stats.num_waiting, stats.num_blocks, stats.blocks_referenced) == (0, 2, 10, 0)
     resumed = h.step()

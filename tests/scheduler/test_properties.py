@@ -14,8 +14,8 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler_svc.request import FinishReason, RequestRejected, derive_seed
-from scheduler_svc.scheduler_config import SchedulerConfig
+from scheduler_svc.core.request import FinishReason, RequestRejected, derive_seed
+from scheduler_svc.core.scheduler_config import SchedulerConfig
 from tests.scheduler.harness import Harness
 from tests.scheduler.slot_executor import SlotExecutor, expected_completion
 
@@ -115,6 +115,6 @@ def test_random_interleavings_keep_every_invariant(config: SchedulerConfig, ops:
 
 
 def _result_for(plan):
-    from common.step import StepResult
+    from protos.step import StepResult
 
     return StepResult(plan.step_id)

@@ -1,14 +1,14 @@
-"""RadixTree: token-granular matching, namespaces, leaf-only LRU eviction through the pool."""
+"""PrefixTree: token-granular matching, namespaces, leaf-only LRU eviction through the pool."""
 
 from __future__ import annotations
 
-from scheduler_svc.block_pool import BlockPool
-from scheduler_svc.radix_tree import RadixTree
+from scheduler_svc.core.block_pool import BlockPool
+from scheduler_svc.core.prefix_tree import PrefixTree
 
 BS = 4
 
 
-def cache_chain(tree: RadixTree, pool: BlockPool, namespace: str, tokens: list[int]) -> list[int]:
+def cache_chain(tree: PrefixTree, pool: BlockPool, namespace: str, tokens: list[int]) -> list[int]:
     """Insert the full blocks of `tokens` as one sequence would, then release them (tail-first)."""
     blocks = pool.allocate(len(tokens) // BS)
     node = None
@@ -21,7 +21,7 @@ def cache_chain(tree: RadixTree, pool: BlockPool, namespace: str, tokens: list[i
 
 def test_match_full_blocks_then_a_partial_block() -> None:
     pool = BlockPool(8)
-    tree = RadixTree(pool, BS)
+    tree = PrefixTree(pool, BS)
     blocks = cache_chain(tree, pool, "m", list(range(12)))
     match = tree.match("m", [0, 1, 2, 3, 4, 5, 9, 9, 9], 8)
     assert match.full_blocks == [blocks[0]]
@@ -31,7 +31,7 @@ def test_match_full_blocks_then_a_partial_block() -> None:
 
 def test_match_leaves_at_least_the_requested_tokens_uncomputed() -> None:
     pool = BlockPool(8)
-    tree = RadixTree(pool, BS)
+    tree = PrefixTree(pool, BS)
     blocks = cache_chain(tree, pool, "m", list(range(8)))
     match = tree.match("m", list(range(8)), 7)  # the whole prompt is cached; one token must stay
     assert match.full_blocks == [blocks[0]]
@@ -40,7 +40,7 @@ def test_match_leaves_at_least_the_requested_tokens_uncomputed() -> None:
 
 def test_namespaces_share_nothing() -> None:
     pool = BlockPool(8)
-    tree = RadixTree(pool, BS)
+    tree = PrefixTree(pool, BS)
     cache_chain(tree, pool, "tenant-a", list(range(8)))
     match = tree.match("tenant-b", list(range(9)), 8)
     assert (match.num_tokens, match.full_blocks, match.partial_block) == (0, [], None)
@@ -49,7 +49,7 @@ def test_namespaces_share_nothing() -> None:
 
 def test_counters_track_queried_and_hit_tokens() -> None:
     pool = BlockPool(8)
-    tree = RadixTree(pool, BS)
+    tree = PrefixTree(pool, BS)
     cache_chain(tree, pool, "m", list(range(8)))
     tree.match("m", list(range(6)) + [99, 99], 7)
     tree.match("x", [1, 2, 3], 2)
@@ -59,7 +59,7 @@ def test_counters_track_queried_and_hit_tokens() -> None:
 
 def test_duplicate_insert_is_refused() -> None:
     pool = BlockPool(4)
-    tree = RadixTree(pool, BS)
+    tree = PrefixTree(pool, BS)
     a, b = pool.allocate(2)
     assert tree.insert("m", None, (1, 2, 3, 4), a) is not None
     assert tree.insert("m", None, (1, 2, 3, 4), b) is None
@@ -68,7 +68,7 @@ def test_duplicate_insert_is_refused() -> None:
 
 def test_eviction_is_lru_with_chain_tails_before_parents() -> None:
     pool = BlockPool(5)
-    tree = RadixTree(pool, BS)
+    tree = PrefixTree(pool, BS)
     old = cache_chain(tree, pool, "m", list(range(12)))  # 3-block chain, released first
     new = cache_chain(tree, pool, "m", [50 + t for t in range(8)])  # 2-block chain, released later
     order = []
@@ -81,7 +81,7 @@ def test_eviction_is_lru_with_chain_tails_before_parents() -> None:
 
 def test_a_hit_block_is_not_evicted_while_other_blocks_are_free() -> None:
     pool = BlockPool(4)
-    tree = RadixTree(pool, BS)
+    tree = PrefixTree(pool, BS)
     cached = cache_chain(tree, pool, "m", list(range(4)))
     others = pool.allocate(3)
     assert cached[0] not in others
@@ -90,7 +90,7 @@ def test_a_hit_block_is_not_evicted_while_other_blocks_are_free() -> None:
 
 def test_evicting_a_leaf_can_expose_its_parent() -> None:
     pool = BlockPool(2)
-    tree = RadixTree(pool, BS)
+    tree = PrefixTree(pool, BS)
     blocks = cache_chain(tree, pool, "m", list(range(8)))
     assert pool.allocate(1) == [blocks[1]]
     assert tree.match("m", list(range(9)), 8).full_blocks == [blocks[0]]

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from common.sampling import SamplingParams
-from common.step import StepResult
-from scheduler_svc.request import FinishReason, RequestRejected, derive_seed
-from scheduler_svc.scheduler import Scheduler
-from scheduler_svc.scheduler_config import SchedulerConfig
-from scheduler_svc.stop_rules import stop_reason
+from protos.sampling import SamplingParams
+from protos.step import StepResult
+from scheduler_svc.core.request import FinishReason, RequestRejected, derive_seed
+from scheduler_svc.core.scheduler import Scheduler
+from scheduler_svc.core.scheduler_config import SchedulerConfig
+from scheduler_svc.core.stop_rules import stop_reason
 from tests.scheduler.harness import Harness
 from tests.scheduler.slot_executor import expected_completion
 
@@ -27,14 +27,14 @@ def test_chunked_prefill_splits_a_long_prompt_and_samples_only_at_its_end() -> N
     assert [(s.num_computed_tokens, s.num_scheduled_tokens, len(s.block_table)) for s in first.new_seqs] == [(0, 4, 1)]
     assert h.completions == {}
     second = h.step()
-    (chunk,) = second.cached_seqs
+    (chunk,) = second.known_seqs
     assert (chunk.num_computed_tokens, chunk.num_scheduled_tokens, chunk.new_token_ids, len(chunk.new_block_ids)) \
         == (4, 4, [], 1)
     third = h.step()
-    assert (third.cached_seqs[0].num_computed_tokens, third.cached_seqs[0].num_scheduled_tokens) == (8, 2)
+    assert (third.known_seqs[0].num_computed_tokens, third.known_seqs[0].num_scheduled_tokens) == (8, 2)
     assert len(h.tokens("a")) == 1
     fourth = h.step()
-    assert fourth.cached_seqs[0].new_token_ids == h.tokens("a")[:1]
+    assert fourth.known_seqs[0].new_token_ids == h.tokens("a")[:1]
     assert h.reason("a") is FinishReason.LENGTH
     assert h.tokens("a") == expected_completion(range(10), 7, 2)
 
@@ -45,7 +45,7 @@ def test_decodes_get_the_token_budget_before_prefill_chunks() -> None:
     h.step()
     h.add("prefill", list(range(20)), max_tokens=1)
     plan = h.step()
-    scheduled = {s.seq_id: s.num_scheduled_tokens for s in [*plan.new_seqs, *plan.cached_seqs]}
+    scheduled = {s.seq_id: s.num_scheduled_tokens for s in [*plan.new_seqs, *plan.known_seqs]}
     assert sorted(scheduled.values()) == [1, 3]
     assert plan.num_scheduled_tokens == 4
 

@@ -11,10 +11,10 @@ import random
 
 import pytest
 
-from common.sampling import SamplingParams
-from scheduler_svc.request import RequestRejected
-from scheduler_svc.scheduler import Scheduler
-from scheduler_svc.scheduler_config import SchedulerConfig
+from protos.sampling import SamplingParams
+from scheduler_svc.core.request import RequestRejected
+from scheduler_svc.core.scheduler import Scheduler
+from scheduler_svc.core.scheduler_config import SchedulerConfig
 
 fake_executor = pytest.importorskip("executor_svc.fake_executor")
 

@@ -10,17 +10,17 @@ import asyncio
 
 import pytest
 
-from common.sampling import SamplingParams
-from common.step import ExecutorInfo, StepPlan, StepResult
+from protos.sampling import SamplingParams
+from protos.step import ExecutorInfo, StepPlan, StepResult
 from executor_svc.fake_executor import FakeExecutor, FakeExecutorConfig
-from scheduler_svc.engine import Engine, ExecutorState
-from scheduler_svc.executor_link import ExecutorLost
-from scheduler_svc.request import FinishReason
-from scheduler_svc.request_stream import FailureKind, RequestFailed
-from scheduler_svc.request_validation import ValidatedRequest
-from scheduler_svc.service_main import build_scheduler
-from scheduler_svc.server_config import ServerConfig
-from scheduler_svc.tokenizer import Tokenizer
+from scheduler_svc.server.engine import Engine, ExecutorState
+from scheduler_svc.server.executor_link import ExecutorLost
+from scheduler_svc.core.request import FinishReason
+from scheduler_svc.server.request_stream import FailureKind, RequestFailed
+from scheduler_svc.server.request_parsing import ValidatedRequest
+from scheduler_svc.server.service import build_scheduler
+from scheduler_svc.server.server_config import ServerConfig
+from scheduler_svc.server.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -275,7 +275,7 @@ def test_abort_of_a_queued_request_ends_its_stream(tokenizer: Tokenizer) -> None
 
 
 def test_metrics_follow_the_requests(tokenizer: Tokenizer) -> None:
-    from scheduler_svc.metrics import ServerMetrics
+    from scheduler_svc.server.metrics import ServerMetrics
 
     async def scenario():
         link = InProcessLink()
@@ -304,7 +304,7 @@ def test_metrics_follow_the_requests(tokenizer: Tokenizer) -> None:
 
 
 def test_a_request_that_can_never_fit_is_rejected_naming_a_field(tokenizer: Tokenizer) -> None:
-    from scheduler_svc.request import RequestRejected
+    from scheduler_svc.core.request import RequestRejected
 
     async def scenario():
         link = InProcessLink(num_blocks=4)  # 64 token slots in all

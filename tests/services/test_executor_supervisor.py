@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from scheduler_svc.executor_supervisor import ExecutorSupervisor, executor_command
+from scheduler_svc.server.executor_supervisor import ExecutorSupervisor, executor_command
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -107,7 +107,7 @@ def test_kill_if_current_spares_a_newer_child() -> None:
 
 PARENT = """
 import asyncio, sys
-from scheduler_svc.executor_supervisor import ExecutorSupervisor
+from scheduler_svc.server.executor_supervisor import ExecutorSupervisor
 
 async def main():
     supervisor = ExecutorSupervisor([sys.executable, "-c", "import time; time.sleep(60)"])

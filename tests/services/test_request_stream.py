@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 
-from scheduler_svc.request import FinishReason
-from scheduler_svc.request_stream import CompletionChunk, FailureKind, RequestFailed, RequestStream
+from scheduler_svc.core.request import FinishReason
+from scheduler_svc.server.request_stream import CompletionChunk, FailureKind, RequestFailed, RequestStream
 
 
 def test_slow_reader_gets_merged_chunks_and_loses_nothing() -> None:

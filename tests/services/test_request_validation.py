@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from common import defaults
-from common.sampling import InvalidFieldError
+from protos import defaults
+from protos.sampling import InvalidFieldError
 from protos.kvserve.v1 import api_pb2
-from scheduler_svc.request_validation import ModelLimits, validate_generate
-from scheduler_svc.tokenizer import Tokenizer
+from scheduler_svc.server.request_parsing import ModelLimits, validate_generate
+from scheduler_svc.server.tokenizer import Tokenizer
 
 LIMITS = ModelLimits(max_model_len=64, vocab_size=49152)
 

@@ -108,7 +108,7 @@ class NewSequence(_message.Message):
     seed: int
     def __init__(self, seq_id: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., prompt_len: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., block_table: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[StepSamplingParams, _Mapping]] = ..., seed: _Optional[int] = ...) -> None: ...
 
-class CachedSequences(_message.Message):
+class KnownSequences(_message.Message):
     __slots__ = ("seq_ids", "num_computed_tokens", "num_scheduled_tokens", "new_token_counts", "new_token_ids", "new_block_counts", "new_block_ids")
     SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -135,22 +135,22 @@ class BlockPairs(_message.Message):
     def __init__(self, src: _Optional[_Iterable[int]] = ..., dst: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StepPlan(_message.Message):
-    __slots__ = ("step_id", "new_seqs", "cached_seqs", "copies", "swap_out", "swap_in", "drop_seq_ids")
+    __slots__ = ("step_id", "new_seqs", "known_seqs", "copies", "swap_out", "swap_in", "drop_seq_ids")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_SEQS_FIELD_NUMBER: _ClassVar[int]
-    CACHED_SEQS_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_SEQS_FIELD_NUMBER: _ClassVar[int]
     COPIES_FIELD_NUMBER: _ClassVar[int]
     SWAP_OUT_FIELD_NUMBER: _ClassVar[int]
     SWAP_IN_FIELD_NUMBER: _ClassVar[int]
     DROP_SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     new_seqs: _containers.RepeatedCompositeFieldContainer[NewSequence]
-    cached_seqs: CachedSequences
+    known_seqs: KnownSequences
     copies: BlockPairs
     swap_out: BlockPairs
     swap_in: BlockPairs
     drop_seq_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, step_id: _Optional[int] = ..., new_seqs: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., cached_seqs: _Optional[_Union[CachedSequences, _Mapping]] = ..., copies: _Optional[_Union[BlockPairs, _Mapping]] = ..., swap_out: _Optional[_Union[BlockPairs, _Mapping]] = ..., swap_in: _Optional[_Union[BlockPairs, _Mapping]] = ..., drop_seq_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, step_id: _Optional[int] = ..., new_seqs: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., known_seqs: _Optional[_Union[KnownSequences, _Mapping]] = ..., copies: _Optional[_Union[BlockPairs, _Mapping]] = ..., swap_out: _Optional[_Union[BlockPairs, _Mapping]] = ..., swap_in: _Optional[_Union[BlockPairs, _Mapping]] = ..., drop_seq_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StepResult(_message.Message):
     __slots__ = ("step_id", "execute_time_s", "seq_ids", "token_ids", "has_logprob", "logprobs", "top_counts", "top_token_ids", "top_logprobs")

@@ -8,7 +8,7 @@ A plan is a *delta*, like vLLM v1's SchedulerOutput:
 - `new_seqs` are sequences the executor does not know (first admission, resume after a
   recompute-preemption, swap-in, or after an executor restart). They carry every token id
   known so far, the full block table and the sampling parameters.
-- `cached_seqs` are sequences the executor already holds. They carry only the token ids
+- `known_seqs` are sequences the executor already holds. They carry only the token ids
   appended since the previous plan (normally the one token sampled last step) and any
   newly allocated blocks, which extend the block table.
 
@@ -16,7 +16,7 @@ Executor semantics, in order, for one plan:
 1. forget every id in `drop_seq_ids` (finished, aborted, preempted or swapped out);
 2. run `swap_out` (device block → CPU swap block), then `swap_in` (CPU → device),
    then `copies` (device block → device block, whole block);
-3. apply `new_seqs` / `cached_seqs` to the per-sequence state;
+3. apply `new_seqs` / `known_seqs` to the per-sequence state;
 4. run one forward pass over every scheduled token: for a sequence, the tokens at
    positions [num_computed_tokens, num_computed_tokens + num_scheduled_tokens);
    their KV goes to slot `block_table[pos // block_size] * block_size + pos % block_size`;
@@ -24,14 +24,14 @@ Executor semantics, in order, for one plan:
    tokens (num_computed_tokens + num_scheduled_tokens == len(token ids)). A chunk in the
    middle of a prompt samples nothing.
 The executor does not append the sampled token to its own state: the scheduler decides
-whether it is kept and sends it back in the next plan's `cached_seqs[...].new_token_ids`.
+whether it is kept and sends it back in the next plan's `known_seqs[...].new_token_ids`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from common.sampling import SamplingParams
+from protos.sampling import SamplingParams
 
 
 @dataclass(slots=True)
@@ -53,7 +53,7 @@ class NewSequence:
 
 
 @dataclass(slots=True)
-class CachedSequence:
+class KnownSequence:
     """A sequence the executor already holds; only what changed since the last plan."""
 
     seq_id: int
@@ -68,7 +68,7 @@ class CachedSequence:
 class StepPlan:
     step_id: int
     new_seqs: list[NewSequence] = field(default_factory=list)
-    cached_seqs: list[CachedSequence] = field(default_factory=list)
+    known_seqs: list[KnownSequence] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)
     """(src_block, dst_block) device copies: copy-on-write and partial-prefix reuse."""
     swap_out: list[tuple[int, int]] = field(default_factory=list)
@@ -80,12 +80,12 @@ class StepPlan:
     @property
     def num_scheduled_tokens(self) -> int:
         return sum(s.num_scheduled_tokens for s in self.new_seqs) + sum(
-            s.num_scheduled_tokens for s in self.cached_seqs
+            s.num_scheduled_tokens for s in self.known_seqs
         )
 
     @property
     def is_empty(self) -> bool:
-        return not (self.new_seqs or self.cached_seqs or self.copies or self.swap_out
+        return not (self.new_seqs or self.known_seqs or self.copies or self.swap_out
                     or self.swap_in or self.drop_seq_ids)
 
 
@@ -96,7 +96,7 @@ class TokenLogprob:
 
 
 @dataclass(slots=True)
-class SeqOutput:
+class SampledToken:
     """The token sampled for one sequence in one step."""
 
     seq_id: int
@@ -109,7 +109,7 @@ class SeqOutput:
 @dataclass(slots=True)
 class StepResult:
     step_id: int
-    outputs: list[SeqOutput] = field(default_factory=list)
+    outputs: list[SampledToken] = field(default_factory=list)
     execute_time_s: float = 0.0
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from common import defaults
+from protos import defaults
 
 
 class InvalidFieldError(ValueError):

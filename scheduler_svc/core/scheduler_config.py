@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common import defaults
+from protos import defaults
 
 PREEMPTION_MODES = ("recompute", "swap")
 
@@ -14,7 +14,7 @@ class SchedulerConfig:
     """Budgets and policies of one `Scheduler`.
 
     `num_blocks`, `block_size`, `num_cpu_blocks` and `max_model_len` come from the
-    executor's handshake (`common.step.ExecutorInfo`); the rest are serving policy.
+    executor's handshake (`protos.step.ExecutorInfo`); the rest are serving policy.
     """
 
     num_blocks: int

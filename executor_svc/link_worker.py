@@ -29,9 +29,9 @@ from enum import IntEnum
 import structlog
 import zmq
 
-from common import defaults
-from common.link_curve import CurveKeys
-from common.link_endpoint import check_endpoint
+from protos import defaults
+from protos.link_curve import CurveKeys
+from protos.link_endpoint import check_endpoint
 from executor_svc.protocol import Executor
 from protos import step_codec
 from protos.kvserve.v1 import executor_link_pb2 as pb
@@ -53,7 +53,7 @@ class ExitReason(IntEnum):
 
 
 @dataclass(slots=True)
-class LinkServerConfig:
+class LinkWorkerConfig:
     endpoint: str
     heartbeat_interval_s: float = defaults.LINK_HEARTBEAT_INTERVAL_S
     scheduler_timeout_s: float = defaults.SCHEDULER_TIMEOUT_S
@@ -75,10 +75,10 @@ class _Work:
 _STOP = object()
 
 
-class LinkServer:
+class LinkWorker:
     """Serve one executor over the link until told to shut down or the scheduler is gone."""
 
-    def __init__(self, executor: Executor, config: LinkServerConfig) -> None:
+    def __init__(self, executor: Executor, config: LinkWorkerConfig) -> None:
         check_endpoint(config.endpoint, allow_remote=config.allow_remote)
         if config.curve_keys is not None and len(config.curve_keys.peer_public_keys) != 1:
             raise ValueError("CURVE on the executor needs exactly one peer key: the scheduler's public key")

@@ -21,17 +21,17 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from common.sampling import InvalidFieldError
-from common.step import ExecutorInfo
+from protos.sampling import InvalidFieldError
+from protos.step import ExecutorInfo
 from protos.kvserve.v1 import api_pb2, api_pb2_grpc
-from scheduler_svc.engine import Engine, ExecutorState
-from scheduler_svc.auth import TokenTable
-from scheduler_svc.namespaces import ANONYMOUS_TENANT, prefix_namespace, tenant_from_metadata
-from scheduler_svc.request import FinishReason, RequestRejected
-from scheduler_svc.request_stream import CompletionChunk, FailureKind, RequestFailed
-from scheduler_svc.request_validation import ModelLimits, encode_chat, encode_text, validate_generate
-from scheduler_svc.server_config import ServerConfig
-from scheduler_svc.tokenizer import Tokenizer
+from scheduler_svc.server.engine import Engine, ExecutorState
+from scheduler_svc.server.auth import TokenTable
+from scheduler_svc.server.namespaces import ANONYMOUS_TENANT, prefix_namespace, tenant_from_metadata
+from scheduler_svc.core.request import FinishReason, RequestRejected
+from scheduler_svc.server.request_stream import CompletionChunk, FailureKind, RequestFailed
+from scheduler_svc.server.request_parsing import ModelLimits, encode_chat, encode_text, validate_generate
+from scheduler_svc.server.server_config import ServerConfig
+from scheduler_svc.server.tokenizer import Tokenizer
 
 log = structlog.get_logger(__name__)
 

@@ -13,11 +13,11 @@ the block ops (copy, swap-out, swap-in) into the plan. Rules it keeps (DESIGN §
 
 from __future__ import annotations
 
-from common.step import StepPlan
-from scheduler_svc import admission
-from scheduler_svc.block_pool import BlockPool, CpuBlockPool
-from scheduler_svc.radix_tree import PrefixMatch, RadixTree
-from scheduler_svc.request import Sequence
+from protos.step import StepPlan
+from scheduler_svc.core import admission
+from scheduler_svc.core.block_pool import BlockPool, CpuBlockPool
+from scheduler_svc.core.prefix_tree import PrefixMatch, PrefixTree
+from scheduler_svc.core.request import Sequence
 
 
 class KvManager:
@@ -29,7 +29,7 @@ class KvManager:
         self.block_size = block_size
         self.caching = caching
         self.pool = BlockPool(num_blocks)
-        self.tree = RadixTree(self.pool, block_size)
+        self.tree = PrefixTree(self.pool, block_size)
         self.cpu = CpuBlockPool(num_cpu_blocks)
         self._pinned: list[int] = []
         if previous is not None:

@@ -16,9 +16,9 @@ import enum
 import secrets
 from dataclasses import dataclass, field
 
-from common import defaults
-from common.sampling import SamplingParams
-from scheduler_svc.radix_tree import RadixNode
+from protos import defaults
+from protos.sampling import SamplingParams
+from scheduler_svc.core.prefix_tree import PrefixNode
 
 
 class FinishReason(str, enum.Enum):
@@ -128,7 +128,7 @@ class Sequence:
     """How many of `token_ids` the executor holds; the rest go out as new_token_ids."""
     sent_blocks: int = 0
     """How many block-table entries the executor holds; the rest go out as new_block_ids."""
-    tree_node: RadixNode | None = None
+    tree_node: PrefixNode | None = None
     """Prefix-tree node of block `num_tree_blocks - 1` (None: the namespace root)."""
     num_tree_blocks: int = 0
     """Leading blocks of `block_table` that are exactly the tree chain ending at `tree_node`."""

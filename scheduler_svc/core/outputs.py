@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.step import TokenLogprob
-from scheduler_svc.request import FinishReason
+from protos.step import TokenLogprob
+from scheduler_svc.core.request import FinishReason
 
 
 @dataclass(slots=True)

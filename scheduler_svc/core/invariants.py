@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from scheduler_svc.request import WAITING_STATES, SequenceStatus
+from scheduler_svc.core.request import WAITING_STATES, SequenceStatus
 
 if TYPE_CHECKING:
-    from scheduler_svc.scheduler import Scheduler
+    from scheduler_svc.core.scheduler import Scheduler
 
 
 class InvariantError(AssertionError):

@@ -11,10 +11,10 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from common import defaults
-from common.sampling import InvalidFieldError, SamplingParams
+from protos import defaults
+from protos.sampling import InvalidFieldError, SamplingParams
 from protos.kvserve.v1 import api_pb2
-from scheduler_svc.tokenizer import CHAT_ROLES, ChatMessage, ChatTemplateError, Tokenizer
+from scheduler_svc.server.tokenizer import CHAT_ROLES, ChatMessage, ChatTemplateError, Tokenizer
 
 _SAMPLING_FLOATS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 _SAMPLING_INTS = ("top_k", "seed", "n", "min_tokens", "logprobs")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from common.sampling import SamplingParams
-from scheduler_svc.request import FinishReason
+from protos.sampling import SamplingParams
+from scheduler_svc.core.request import FinishReason
 
 
 def stop_reason(sampling: SamplingParams, token_id: int, num_output_tokens: int, num_tokens: int,

@@ -13,11 +13,11 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from common import defaults
-from common.sampling import SamplingParams
-from common.step import SeqOutput, StepPlan, StepResult
-from scheduler_svc.scheduler import Scheduler
-from scheduler_svc.scheduler_config import SchedulerConfig
+from protos import defaults
+from protos.sampling import SamplingParams
+from protos.step import SampledToken, StepPlan, StepResult
+from scheduler_svc.core.scheduler import Scheduler
+from scheduler_svc.core.scheduler_config import SchedulerConfig
 
 SHARED_PREFIX_FRACTION = 0.75
 """With prefix sharing on, this share of each prompt is a common system prompt."""
@@ -52,12 +52,12 @@ class FeedbackExecutor:
         for new in plan.new_seqs:
             num_tokens[new.seq_id] = len(new.token_ids)
             if new.num_computed_tokens + new.num_scheduled_tokens == len(new.token_ids):
-                outputs.append(SeqOutput(new.seq_id, (new.seq_id * 31 + plan.step_id) % 30_000))
-        for cached in plan.cached_seqs:
+                outputs.append(SampledToken(new.seq_id, (new.seq_id * 31 + plan.step_id) % 30_000))
+        for cached in plan.known_seqs:
             total = num_tokens[cached.seq_id] + len(cached.new_token_ids)
             num_tokens[cached.seq_id] = total
             if cached.num_computed_tokens + cached.num_scheduled_tokens == total:
-                outputs.append(SeqOutput(cached.seq_id, (cached.seq_id * 31 + plan.step_id) % 30_000))
+                outputs.append(SampledToken(cached.seq_id, (cached.seq_id * 31 + plan.step_id) % 30_000))
         return StepResult(plan.step_id, outputs)
 
 
@@ -87,8 +87,8 @@ def warm_up(scheduler: Scheduler, executor: FeedbackExecutor, running: int, max_
     for _ in range(max_steps):
         plan = scheduler.schedule()
         scheduler.update(executor.execute(plan))
-        if not plan.new_seqs and len(plan.cached_seqs) == running and all(
-                s.num_scheduled_tokens == 1 for s in plan.cached_seqs):
+        if not plan.new_seqs and len(plan.known_seqs) == running and all(
+                s.num_scheduled_tokens == 1 for s in plan.known_seqs):
             return
     raise RuntimeError("warm-up did not reach steady decode")
 

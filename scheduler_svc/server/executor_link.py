@@ -24,10 +24,10 @@ import structlog
 import zmq
 import zmq.asyncio
 
-from common import defaults
-from common.link_curve import CurveKeys
-from common.link_endpoint import check_endpoint
-from common.step import ExecutorInfo, StepPlan, StepResult
+from protos import defaults
+from protos.link_curve import CurveKeys
+from protos.link_endpoint import check_endpoint
+from protos.step import ExecutorInfo, StepPlan, StepResult
 from protos import step_codec
 from protos.kvserve.v1 import executor_link_pb2 as pb
 

@@ -25,18 +25,18 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from common.sampling import InvalidFieldError
-from common.step import ExecutorInfo, StepPlan
-from scheduler_svc.detokenizer import CompletionText
-from scheduler_svc.executor_link import ExecutorLink, ExecutorLost, ExecutorStepError
-from scheduler_svc.metrics import ServerMetrics
-from scheduler_svc.outputs import SchedulerStats, SequenceOutput
-from scheduler_svc.request import FinishReason
-from scheduler_svc.request_stream import CompletionChunk, FailureKind, RequestFailed, RequestStream, Usage
-from scheduler_svc.request_validation import ValidatedRequest
-from scheduler_svc.scheduler import Scheduler
-from scheduler_svc.server_config import ServerConfig
-from scheduler_svc.tokenizer import Tokenizer
+from protos.sampling import InvalidFieldError
+from protos.step import ExecutorInfo, StepPlan
+from scheduler_svc.server.detokenizer import CompletionText
+from scheduler_svc.server.executor_link import ExecutorLink, ExecutorLost, ExecutorStepError
+from scheduler_svc.server.metrics import ServerMetrics
+from scheduler_svc.core.outputs import SchedulerStats, SequenceOutput
+from scheduler_svc.core.request import FinishReason
+from scheduler_svc.server.request_stream import CompletionChunk, FailureKind, RequestFailed, RequestStream, Usage
+from scheduler_svc.server.request_parsing import ValidatedRequest
+from scheduler_svc.core.scheduler import Scheduler
+from scheduler_svc.server.server_config import ServerConfig
+from scheduler_svc.server.tokenizer import Tokenizer
 
 log = structlog.get_logger(__name__)
 
@@ -346,7 +346,7 @@ class Engine:
     def _observe_step(self, plan: StepPlan, outputs: list[SequenceOutput], duration_s: float) -> None:
         """Prefill tokens: new sequences and multi-token chunks; generation tokens: what came back."""
         prompt_tokens = sum(s.num_scheduled_tokens for s in plan.new_seqs) + sum(
-            s.num_scheduled_tokens for s in plan.cached_seqs if s.num_scheduled_tokens > 1)
+            s.num_scheduled_tokens for s in plan.known_seqs if s.num_scheduled_tokens > 1)
         generated = sum(len(o.new_token_ids) for o in outputs if o.finish_reason is not FinishReason.ABORT)
         self._metrics.observe_step(duration_s, self._scheduler.stats(), prompt_tokens, generated)
 

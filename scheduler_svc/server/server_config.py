@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common import defaults
+from protos import defaults
 
 
 @dataclass(slots=True)
@@ -20,7 +20,7 @@ class ServerConfig:
     metrics_port: int | None = None
     """Serve Prometheus /metrics on this port (same host as the API); None: off."""
 
-    # --- API security (scheduler_svc.auth, .tls, .bind_policy)
+    # --- API security (scheduler_svc.server.auth, .tls, .bind_policy)
     auth_token_file: str | None = None
     """`TOKEN TENANT` lines; when set, every KVServe call needs `authorization: Bearer TOKEN`."""
     tls_cert: str | None = None

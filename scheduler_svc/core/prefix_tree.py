@@ -19,22 +19,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from scheduler_svc.block_pool import BlockPool
+from scheduler_svc.core.block_pool import BlockPool
 
 
-class RadixNode:
+class PrefixNode:
     """One cached block: its token ids (the key under `parent`) and its physical block id."""
 
     __slots__ = ("key", "block", "parent", "children", "namespace")
 
-    def __init__(self, key: tuple[int, ...], block: int, parent: RadixNode | None, namespace: str) -> None:
+    def __init__(self, key: tuple[int, ...], block: int, parent: PrefixNode | None, namespace: str) -> None:
         self.key = key
         self.block = block
         self.parent = parent
-        self.children: dict[tuple[int, ...], RadixNode] = {}
+        self.children: dict[tuple[int, ...], PrefixNode] = {}
         self.namespace = namespace
 
-    def ancestor(self, levels_up: int) -> RadixNode:
+    def ancestor(self, levels_up: int) -> PrefixNode:
         """The node `levels_up` blocks closer to the root."""
         node = self
         for _ in range(levels_up):
@@ -50,30 +50,30 @@ class PrefixMatch:
     num_tokens: int = 0
     """Prompt tokens whose KV is reused: len(full_blocks) * block_size + partial_slots."""
     full_blocks: list[int] = field(default_factory=list)
-    node: RadixNode | None = None
+    node: PrefixNode | None = None
     """The node of the last full block; None when no full block matched (extend the root)."""
     partial_block: int | None = None
     partial_slots: int = 0
 
 
-class RadixTree:
+class PrefixTree:
     """Prefix match and insert over `BlockPool` blocks; nodes are dropped when the pool evicts them."""
 
     def __init__(self, pool: BlockPool, block_size: int) -> None:
         self.block_size = block_size
         self._pool = pool
-        self._roots: dict[str, RadixNode] = {}
-        self._node_of_block: dict[int, RadixNode] = {}
+        self._roots: dict[str, PrefixNode] = {}
+        self._node_of_block: dict[int, PrefixNode] = {}
         self.queried_tokens = 0
         self.hit_tokens = 0
         pool.set_evict_hook(self._on_evict)
 
     # --- lookup ------------------------------------------------------------------------
 
-    def root(self, namespace: str) -> RadixNode:
+    def root(self, namespace: str) -> PrefixNode:
         root = self._roots.get(namespace)
         if root is None:
-            root = self._roots[namespace] = RadixNode((), -1, None, namespace)
+            root = self._roots[namespace] = PrefixNode((), -1, None, namespace)
         return root
 
     def match(self, namespace: str, token_ids: list[int], max_tokens: int, *, count: bool = True) -> PrefixMatch:
@@ -116,12 +116,12 @@ class RadixTree:
             self.hit_tokens += matched
         return PrefixMatch(matched, blocks, node if blocks else None, partial_block, partial_slots)
 
-    def node_of(self, block: int) -> RadixNode | None:
+    def node_of(self, block: int) -> PrefixNode | None:
         return self._node_of_block.get(block)
 
     # --- insert ------------------------------------------------------------------------
 
-    def insert(self, namespace: str, parent: RadixNode | None, key: tuple[int, ...], block: int) -> RadixNode | None:
+    def insert(self, namespace: str, parent: PrefixNode | None, key: tuple[int, ...], block: int) -> PrefixNode | None:
         """Add `block` (holding `key`) under `parent` (None: the namespace root); return its node.
 
         Returns None when `parent` already has a node for the same key (another sequence
@@ -134,7 +134,7 @@ class RadixTree:
             return None
         if block in self._node_of_block:
             raise ValueError(f"block {block} is already in the prefix tree")
-        node = RadixNode(key, block, parent, parent.namespace)
+        node = PrefixNode(key, block, parent, parent.namespace)
         parent.children[key] = node
         self._node_of_block[block] = node
         self._pool.mark_cached(block)
@@ -168,10 +168,10 @@ class RadixTree:
     def namespaces(self) -> list[str]:
         return list(self._roots)
 
-    def nodes(self) -> list[RadixNode]:
+    def nodes(self) -> list[PrefixNode]:
         return list(self._node_of_block.values())
 
-    def is_attached(self, node: RadixNode) -> bool:
+    def is_attached(self, node: PrefixNode) -> bool:
         """True while `node` is reachable from its namespace root."""
         while node.parent is not None:
             if node.parent.children.get(node.key) is not node:

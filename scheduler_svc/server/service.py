@@ -18,22 +18,22 @@ import grpc
 
 import structlog
 
-from common.link_curve import CurveKeys, load_keys
-from common.link_endpoint import private_ipc_endpoint
-from common.step import ExecutorInfo
-from scheduler_svc.api_server import ApiServer, KVServeServicer, ServingModel
-from scheduler_svc.auth import BearerAuthInterceptor, TokenFileError, TokenTable, load_token_file
-from scheduler_svc.bind_policy import BindSecurity, InsecureBindError, check_bind
-from scheduler_svc.engine import Engine
-from scheduler_svc.executor_link import ExecutorLink
-from scheduler_svc.executor_supervisor import ExecutorSupervisor
-from scheduler_svc.metrics import ServerMetrics
-from scheduler_svc.request_validation import ModelLimits
-from scheduler_svc.scheduler import Scheduler
-from scheduler_svc.scheduler_config import SchedulerConfig
-from scheduler_svc.server_config import ServerConfig
-from scheduler_svc.tls import TlsConfigError, server_credentials, tls_files
-from scheduler_svc.tokenizer import Tokenizer
+from protos.link_curve import CurveKeys, load_keys
+from protos.link_endpoint import private_ipc_endpoint
+from protos.step import ExecutorInfo
+from scheduler_svc.server.grpc_api import ApiServer, KVServeServicer, ServingModel
+from scheduler_svc.server.auth import BearerAuthInterceptor, TokenFileError, TokenTable, load_token_file
+from scheduler_svc.server.bind_policy import BindSecurity, InsecureBindError, check_bind
+from scheduler_svc.server.engine import Engine
+from scheduler_svc.server.executor_link import ExecutorLink
+from scheduler_svc.server.executor_supervisor import ExecutorSupervisor
+from scheduler_svc.server.metrics import ServerMetrics
+from scheduler_svc.server.request_parsing import ModelLimits
+from scheduler_svc.core.scheduler import Scheduler
+from scheduler_svc.core.scheduler_config import SchedulerConfig
+from scheduler_svc.server.server_config import ServerConfig
+from scheduler_svc.server.tls import TlsConfigError, server_credentials, tls_files
+from scheduler_svc.server.tokenizer import Tokenizer
 
 log = structlog.get_logger(__name__)
 

@@ -5,14 +5,14 @@ A waiting sequence reuses KV from one of two places:
 - **fork** (n > 1): completion i > 0 waits until completion 0 has computed the prompt,
   then shares its full prompt blocks (ref count) and copies the block holding the last
   prompt token (copy-on-write), computing only that last token itself;
-- **prefix tree**: the longest cached prefix, token-granular (see `RadixTree.match`).
+- **prefix tree**: the longest cached prefix, token-granular (see `PrefixTree.match`).
 """
 
 from __future__ import annotations
 
-from scheduler_svc.radix_tree import PrefixMatch, RadixTree
-from scheduler_svc.request import Sequence, SequenceStatus
-from scheduler_svc.scheduler_config import SchedulerConfig
+from scheduler_svc.core.prefix_tree import PrefixMatch, PrefixTree
+from scheduler_svc.core.request import Sequence, SequenceStatus
+from scheduler_svc.core.scheduler_config import SchedulerConfig
 
 
 def fork_match(seq: Sequence, block_size: int, step_id: int) -> PrefixMatch | None:
@@ -46,7 +46,7 @@ def place_in_tree(seq: Sequence, match: PrefixMatch, forked: bool, caching: bool
         seq.tree_node, seq.num_tree_blocks, seq.cache_frozen = None, 0, True
 
 
-def admission_order(waiting: list[Sequence], tree: RadixTree, config: SchedulerConfig) -> list[Sequence]:
+def admission_order(waiting: list[Sequence], tree: PrefixTree, config: SchedulerConfig) -> list[Sequence]:
     """Cache-aware order: within a priority, longest prefix hit first, over a bounded window.
 
     A sequence overtaken `cache_aware_max_skips` times goes first within its priority

@@ -15,7 +15,7 @@ from typing import Any
 
 import structlog
 
-from scheduler_svc.outputs import SchedulerStats
+from scheduler_svc.core.outputs import SchedulerStats
 
 log = structlog.get_logger(__name__)
 

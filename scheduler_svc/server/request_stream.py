@@ -16,8 +16,8 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from scheduler_svc.outputs import SampledLogprob
-from scheduler_svc.request import FinishReason
+from scheduler_svc.core.outputs import SampledLogprob
+from scheduler_svc.core.request import FinishReason
 
 
 class FailureKind(str, enum.Enum):

@@ -25,16 +25,16 @@ from operator import attrgetter
 
 import structlog
 
-from common.sampling import InvalidFieldError, SamplingParams
-from common.step import CachedSequence, NewSequence, StepPlan, StepResult
-from scheduler_svc import admission, invariants
-from scheduler_svc.kv_manager import KvManager
-from scheduler_svc.outputs import SampledLogprob, SchedulerStats, SequenceOutput
-from scheduler_svc.request import (
+from protos.sampling import InvalidFieldError, SamplingParams
+from protos.step import KnownSequence, NewSequence, StepPlan, StepResult
+from scheduler_svc.core import admission, invariants
+from scheduler_svc.core.kv_manager import KvManager
+from scheduler_svc.core.outputs import SampledLogprob, SchedulerStats, SequenceOutput
+from scheduler_svc.core.request import (
     WAITING_STATES, FinishReason, Request, RequestRejected, Sequence, SequenceStatus, derive_seed, resolve_seed,
 )
-from scheduler_svc.scheduler_config import SchedulerConfig
-from scheduler_svc.stop_rules import stop_reason
+from scheduler_svc.core.scheduler_config import SchedulerConfig
+from scheduler_svc.core.stop_rules import stop_reason
 
 log = structlog.get_logger(__name__)
 
@@ -163,7 +163,7 @@ class Scheduler:
         running = self._running
         bs = self._bs
         budget = self.config.max_num_batched_tokens
-        add_cached = plan.cached_seqs.append
+        add_cached = plan.known_seqs.append
         add_scheduled = scheduled.append
         # Token budget is reserved for decodes first, so prefill chunks take only what is left.
         # Counted lazily: a pure-decode step never needs it.
@@ -197,7 +197,7 @@ class Scheduler:
                     continue
                 table.extend(new_blocks)
             budget -= count
-            add_cached(CachedSequence(seq.seq_id, tokens[seq.sent_tokens:], computed, count,
+            add_cached(KnownSequence(seq.seq_id, tokens[seq.sent_tokens:], computed, count,
                                       table[seq.sent_blocks:]))
             seq.sent_tokens = num_tokens
             seq.sent_blocks = len(table)

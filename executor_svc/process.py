@@ -12,7 +12,7 @@ import sys
 import structlog
 
 from executor_svc.fake_executor import FakeExecutor, FakeExecutorConfig
-from executor_svc.link_server import LinkServer, LinkServerConfig
+from executor_svc.link_worker import LinkWorker, LinkWorkerConfig
 from executor_svc.protocol import Executor
 from executor_svc.runner_config import RunnerConfig
 
@@ -33,14 +33,14 @@ def build_executor(kind: str, *, runner: RunnerConfig | None = None,
     raise ValueError(f"unknown executor kind {kind!r}; choose one of {', '.join(EXECUTOR_KINDS)}")
 
 
-def run_executor(kind: str, link: LinkServerConfig, *, runner: RunnerConfig | None = None,
+def run_executor(kind: str, link: LinkWorkerConfig, *, runner: RunnerConfig | None = None,
                  fake: FakeExecutorConfig | None = None) -> int:
     """Serve until the scheduler says stop or vanishes; returns the process exit code."""
     executor = build_executor(kind, runner=runner, fake=fake)
     info = executor.info()
     log.info("executor ready", kind=kind, model_id=info.model_id, num_blocks=info.num_blocks,
              block_size=info.block_size, endpoint=link.endpoint)
-    server = LinkServer(executor, link)
+    server = LinkWorker(executor, link)
     server.install_signal_handlers()
     try:
         reason = server.serve()
