@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-GIB = 1024**3
+from protos.kv_geometry import KvGeometry, bytes_per_token
 
 
 @dataclass(slots=True)
@@ -25,8 +25,8 @@ class CacheGeometry:
     @property
     def bytes_per_block(self) -> int:
         """K and V of one block across all layers."""
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+        kv = KvGeometry(self.num_layers, self.num_kv_heads, self.head_dim)
+        return bytes_per_token(kv, str(self.dtype).removeprefix("torch.")) * self.block_size
 
     def blocks_for_bytes(self, budget_bytes: float) -> int:
         return max(0, int(budget_bytes // self.bytes_per_block))

@@ -18,7 +18,8 @@ from protos.step import ExecutorInfo, StepPlan, StepResult
 from executor_svc import model_store
 from executor_svc.attention.base import create_backend
 from executor_svc.input_batch import build_input_batch
-from executor_svc.kv_cache import GIB, CacheGeometry, PagedKVCache
+from executor_svc.kv_cache import CacheGeometry, PagedKVCache
+from protos.kv_geometry import GIB
 from executor_svc.llama import LlamaModel
 from executor_svc.model_config import load_model_config
 from executor_svc.runner_config import (RunnerConfig, resolve_attention_backend, resolve_device,

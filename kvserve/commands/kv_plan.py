@@ -16,7 +16,7 @@ JSON_KEYS = ("bytes_per_token", "block_bytes", "num_blocks", "token_capacity", "
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from kvserve.cli import HelpFormatter
-    from scheduler_svc.core.kv_capacity import DTYPE_BYTES
+    from protos.kv_geometry import DTYPE_BYTES
 
     parser = subparsers.add_parser(
         "kv-plan", help="size the paged KV cache for a model and a memory budget",
@@ -48,7 +48,8 @@ def load_config(path: str | None) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from scheduler_svc.core.kv_capacity import GIB, KvGeometry, plan_kv
+    from protos.kv_geometry import GIB, KvGeometry
+    from scheduler_svc.core.kv_capacity import plan_kv
 
     try:
         geometry = KvGeometry.from_hf_config(load_config(getattr(args, "config", None)))

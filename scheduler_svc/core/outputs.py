@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from protos.step import TokenLogprob
-from scheduler_svc.core.request import FinishReason
+from protos.stop_rules import FinishReason
 
 
 @dataclass(slots=True)

@@ -18,17 +18,8 @@ from dataclasses import dataclass, field
 
 from protos import defaults
 from protos.sampling import SamplingParams
+from protos.stop_rules import FinishReason
 from scheduler_svc.core.prefix_tree import PrefixNode
-
-
-class FinishReason(str, enum.Enum):
-    STOP = "stop"
-    """A stop token id (or, through `Scheduler.finish_sequence`, a stop string)."""
-    EOS = "eos"
-    LENGTH = "length"
-    """max_tokens reached, or the sequence reached max_model_len."""
-    ABORT = "abort"
-    ERROR = "error"
 
 
 class RequestRejected(ValueError):

@@ -30,11 +30,10 @@ from protos.step import KnownSequence, NewSequence, StepPlan, StepResult
 from scheduler_svc.core import admission, invariants
 from scheduler_svc.core.kv_manager import KvManager
 from scheduler_svc.core.outputs import SampledLogprob, SchedulerStats, SequenceOutput
-from scheduler_svc.core.request import (
-    WAITING_STATES, FinishReason, Request, RequestRejected, Sequence, SequenceStatus, derive_seed, resolve_seed,
-)
+from scheduler_svc.core.request import WAITING_STATES, Request, RequestRejected, Sequence, SequenceStatus, derive_seed, resolve_seed
+from protos.stop_rules import FinishReason
 from scheduler_svc.core.scheduler_config import SchedulerConfig
-from scheduler_svc.core.stop_rules import stop_reason
+from protos.stop_rules import stop_reason
 
 log = structlog.get_logger(__name__)
 

@@ -31,7 +31,7 @@ from scheduler_svc.server.detokenizer import CompletionText
 from scheduler_svc.server.executor_link import ExecutorLink, ExecutorLost, ExecutorStepError
 from scheduler_svc.server.metrics import ServerMetrics
 from scheduler_svc.core.outputs import SchedulerStats, SequenceOutput
-from scheduler_svc.core.request import FinishReason
+from protos.stop_rules import FinishReason
 from scheduler_svc.server.request_stream import CompletionChunk, FailureKind, RequestFailed, RequestStream, Usage
 from scheduler_svc.server.request_parsing import ValidatedRequest
 from scheduler_svc.core.scheduler import Scheduler

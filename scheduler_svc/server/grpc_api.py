@@ -27,7 +27,8 @@ from protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from scheduler_svc.server.engine import Engine, ExecutorState
 from scheduler_svc.server.auth import TokenTable
 from scheduler_svc.server.namespaces import ANONYMOUS_TENANT, prefix_namespace, tenant_from_metadata
-from scheduler_svc.core.request import FinishReason, RequestRejected
+from scheduler_svc.core.request import RequestRejected
+from protos.stop_rules import FinishReason
 from scheduler_svc.server.request_stream import CompletionChunk, FailureKind, RequestFailed
 from scheduler_svc.server.request_parsing import ModelLimits, encode_chat, encode_text, validate_generate
 from scheduler_svc.server.server_config import ServerConfig

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from scheduler_svc.core.outputs import SampledLogprob
-from scheduler_svc.core.request import FinishReason
+from protos.stop_rules import FinishReason
 
 
 class FailureKind(str, enum.Enum):

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from protos.sampling import SamplingParams
 from protos.step import StepPlan
 from scheduler_svc.core.outputs import SequenceOutput
-from scheduler_svc.core.request import FinishReason
+from protos.stop_rules import FinishReason
 from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.core.scheduler_config import SchedulerConfig
 from tests.scheduler.slot_executor import SlotExecutor

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from scheduler_svc.core.request import FinishReason, SequenceStatus
+from scheduler_svc.core.request import SequenceStatus
+from protos.stop_rules import FinishReason
 from scheduler_svc.core.scheduler_config import SchedulerConfig
 from tests.scheduler.harness import Harness
 from tests.scheduler.slot_executor import expected_completion

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from protos.step import StepResult
-from scheduler_svc.core.request import FinishReason
+from protos.stop_rules import FinishReason
 from scheduler_svc.core.scheduler_config import SchedulerConfig
 from tests.scheduler.harness import Harness
 from tests.scheduler.slot_executor import SlotExecutor, expected_completion

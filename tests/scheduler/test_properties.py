@@ -14,7 +14,8 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler_svc.core.request import FinishReason, RequestRejected, derive_seed
+from scheduler_svc.core.request import RequestRejected, derive_seed
+from protos.stop_rules import FinishReason
 from scheduler_svc.core.scheduler_config import SchedulerConfig
 from tests.scheduler.harness import Harness
 from tests.scheduler.slot_executor import SlotExecutor, expected_completion

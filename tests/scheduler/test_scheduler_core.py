@@ -6,10 +6,11 @@ import pytest
 
 from protos.sampling import SamplingParams
 from protos.step import StepResult
-from scheduler_svc.core.request import FinishReason, RequestRejected, derive_seed
+from scheduler_svc.core.request import RequestRejected, derive_seed
+from protos.stop_rules import FinishReason
 from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.core.scheduler_config import SchedulerConfig
-from scheduler_svc.core.stop_rules import stop_reason
+from protos.stop_rules import stop_reason
 from tests.scheduler.harness import Harness
 from tests.scheduler.slot_executor import expected_completion
 
@@ -130,7 +131,7 @@ def test_min_tokens_defers_eos_and_stop_ids() -> None:
     h = Harness(config(eos_token_ids=(eos,)))
     h.add("r", prompt, max_tokens=12, min_tokens=3)
     h.run()
-    later = [i for i, t in enumerate(natural) if t == eos and i >= 2]
+    later = [i for i, t in enumerate(natural) if t == eos and i >= 3]  # 3 outputs before the one that stops
     if later:
         assert h.tokens("r") == natural[:later[0] + 1] and h.reason("r") is FinishReason.EOS
     else:
@@ -160,8 +161,9 @@ def test_stop_reason_rules_directly() -> None:
     sampling = SamplingParams(max_tokens=10, min_tokens=2, stop_token_ids=(5,))
     eos = frozenset({9})
     assert stop_reason(sampling, 9, 1, 20, eos, 100) is None  # below min_tokens
-    assert stop_reason(sampling, 9, 2, 20, eos, 100) is FinishReason.EOS
-    assert stop_reason(sampling, 5, 2, 20, eos, 100) is FinishReason.STOP
+    assert stop_reason(sampling, 9, 2, 20, eos, 100) is None  # the min_tokens-th output: still too early
+    assert stop_reason(sampling, 9, 3, 20, eos, 100) is FinishReason.EOS
+    assert stop_reason(sampling, 5, 3, 20, eos, 100) is FinishReason.STOP
     assert stop_reason(sampling, 1, 10, 20, eos, 100) is FinishReason.LENGTH
     assert stop_reason(sampling, 1, 3, 100, eos, 100) is FinishReason.LENGTH  # max_model_len
     ignoring = SamplingParams(max_tokens=10, ignore_eos=True)

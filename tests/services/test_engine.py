@@ -15,7 +15,7 @@ from protos.step import ExecutorInfo, StepPlan, StepResult
 from executor_svc.fake_executor import FakeExecutor, FakeExecutorConfig
 from scheduler_svc.server.engine import Engine, ExecutorState
 from scheduler_svc.server.executor_link import ExecutorLost
-from scheduler_svc.core.request import FinishReason
+from protos.stop_rules import FinishReason
 from scheduler_svc.server.request_stream import FailureKind, RequestFailed
 from scheduler_svc.server.request_parsing import ValidatedRequest
 from scheduler_svc.server.service import build_scheduler

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from scheduler_svc.core.request import FinishReason
+from protos.stop_rules import FinishReason
 from scheduler_svc.server.request_stream import CompletionChunk, FailureKind, RequestFailed, RequestStream
 
 
