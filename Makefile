@@ -5,7 +5,7 @@ HOST ?= 127.0.0.1
 PORT ?= 50051
 PYTEST_ARGS ?=
 
-.PHONY: setup serve test test-fast protos bench clean
+.PHONY: setup serve test test-fast lint format protos bench clean
 
 setup:
 	@VENV=$(VENV) scripts/setup.sh
@@ -13,14 +13,26 @@ setup:
 serve: setup
 	$(BIN)/kvserve serve --host $(HOST) --port $(PORT)
 
-test: setup
+# The habits every change keeps: lint, formatting, types of the core and the contract, import rules.
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
+
+test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-test-fast: setup
+# The fast loop: lint and every test but the slow real-model ones.
+test-fast: lint
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+format: setup
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
 
 protos:
 	$(BIN)/python -m protos.generate
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache .import_linter_cache

@@ -13,10 +13,7 @@ import torch
 
 from executor_svc.attention.base import AttentionMetadata
 from executor_svc.sequence_state import SequenceState
-
-
-class PlanError(ValueError):
-    """A plan is inconsistent with the executor's state (e.g. a block table too short)."""
+from protos.step import PlanError
 
 
 @dataclass(slots=True)

@@ -23,13 +23,14 @@ import time
 import traceback
 import uuid
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 
 import structlog
 import zmq
 
 from protos import defaults
+from protos.config_flags import flag
 from protos.link_curve import CurveKeys
 from protos.link_endpoint import check_endpoint
 from executor_svc.protocol import Executor
@@ -54,14 +55,19 @@ class ExitReason(IntEnum):
 
 @dataclass(slots=True)
 class LinkWorkerConfig:
-    endpoint: str
-    heartbeat_interval_s: float = defaults.LINK_HEARTBEAT_INTERVAL_S
-    scheduler_timeout_s: float = defaults.SCHEDULER_TIMEOUT_S
-    connect_timeout_s: float = defaults.EXECUTOR_CONNECT_TIMEOUT_S
-    """0 waits forever for the first acknowledgement."""
-    reregister: bool = False
-    """On losing the scheduler: reset and register again instead of exiting."""
-    allow_remote: bool = False
+    endpoint: str = field(metadata=flag("the scheduler's ZeroMQ endpoint: ipc://PATH or tcp://HOST:PORT",
+                                        name="--link", metavar="ENDPOINT"))
+    heartbeat_interval_s: float = field(default=defaults.LINK_HEARTBEAT_INTERVAL_S, metadata=flag(
+        "send a heartbeat this often, also during long steps"))
+    scheduler_timeout_s: float = field(default=defaults.SCHEDULER_TIMEOUT_S, metadata=flag(
+        "exit (or re-register) after hearing nothing from the scheduler this long"))
+    connect_timeout_s: float = field(default=defaults.EXECUTOR_CONNECT_TIMEOUT_S, metadata=flag(
+        "exit if no scheduler acknowledges the handshake within this time (0: wait forever)"))
+    reregister: bool = field(default=False, metadata=flag(
+        "when the scheduler vanishes, reset and wait to register with the next one instead of exiting"))
+    allow_remote: bool = field(default=False, metadata=flag(
+        "allow a tcp link to a non-loopback address (use CURVE keys or a private network)",
+        name="--allow-remote-link"))
     curve_keys: CurveKeys | None = None
     """CURVE client keys; `peer_public_keys[0]` must be the scheduler's public key."""
 

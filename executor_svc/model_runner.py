@@ -16,7 +16,7 @@ import torch
 from protos import defaults
 from protos.step import ExecutorInfo, StepPlan, StepResult
 from executor_svc import model_store
-from executor_svc.attention.base import create_backend
+from executor_svc.attention.registry import create_backend
 from executor_svc.input_batch import build_input_batch
 from executor_svc.kv_cache import CacheGeometry, PagedKVCache
 from protos.kv_geometry import GIB

@@ -1,13 +1,11 @@
 """The executor process: build an executor, register with the scheduler, serve plans.
 
-`kvserve executor` parses flags into the configs below and calls `run_executor`. The torch
+executor_svc.entry parses flags into the configs below and calls `run_executor`. The torch
 model runner is imported only for `--executor torch`, so a fake executor process never
 imports torch (and starts in well under a second).
 """
 
 from __future__ import annotations
-
-import sys
 
 import structlog
 
@@ -48,9 +46,3 @@ def run_executor(kind: str, link: LinkWorkerConfig, *, runner: RunnerConfig | No
         executor.close()
     log.info("executor exiting", reason=reason.name, code=int(reason))
     return int(reason)
-
-
-if __name__ == "__main__":
-    from kvserve.commands.executor import main
-
-    sys.exit(main())

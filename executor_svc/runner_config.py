@@ -2,37 +2,43 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from protos import defaults
+from protos.config_flags import flag
 
 
 @dataclass(slots=True)
 class RunnerConfig:
-    """Every knob of `ModelRunner`; "auto" values are resolved once at start-up."""
+    """Every knob of `ModelRunner`; "auto" values are resolved once at start-up.
 
-    model: str | None = None
-    """None or the default model's name, an HF directory, or a .gguf path (see model_store.resolve_source)."""
-    device: str = "auto"
-    """"auto" picks cuda when available, else cpu."""
-    dtype: str = "auto"
-    """"auto" is float32 on cpu and bfloat16 on cuda."""
-    attention_backend: str = "auto"
-    """"auto" is triton on cuda and torch on cpu."""
-    block_size: int = defaults.BLOCK_SIZE
-    kv_cache_gb: float | None = None
-    """CPU: KV budget in GiB (default defaults.KV_CACHE_GB_CPU). CUDA: overrides gpu_memory_utilization."""
-    gpu_memory_utilization: float = 0.9
-    swap_space_gb: float = 0.0
-    """CPU swap space for swap-preemption; 0 disables it (num_cpu_blocks = 0)."""
-    max_num_batched_tokens: int = defaults.MAX_NUM_BATCHED_TOKENS
-    """Size of the CUDA profiling forward pass that measures activation memory."""
-    max_num_seqs: int = defaults.MAX_NUM_SEQS
-    max_model_len: int | None = None
-    """Default: the model config's max_position_embeddings."""
-    num_threads: int | None = None
-    """torch intra-op threads on CPU. None: every usable CPU but one, which is left to the
-    scheduler process and the link; oversubscribed OpenMP threads stall for whole seconds."""
+    Each field is a `kvserve executor` flag (executor_svc.entry), its help written here.
+    """
+
+    model: str | None = field(default=None, metadata=flag(
+        "the default model's name, an HF model directory, or a .gguf file"))
+    device: str = field(default="auto", metadata=flag("cpu, cuda, cuda:N, or auto (cuda when available)"))
+    dtype: str = field(default="auto", metadata=flag(
+        "float32, bfloat16, float16, or auto (float32 on cpu, bfloat16 on cuda)"))
+    attention_backend: str = field(default="auto", metadata=flag(
+        "torch, triton, or auto (triton on cuda, torch on cpu)"))
+    block_size: int = field(default=defaults.BLOCK_SIZE, metadata=flag("tokens per KV block"))
+    kv_cache_gb: float | None = field(default=None, metadata=flag(
+        f"KV cache budget in GiB; None: {defaults.KV_CACHE_GB_CPU} on cpu, and on cuda what "
+        "--gpu-memory-utilization leaves (set, it overrides that)"))
+    gpu_memory_utilization: float = field(default=0.9, metadata=flag(
+        "fraction of GPU memory kvserve may use in total (cuda)"))
+    swap_space_gb: float = field(default=0.0, metadata=flag(
+        "CPU swap space in GiB for swap-preemption (0 disables it: num_cpu_blocks = 0)"))
+    max_num_batched_tokens: int = field(default=defaults.MAX_NUM_BATCHED_TOKENS, metadata=flag(
+        "largest step, in tokens (sizes the CUDA profiling pass that measures activation memory)"))
+    max_num_seqs: int = field(default=defaults.MAX_NUM_SEQS, metadata=flag("most sequences in one step"))
+    max_model_len: int | None = field(default=None, metadata=flag(
+        "longest context; None: the model's max_position_embeddings"))
+    num_threads: int | None = field(default=None, metadata=flag(
+        "torch intra-op threads on cpu; None: every usable core, less one for the scheduler above 4 cores"))
+    # One core is left to the scheduler process and the link: oversubscribed OpenMP threads
+    # stall for whole seconds.
 
 
 def resolve_device(config: RunnerConfig) -> str:

@@ -13,6 +13,7 @@ import importlib
 import sys
 
 from kvserve import __version__
+from protos.config_flags import HelpFormatter
 
 COMMANDS = (
     "kvserve.commands.serve",
@@ -25,10 +26,6 @@ COMMANDS = (
     "kvserve.commands.convert",
     "kvserve.commands.bench",
 )
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Show defaults in every --help and keep hand-wrapped descriptions."""
 
 
 def build_parser() -> argparse.ArgumentParser:

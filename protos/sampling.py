@@ -1,8 +1,9 @@
 """Per-request sampling parameters, shared by the scheduler (stop rules) and the executor (sampling).
 
-The dataclass is plain so both services can hold it; `validate()` is the single place
-where value ranges are checked, and every error names the offending field so the API
-can return INVALID_ARGUMENT with a useful message.
+Frozen: the API edge parses a request into one of these once, and from then on the
+scheduler, the step codec and the executor only read it. `validate()` is the single
+definition of the value ranges; the API edge calls it to refuse a request, naming the
+offending field so the client gets INVALID_ARGUMENT with a useful message.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ class InvalidFieldError(ValueError):
         self.reason = message
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class SamplingParams:
     """How to pick tokens and when to stop, for one request.
 

@@ -34,6 +34,14 @@ from dataclasses import dataclass, field
 from protos.sampling import SamplingParams
 
 
+class PlanError(ValueError):
+    """A plan breaks this contract or disagrees with the executor's state: a scheduler bug.
+
+    One class for every executor (the torch runner's batch builder, the fake executor and
+    its strict mode), so the link reports it by one name and tests catch it by one type.
+    """
+
+
 @dataclass(slots=True)
 class NewSequence:
     """A sequence the executor has not seen (or must rebuild from scratch)."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.serve_process import ServeProcess, start_serve
+from kvserve.testing.server_launcher import ServeProcess, start_serve
 
 
 @pytest.fixture(scope="session")

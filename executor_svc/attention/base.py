@@ -59,15 +59,3 @@ class AttentionBackend(Protocol):
                 meta: AttentionMetadata) -> torch.Tensor:
         """Attention output [T, num_heads, head_dim] for the packed queries, after store_kv."""
         ...
-
-
-def create_backend(name: str) -> AttentionBackend:
-    if name == "torch":
-        from executor_svc.attention.torch_backend import TorchAttentionBackend
-
-        return TorchAttentionBackend()
-    if name == "triton":
-        from executor_svc.attention.triton_backend import TritonAttentionBackend
-
-        return TritonAttentionBackend()
-    raise ValueError(f"unknown attention backend {name!r}; choose torch or triton")

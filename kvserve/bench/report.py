@@ -29,12 +29,12 @@ KVSERVE_NO_CACHE = "kvserve-no-cache"
 HF_GENERATE = "hf-generate"
 
 GOALS = {
-    "vs_hf_throughput": (">=", 8.0),
-    "warm_vs_cold_ttft": (">=", 5.0),
+    "vs_hf_throughput": (">=", 6.0),
+    "warm_vs_cold_ttft": (">=", 7.0),
     "concurrency_vs_prealloc": (">=", 7.0),
     "kv_partial_block_waste_pct": ("<=", 4.0),
 }
-"""DESIGN §5 targets, so the report can say which were met."""
+"""The performance goals of docs/benchmarks.md, so the report can say which were met."""
 
 RATIO_KEYS = tuple(GOALS)
 LATENCY_KEYS = ("ttft", "tpot", "itl", "e2e")
@@ -177,7 +177,7 @@ def render_table(report: BenchReport) -> str:
             lines.append(f"prealloc estimate ({workload}): budget {p['budget_tokens']} tokens, max request "
                          f"{p['max_request_len']} tokens -> {p['prealloc_concurrency']} concurrent; "
                          f"kvserve peak {p['kvserve_peak_concurrency']}")
-    lines.append("\nratios (DESIGN §5 goal):")
+    lines.append("\nratios (goal, see docs/benchmarks.md):")
     for key, (op, target) in GOALS.items():
         value = report.ratios.get(key)
         if value is None:

@@ -1,8 +1,8 @@
 """Scheduler overhead benchmark: the scheduler alone, sampled tokens fed straight back.
 
 Times `schedule()` + `update()` per step once every sequence is decoding, which is the
-per-step cost the engine loop pays on top of the executor (DESIGN §5: ≤ 1 ms at 256
-running sequences). Building the fake StepResult is the executor's job and is not timed.
+per-step cost the engine loop pays on top of the executor (goal in docs/benchmarks.md:
+≤ 1 ms at 256 running sequences). Building the fake StepResult is the executor's job and is not timed.
 """
 
 from __future__ import annotations

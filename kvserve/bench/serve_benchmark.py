@@ -14,16 +14,16 @@ import contextlib
 import datetime as dt
 import os
 import platform
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 
 import structlog
 
-from protos import defaults
 from kvserve.bench import workloads as wl
 from kvserve.bench.load_driver import RunResult, run_workload, warm_up
 from kvserve.bench.report import KVSERVE, KVSERVE_NO_CACHE, BenchReport, compute_ratios, summarize_run
-from kvserve.bench.server_process import DEFAULT_STARTUP_TIMEOUT_S, ServerProcess
+from kvserve.testing.server_launcher import DEFAULT_STARTUP_TIMEOUT_S, ServeProcess, serving
+from protos import defaults
 
 log = structlog.get_logger(__name__)
 
@@ -98,8 +98,14 @@ async def _model_info(target: str, timeout_s: float) -> dict:
         return await client.model_info()
 
 
-def _server(config: BenchConfig, name: str, extra: Sequence[str] = ()) -> ServerProcess:
-    return ServerProcess(executor=config.executor, host=config.host, extra_args=[*config.server_args, *extra], name=name)
+@contextlib.contextmanager
+def _server(config: BenchConfig, name: str, extra: Sequence[str] = ()) -> Iterator[ServeProcess]:
+    """A `kvserve serve` child for one configuration; its whole process group goes when the block ends."""
+    log.info("starting server", name=name, executor=config.executor, args=[*config.server_args, *extra])
+    with serving(["--executor", config.executor, *config.server_args, *extra], host=config.host, name=name,
+                 timeout_s=config.startup_timeout_s) as server:
+        log.info("server ready", name=name, target=server.address, log=str(server.log_path))
+        yield server
 
 
 async def run_serve_benchmark(config: BenchConfig) -> BenchReport:
@@ -108,7 +114,7 @@ async def run_serve_benchmark(config: BenchConfig) -> BenchReport:
     runs: list[RunResult] = []
     with contextlib.ExitStack() as stack:
         if config.start_server:
-            target = stack.enter_context(_server(config, KVSERVE)).target
+            target = stack.enter_context(_server(config, KVSERVE)).address
         else:
             target = f"{config.host}:{config.port}"
         info = await _model_info(target, config.startup_timeout_s)
@@ -123,7 +129,7 @@ async def run_serve_benchmark(config: BenchConfig) -> BenchReport:
             runs += await _run_against(config.no_cache_target, KVSERVE_NO_CACHE, no_cache_loads, config)
         elif config.start_server:
             with _server(config, KVSERVE_NO_CACHE, [NO_PREFIX_CACHING_FLAG]) as server:
-                runs += await _run_against(server.target, KVSERVE_NO_CACHE, no_cache_loads, config)
+                runs += await _run_against(server.address, KVSERVE_NO_CACHE, no_cache_loads, config)
         else:
             log.warning("no-cache baseline skipped: give --no-cache-target or --start-server")
 

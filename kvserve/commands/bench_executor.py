@@ -10,7 +10,7 @@ from protos import defaults
 
 DEFAULT_DECODE_BATCHES = (1, 8, 32, 64)
 GOAL_DECODE64_ROOFLINE = 0.5
-"""DESIGN §5: decode at batch 64 on CPU reaches at least half the fp32 GEMM roofline."""
+"""The project's CPU goal: decode at batch 64 reaches at least half the fp32 GEMM roofline."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -46,10 +46,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from protos.log_config import configure_logging
-    from executor_svc.executor_bench import run_executor_bench
     from executor_svc.model_runner import ModelRunner
     from executor_svc.runner_config import RunnerConfig
+    from kvserve.bench.executor_bench import run_executor_bench
+    from protos.log_config import configure_logging
 
     configure_logging(level="WARNING" if args.json else None)
     config = RunnerConfig(model=args.model, device=args.device, attention_backend=args.attention_backend,

@@ -8,7 +8,7 @@ from dataclasses import asdict
 
 DEFAULT_RUNNING = (64, 256, 1024)
 GOAL_US_AT_256 = 1000.0
-"""DESIGN §5: schedule() + update() at 256 running decodes."""
+"""The goal in docs/benchmarks.md: schedule() + update() at 256 running decodes."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -17,7 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Drive a kvserve server (or start one) through the async client with seeded workloads, "
                     "then compare, in the same run, kvserve with prefix caching off, Hugging Face generate "
                     "(static batching) and a contiguous-preallocation estimate. Prints a table and the "
-                    "DESIGN §5 ratios; --json and --plot write them for machines and people.",
+                    "goal ratios of docs/benchmarks.md; --json and --plot write them for machines and people.",
         formatter_class=HelpFormatter,
     )
     parser.add_argument("--workload", choices=WORKLOAD_CHOICES, default="mixed",

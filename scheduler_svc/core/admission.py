@@ -40,7 +40,10 @@ def place_in_tree(seq: Sequence, match: PrefixMatch, forked: bool, caching: bool
         return
     parent = seq.request.seqs[0]
     if parent.num_tree_blocks >= num_shared:
-        node = parent.tree_node.ancestor(parent.num_tree_blocks - num_shared) if num_shared else None
+        node = None
+        if num_shared:
+            assert parent.tree_node is not None  # its chain holds num_tree_blocks >= 1 blocks
+            node = parent.tree_node.ancestor(parent.num_tree_blocks - num_shared)
         seq.tree_node, seq.num_tree_blocks, seq.cache_frozen = node, num_shared, False
     else:  # the parent's shared blocks are not all in the tree: keep the child's chain private
         seq.tree_node, seq.num_tree_blocks, seq.cache_frozen = None, 0, True

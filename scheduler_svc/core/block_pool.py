@@ -3,7 +3,7 @@
 Every block is in exactly one of three states:
 
 - **free**: ref count 0 and holding nothing matchable; kept on a LIFO stack.
-- **cached**: ref count 0 but registered in the radix tree, so a later request can
+- **cached**: ref count 0 but registered in the prefix tree, so a later request can
   still reuse it. Kept in an `OrderedDict` in release order, which is LRU order:
   the front is evicted first. A sequence releases its table tail-first, so the tail
   of a chain sits ahead of its parents and only leaves are ever evicted.
@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 class BlockPool:
     """Device KV blocks `0 .. num_blocks-1` with ref counts, a free stack and an LRU of cached blocks."""
 
-    __slots__ = ("num_blocks", "ref_counts", "_free", "_cached", "_is_cached", "_evict_hook")
+    __slots__ = ("_cached", "_evict_hook", "_free", "_is_cached", "num_blocks", "ref_counts")
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 1:
@@ -146,7 +146,7 @@ class BlockPool:
 class CpuBlockPool:
     """CPU swap space: plain block ids with single ownership (a swapped-out sequence)."""
 
-    __slots__ = ("num_blocks", "_free")
+    __slots__ = ("_free", "num_blocks")
 
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks

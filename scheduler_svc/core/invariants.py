@@ -1,20 +1,19 @@
 """Whole-state consistency checks and a human-readable dump of the scheduler's KV state.
 
-`check` verifies DESIGN §2's invariants (and the queue bookkeeping around them) in
-O(blocks + tokens); tests call it after every step, and `SchedulerConfig.debug_invariants`
+`check` verifies the KV invariants (every block free, cached or referenced; ref counts
+equal the block tables holding them; cached exactly when in the prefix tree; tree chains
+and LRU order; listed in docs/architecture.md) and the queue bookkeeping around them, in
+O(blocks + tokens). Tests call it after every step, and `SchedulerConfig.debug_invariants`
 runs it inside the scheduler. `dump` is what to print when one fails: every live
-sequence's block table with each block's ref count.
+sequence's block table with each block's ref count. Both read only a `SchedulerView`.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
 
 from scheduler_svc.core.request import WAITING_STATES, SequenceStatus
-
-if TYPE_CHECKING:
-    from scheduler_svc.core.scheduler import Scheduler
+from scheduler_svc.core.scheduler_view import SchedulerView
 
 
 class InvariantError(AssertionError):
@@ -26,16 +25,17 @@ def _require(condition: bool, message: str) -> None:
         raise InvariantError(message)
 
 
-def check(sched: Scheduler) -> None:
-    _check_pool(sched)
-    _check_ref_counts(sched)
-    _check_tree(sched)
-    _check_queues(sched)
-    _check_swap_space(sched)
+def check(view: SchedulerView) -> None:
+    """Raise InvariantError naming the first broken pool, ref-count, tree, queue or swap-space rule."""
+    _check_pool(view)
+    _check_ref_counts(view)
+    _check_tree(view)
+    _check_queues(view)
+    _check_swap_space(view)
 
 
-def _check_pool(sched: Scheduler) -> None:
-    pool = sched._kv.pool
+def _check_pool(view: SchedulerView) -> None:
+    pool = view.pool
     free, cached = pool.free_blocks(), pool.cached_blocks_lru()
     referenced = sum(1 for count in pool.ref_counts if count > 0)
     _require(len(free) == len(set(free)), f"a block appears twice in the free list: {sorted(free)}")
@@ -48,13 +48,13 @@ def _check_pool(sched: Scheduler) -> None:
                  f"evictable block {block} has ref count {pool.ref_counts[block]} or is not in the tree")
     _require(len(free) + len(cached) + referenced == pool.num_blocks,
              f"free {len(free)} + cached {len(cached)} + referenced {referenced} != total {pool.num_blocks}")
-    _require(not sched._kv.pinned, f"blocks still pinned outside schedule(): {sched._kv.pinned}")
+    _require(not view.pinned, f"blocks still pinned outside schedule(): {list(view.pinned)}")
 
 
-def _check_ref_counts(sched: Scheduler) -> None:
-    pool = sched._kv.pool
+def _check_ref_counts(view: SchedulerView) -> None:
+    pool = view.pool
     holders: Counter[int] = Counter()
-    for seq in sched._running:
+    for seq in view.running:
         table = seq.block_table
         _require(len(table) == len(set(table)), f"seq {seq.seq_id} holds a block twice: {table}")
         holders.update(table)
@@ -63,8 +63,8 @@ def _check_ref_counts(sched: Scheduler) -> None:
                  f"block {block}: ref count {pool.ref_counts[block]} but {holders[block]} live block tables hold it")
 
 
-def _check_tree(sched: Scheduler) -> None:
-    pool, tree, bs = sched._kv.pool, sched._kv.tree, sched._bs
+def _check_tree(view: SchedulerView) -> None:
+    pool, tree, bs = view.pool, view.tree, view.block_size
     nodes = tree.nodes()
     cached_flags = sum(1 for block in range(pool.num_blocks) if pool.is_cached(block))
     _require(cached_flags == len(nodes), f"{cached_flags} blocks marked cached but the tree has {len(nodes)} nodes")
@@ -84,32 +84,32 @@ def _check_tree(sched: Scheduler) -> None:
             for child in node.children.values():
                 _require(lru_position.get(child.block, -1) < lru_position[node.block],
                          f"block {node.block} would be evicted before its child {child.block}")
-    for seq in sched._running:
+    for seq in view.running:
         if seq.num_tree_blocks == 0:
             _require(seq.tree_node is None, f"seq {seq.seq_id} has a tree node but no tree blocks")
             continue
-        node = seq.tree_node
+        link = seq.tree_node
         for index in range(seq.num_tree_blocks - 1, -1, -1):
-            _require(node is not None and node.block == seq.block_table[index],
-                     f"seq {seq.seq_id}: block {index} is not the tree chain's block")
-            node = node.parent
-        _require(node is not None and node.parent is None, f"seq {seq.seq_id}: tree chain does not start at a root")
+            if link is None or link.block != seq.block_table[index]:
+                raise InvariantError(f"seq {seq.seq_id}: block {index} is not the tree chain's block")
+            link = link.parent
+        _require(link is not None and link.parent is None, f"seq {seq.seq_id}: tree chain does not start at a root")
 
 
-def _check_queues(sched: Scheduler) -> None:
-    bs = sched._bs
-    queues = {SequenceStatus.RUNNING: sched._running, SequenceStatus.SWAPPED: sched._swapped}
-    for status, queue in (*queues.items(), (SequenceStatus.WAITING, sched._waiting)):
+def _check_queues(view: SchedulerView) -> None:
+    bs = view.block_size
+    queues = {SequenceStatus.RUNNING: view.running, SequenceStatus.SWAPPED: view.swapped}
+    for status, queue in (*queues.items(), (SequenceStatus.WAITING, view.waiting)):
         keys = [seq.sort_key for seq in queue]
         _require(keys == sorted(keys), f"{status.value} queue is out of priority/arrival order")
     queue_of = {id(seq): status for status, queue in queues.items() for seq in queue}
-    queue_of.update((id(seq), SequenceStatus.WAITING) for seq in sched._waiting)
+    queue_of.update((id(seq), SequenceStatus.WAITING) for seq in view.waiting)
     members = set(queue_of)
-    total_queued = len(sched._running) + len(sched._swapped) + len(sched._waiting)
+    total_queued = len(view.running) + len(view.swapped) + len(view.waiting)
     _require(len(members) == total_queued, "a sequence sits in two queues (or twice in one)")
-    _require(len(sched._running) <= sched.config.max_num_seqs, "more running sequences than max_num_seqs")
+    _require(len(view.running) <= view.max_num_seqs, "more running sequences than max_num_seqs")
     live = 0
-    for request_id, request in sched._requests.items():
+    for request_id, request in view.requests.items():
         unfinished = [seq for seq in request.seqs if not seq.is_finished]
         _require(request.num_unfinished == len(unfinished) > 0,
                  f"request {request_id}: num_unfinished {request.num_unfinished}, actually {len(unfinished)}")
@@ -134,30 +134,31 @@ def _check_queues(sched: Scheduler) -> None:
     _require(live == total_queued, f"{total_queued} queued sequences but {live} live ones")
 
 
-def _check_swap_space(sched: Scheduler) -> None:
-    cpu, bs = sched._kv.cpu, sched._bs
+def _check_swap_space(view: SchedulerView) -> None:
+    cpu, bs = view.cpu, view.block_size
     free = cpu.free_blocks()
-    used = [block for seq in sched._swapped for block in seq.cpu_table]
+    used = [block for seq in view.swapped for block in seq.cpu_table]
     _require(len(free) == len(set(free)), "a CPU block appears twice in the CPU free list")
     _require(len(used) == len(set(used)) and not set(used) & set(free), "a CPU block is owned twice")
     _require(len(free) + len(used) == cpu.num_blocks,
              f"CPU blocks: free {len(free)} + swapped {len(used)} != total {cpu.num_blocks}")
-    for seq in sched._swapped:
+    for seq in view.swapped:
         _require(len(seq.cpu_table) == -(-seq.num_computed // bs),
                  f"swapped seq {seq.seq_id}: {len(seq.cpu_table)} CPU blocks for {seq.num_computed} tokens")
 
 
-def dump(sched: Scheduler) -> str:
-    pool, tree = sched._kv.pool, sched._kv.tree
+def dump(view: SchedulerView) -> str:
+    """Step ids, pool/CPU/tree figures, then every request's sequences with their block tables."""
+    pool, tree = view.pool, view.tree
     refs = pool.ref_counts
     lines = [
-        f"step {sched._step_id}  in flight: {sched._inflight.step_id if sched._inflight else None}",
+        f"step {view.step_id}  in flight: {view.inflight_step_id}",
         f"blocks: total {pool.num_blocks}  free {pool.num_free}  cached {pool.num_cached}  "
         f"referenced {pool.num_referenced}  tree nodes {tree.num_nodes} in {len(tree.namespaces())} namespaces",
-        f"cpu blocks: total {sched._kv.cpu.num_blocks}  free {sched._kv.cpu.num_free}",
-        f"pending drops: {sched._pending_drops}",
+        f"cpu blocks: total {view.cpu.num_blocks}  free {view.cpu.num_free}",
+        f"pending drops: {list(view.pending_drops)}",
     ]
-    for request in sched._requests.values():
+    for request in view.requests.values():
         lines.append(f"request {request.request_id!r} prio={request.priority} ns={request.namespace!r} "
                      f"prompt={len(request.prompt_token_ids)} n={len(request.seqs)}")
         for seq in request.seqs:

@@ -1,7 +1,8 @@
 """The scheduler's KV memory: block pool, prefix tree, CPU swap space and every block table.
 
 The `Scheduler` decides *who* runs; this class decides *which blocks* they use and writes
-the block ops (copy, swap-out, swap-in) into the plan. Rules it keeps (DESIGN §2):
+the block ops (copy, swap-out, swap-in) into the plan. Rules it keeps (the KV memory
+section of docs/architecture.md):
 
 - a sequence's block table starts with the blocks of its tree chain (shared, never
   written again), followed by private blocks; only private blocks are written;
@@ -21,7 +22,9 @@ from scheduler_svc.core.request import Sequence
 
 
 class KvManager:
-    __slots__ = ("block_size", "caching", "pool", "tree", "cpu", "_pinned")
+    """Which blocks each sequence uses: allocation, prefix reuse, tree inserts and swap, per plan."""
+
+    __slots__ = ("_pinned", "block_size", "caching", "cpu", "pool", "tree")
 
     def __init__(self, num_blocks: int, block_size: int, num_cpu_blocks: int, caching: bool,
                  previous: KvManager | None = None) -> None:
@@ -37,8 +40,9 @@ class KvManager:
             self.tree.hit_tokens = previous.tree.hit_tokens
 
     @property
-    def pinned(self) -> list[int]:
-        return list(self._pinned)
+    def pinned(self) -> tuple[int, ...]:
+        """Copy sources pinned for the plan being built (empty once `unpin()` ran)."""
+        return tuple(self._pinned)
 
     # --- admission -------------------------------------------------------------------
 

@@ -1,14 +1,15 @@
-"""The prefix cache: a tree over token ids, one root per namespace, one node per KV block.
+"""The prefix cache: a block trie over token ids, one root per namespace.
 
-Each node stands for one physical block and is keyed, under its parent, by the tuple of
-token ids the block holds. A full block's key has `block_size` tokens; a sequence's last,
-partial block may be added when it ends (a *tail* node, shorter key, always a leaf).
-Because every edge is exactly one block, lookups are one dict probe per block (tuple
-hashing runs in C) and edges never need splitting.
+It is a trie of physical KV blocks, not a node-splitting radix tree: each node stands
+for one block and is keyed, under its parent, by the tuple of token ids the block
+holds. A full block's key has `block_size` tokens; a sequence's last, partial block may
+be added when it ends (a *tail* node, shorter key, always a leaf). Because every edge
+is exactly one block, lookups are one dict probe per block (tuple hashing runs in C)
+and edges never need splitting.
 
-Matching is token-granular: after the full blocks, the child sharing the longest prefix
-with the remaining tokens is reported with the number of matching slots, and the
-scheduler copies that block instead of recomputing those tokens.
+Only the last block matches at token granularity: after the full blocks, the child
+sharing the longest prefix with the remaining tokens is reported with the number of
+matching slots, and the scheduler copies that block instead of recomputing those tokens.
 
 Eviction is driven by the `BlockPool`: it evicts cached blocks in LRU order, and the
 structure guarantees the evicted block's node is a leaf (see `BlockPool`). The tree only
@@ -23,9 +24,9 @@ from scheduler_svc.core.block_pool import BlockPool
 
 
 class PrefixNode:
-    """One cached block: its token ids (the key under `parent`) and its physical block id."""
+    """One trie node = one cached physical block: its token ids (the key under `parent`) and its block id."""
 
-    __slots__ = ("key", "block", "parent", "children", "namespace")
+    __slots__ = ("block", "children", "key", "namespace", "parent")
 
     def __init__(self, key: tuple[int, ...], block: int, parent: PrefixNode | None, namespace: str) -> None:
         self.key = key
@@ -57,7 +58,10 @@ class PrefixMatch:
 
 
 class PrefixTree:
-    """Prefix match and insert over `BlockPool` blocks; nodes are dropped when the pool evicts them."""
+    """Block trie (one node per KV block, one root per namespace) with a token-granular last-block match.
+
+    Match and insert run over `BlockPool` blocks; nodes are dropped when the pool evicts them.
+    """
 
     def __init__(self, pool: BlockPool, block_size: int) -> None:
         self.block_size = block_size

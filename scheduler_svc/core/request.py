@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 import secrets
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from protos import defaults
 from protos.sampling import SamplingParams
@@ -23,7 +24,7 @@ from scheduler_svc.core.prefix_tree import PrefixNode
 
 
 class RequestRejected(ValueError):
-    """The request can never be served. `field` names the API field to blame."""
+    """The request can never fit this scheduler's context or KV pool. `field` is "prompt" or "max_tokens"."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
@@ -43,6 +44,9 @@ class SequenceStatus(enum.Enum):
 
 
 WAITING_STATES = (SequenceStatus.WAITING, SequenceStatus.PREEMPTED)
+
+QUEUE_ORDER = attrgetter("sort_key")
+"""Key of the priority-ordered queues (`bisect.insort(queue, seq, key=QUEUE_ORDER)`): lower first."""
 
 
 def resolve_seed(seed: int | None) -> int:

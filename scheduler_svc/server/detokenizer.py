@@ -111,7 +111,7 @@ class CompletionText:
 
     @property
     def stopped(self) -> bool:
-        """True once a stop string completed: the caller finishes the sequence."""
+        """True once a stop string completed: the caller ends the completion; later tokens add no text."""
         return self._matcher.matched is not None
 
     def push(self, token_ids: list[int]) -> str:

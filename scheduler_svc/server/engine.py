@@ -1,14 +1,15 @@
 """The engine loop: the one coroutine that owns the `Scheduler` and drives the executor.
 
-Each turn: apply pending aborts, build a plan, send it over the link, apply the result,
-then turn each sequence's new tokens into text (detokenizer + stop strings) and push
-chunks to the request streams. API handlers never touch the scheduler during a step:
-they add requests (queued until the next plan) and post aborts, which the loop applies
-before its next plan, so a cancel takes effect within one step.
+Each turn: apply what was posted since the last step boundary (aborts, stop-string
+finishes), build a plan, send it over the link, apply the result. API handlers never
+touch the scheduler during a step: they add requests (queued until the next plan) and
+post aborts, which the loop applies before its next plan, so a cancel takes effect
+within one step.
 
-Overlap: text for requests without stop strings is produced *after* the next plan has
-been sent, while the executor computes it. Requests with stop strings are handled before
-the next plan, because a completed stop string must finish its sequence first.
+Overlap: each step's outputs become text (request_delivery: detokenizer, stop strings,
+chunks) *after* the next plan has been sent, while the executor computes it. A completed
+stop string ends its completion's stream chunk at once but, like an abort, reaches the
+scheduler only at the next boundary; the token sampled for it meanwhile is ignored.
 
 Executor loss is survived: the engine reports LOST, waits for a new executor to
 handshake, re-syncs the scheduler (everything recomputed) and carries on. If none comes
@@ -21,18 +22,18 @@ import asyncio
 import enum
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import structlog
 
 from protos.sampling import InvalidFieldError
 from protos.step import ExecutorInfo, StepPlan
-from scheduler_svc.server.detokenizer import CompletionText
 from scheduler_svc.server.executor_link import ExecutorLink, ExecutorLost, ExecutorStepError
 from scheduler_svc.server.metrics import ServerMetrics
 from scheduler_svc.core.outputs import SchedulerStats, SequenceOutput
 from protos.stop_rules import FinishReason
-from scheduler_svc.server.request_stream import CompletionChunk, FailureKind, RequestFailed, RequestStream, Usage
+from scheduler_svc.server.request_delivery import ActiveRequest
+from scheduler_svc.server.request_stream import FailureKind, RequestFailed, RequestStream
 from scheduler_svc.server.request_parsing import ValidatedRequest
 from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.server.server_config import ServerConfig
@@ -43,37 +44,13 @@ log = structlog.get_logger(__name__)
 _PROMPT_CONTEXT_TOKENS = 4
 """Prompt tokens given to each detokenizer as context, so the first output token decodes as in the full text."""
 _EXECUTOR_POLL_S = 0.1
-"""While waiting for an executor, aborts are still applied this often."""
-_TOKEN_FINISHES = (FinishReason.STOP, FinishReason.EOS)
+"""While waiting for an executor, posted aborts and stop-string finishes are still applied this often."""
 
 
 class ExecutorState(str, enum.Enum):
     WAITING = "waiting"
     READY = "ready"
     LOST = "lost"
-
-
-@dataclass(slots=True)
-class _Completion:
-    text: CompletionText
-    finished: bool = False
-    last_token_time: float | None = None
-    finish_reason: FinishReason | None = None
-
-
-@dataclass(slots=True)
-class _ActiveRequest:
-    request_id: str
-    stream: RequestStream
-    completions: list[_Completion]
-    num_prompt_tokens: int
-    arrival: float
-    log: structlog.typing.FilteringBoundLogger
-    has_stop_strings: bool = False
-    started: bool = False
-    usage: list[Usage | None] = field(default_factory=list)
-    executor_losses: int = 0
-    """Executor losses this request lived through; past the limit it fails instead of recomputing."""
 
 
 @dataclass(slots=True)
@@ -97,10 +74,12 @@ class Engine:
         self._on_state_change = on_state_change
         self._metrics = metrics
         self._clock = clock
-        self._requests: dict[str, _ActiveRequest] = {}
+        self._requests: dict[str, ActiveRequest] = {}
         self._pending_aborts: set[str] = set()
+        self._pending_finishes: set[tuple[str, int]] = set()
+        """(request id, completion index) whose stop string completed; the scheduler hears at the next boundary."""
         self._deferred: list[SequenceOutput] = []
-        """Outputs streamed while the executor computes the next step (see `run`)."""
+        """The last step's outputs, streamed while the executor computes the next step (see `run`)."""
         self._wakeup = asyncio.Event()
         self._queued_requests = 0
         self._queued_prompt_tokens = 0
@@ -116,11 +95,13 @@ class Engine:
     # --- API side -------------------------------------------------------------------
 
     def submit(self, request: ValidatedRequest, namespace: str) -> RequestStream:
-        """Queue a validated request; raises InvalidFieldError/RequestRejected (bad) or RequestFailed (busy/down)."""
+        """Queue a parsed request; raise InvalidFieldError (id in flight), RequestRejected (can never fit,
+        from the scheduler, which alone knows its capacity) or RequestFailed (busy or down)."""
         if self._draining or self._stopping:
             raise RequestFailed(FailureKind.UNAVAILABLE, "the server is shutting down")
         if self._unavailable_reason is not None:
             raise RequestFailed(FailureKind.UNAVAILABLE, self._unavailable_reason)
+        # In flight until its stream closes, which is never before the scheduler has let go of it.
         if request.request_id in self._requests:
             raise InvalidFieldError("request_id", "a request with this id is already in flight")
         num_prompt = len(request.prompt_token_ids)
@@ -133,14 +114,11 @@ class Engine:
         arrival = self._clock()
         self._scheduler.add_request(request.request_id, request.prompt_token_ids, request.sampling,
                                     priority=request.priority, namespace=namespace, arrival_time=arrival)
-        context = request.prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:]
-        completions = [_Completion(CompletionText(self._tokenizer, request.sampling.stop, context))
-                       for _ in range(request.sampling.n)]
+        context = list(request.prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:])
         stream = RequestStream(request.request_id, self._config.stream_buffer_chunks)
-        self._requests[request.request_id] = _ActiveRequest(
-            request_id=request.request_id, stream=stream, completions=completions, num_prompt_tokens=num_prompt,
-            arrival=arrival, log=log.bind(request_id=request.request_id), usage=[None] * request.sampling.n,
-            has_stop_strings=bool(request.sampling.stop))
+        self._requests[request.request_id] = ActiveRequest.create(
+            request.request_id, stream, self._tokenizer, request.sampling.stop, context, request.sampling.n,
+            num_prompt, arrival, self._clock, self._metrics)
         self._queued_requests += 1
         self._queued_prompt_tokens += num_prompt
         self._wakeup.set()
@@ -188,20 +166,20 @@ class Engine:
 
     async def run(self) -> None:
         while not self._stopping:
-            self._apply_aborts()
+            self._apply_posted()
             if self._link.connected and self._link.generation != self._synced_generation:
                 self._resync(self._link.info)  # replaced between steps: its KV (and prefix cache) is gone
             if not self._scheduler.has_unfinished():
-                self._flush_deferred()
                 self._wakeup.clear()
-                if not self._pending_aborts and not self._stopping:
+                self._flush_deferred()
+                if not self._pending_aborts and not self._pending_finishes and not self._stopping:
                     await self._wakeup.wait()
                 continue
             plan = self._scheduler.schedule()
             if plan.is_empty:
                 # Nothing can run right now (the scheduler waits on memory); don't spin.
-                self._flush_deferred()
                 self._wakeup.clear()
+                self._flush_deferred()  # a stop string completing here sets the wakeup
                 try:
                     await asyncio.wait_for(self._wakeup.wait(), 0.005)
                 except TimeoutError:
@@ -222,28 +200,33 @@ class Engine:
                 continue
             self._steps += 1
             outputs = self._scheduler.update(result)
-            self._deliver_or_defer(outputs)
+            self._deferred.extend(outputs)
             if self._metrics is not None:
                 self._observe_step(plan, outputs, self._clock() - started)
         self._flush_deferred()
         self._fail_everything(FailureKind.UNAVAILABLE, "the server is shutting down")
 
-    def _deliver_or_defer(self, outputs: list[SequenceOutput]) -> None:
-        """Requests with stop strings are handled now: a completed stop string must finish its
-        sequence before the next plan. Everything else waits until that plan is on its way."""
-        urgent = []
-        for output in outputs:
-            active = self._requests.get(output.request_id)
-            if active is not None and active.has_stop_strings:
-                urgent.append(output)
-            else:
-                self._deferred.append(output)
-        self._deliver(urgent)
-
     def _flush_deferred(self) -> None:
         if self._deferred:
             deferred, self._deferred = self._deferred, []
             self._deliver(deferred)
+
+    def _apply_posted(self) -> None:
+        """The step boundary: stop-string finishes (so the scheduler records STOP), then aborts."""
+        self._apply_finishes()
+        self._apply_aborts()
+
+    def _apply_finishes(self) -> None:
+        """Let the scheduler go of sequences whose stop string completed; close requests with nothing left."""
+        finishes, self._pending_finishes = self._pending_finishes, set()
+        for request_id, index in finishes:
+            self._scheduler.finish_sequence(request_id, index, FinishReason.STOP)
+        for request_id in {request_id for request_id, _ in finishes}:
+            active = self._requests.get(request_id)
+            if active is not None:
+                active.stop_pending = False
+                if active.all_finished:
+                    self._finish_request(active, FinishReason.STOP)
 
     def _apply_aborts(self) -> None:
         while self._pending_aborts:
@@ -256,87 +239,33 @@ class Engine:
     def _deliver(self, outputs: list[SequenceOutput]) -> None:
         for output in outputs:
             active = self._requests.get(output.request_id)
-            if active is None or not 0 <= output.index < len(active.completions):
-                continue
-            completion = active.completions[output.index]
-            if completion.finished:
+            if active is None or not active.accepts(output.index):
                 continue
             if not active.started:
                 active.started = True
                 self._queued_requests -= 1
                 self._queued_prompt_tokens -= active.num_prompt_tokens
-            self._deliver_one(active, completion, output)
+            if active.deliver(output):
+                self._pending_finishes.add((active.request_id, output.index))
+                active.stop_pending = True
+                self._wakeup.set()
+            if active.all_finished and not active.stop_pending:
+                self._finish_request(active, output.finish_reason)
 
-    def _deliver_one(self, active: _ActiveRequest, completion: _Completion, output: SequenceOutput) -> None:
-        token_ids = list(output.new_token_ids)
-        finish = output.finish_reason
-        # The token that finished a sequence (eos or a stop token id) is not part of the text.
-        text_ids = token_ids[:-1] if finish in _TOKEN_FINISHES and token_ids else token_ids
-        text = completion.text.push(text_ids)
-        final_output = output
-        if finish is None and completion.text.stopped:
-            finish = FinishReason.STOP
-            finished = self._scheduler.finish_sequence(active.request_id, output.index, FinishReason.STOP)
-            if finished is not None:
-                final_output = finished
-                token_ids.extend(finished.new_token_ids)
-        usage = None
-        if finish is not None:
-            text += completion.text.finish()
-            completion.finished = True
-            completion.finish_reason = finish
-            usage = Usage(prompt_tokens=final_output.num_prompt_tokens,
-                          completion_tokens=final_output.num_output_tokens,
-                          cached_tokens=final_output.num_cached_tokens,
-                          queue_time_s=final_output.queue_time_s or 0.0,
-                          ttft_s=final_output.ttft_s or 0.0,
-                          e2e_s=self._clock() - active.arrival)
-            active.usage[output.index] = usage
-        if self._metrics is not None and token_ids:
-            now = self._clock()
-            if completion.last_token_time is None:
-                if output.ttft_s is not None:
-                    self._metrics.observe_first_token(output.ttft_s)
-            else:
-                self._metrics.observe_token_gap(now - completion.last_token_time)
-            completion.last_token_time = now
-        active.stream.put(CompletionChunk(index=output.index, token_ids=token_ids, text=text,
-                                          logprobs=list(output.logprobs or []), finish_reason=finish, usage=usage))
-        if all(c.finished for c in active.completions):
-            self._finish_request(active, finish)
-
-    def _finish_request(self, active: _ActiveRequest, reason: FinishReason | None) -> None:
-        """Close the stream, forget the request, and write its one canonical log line."""
+    def _finish_request(self, active: ActiveRequest, reason: FinishReason | None) -> None:
+        """Forget the request, settle the queue counters, then close its stream and log it."""
         self._requests.pop(active.request_id, None)
         self._pending_aborts.discard(active.request_id)
         if not active.started:
             self._queued_requests -= 1
             self._queued_prompt_tokens -= active.num_prompt_tokens
-        active.stream.close()
-        usages = [u for u in active.usage if u is not None]
-        first = usages[0] if usages else None
-        duration_s = self._clock() - active.arrival
-        if self._metrics is not None:
-            for completion in active.completions:
-                self._metrics.observe_finished(completion.finish_reason or reason or FinishReason.ABORT, duration_s,
-                                               first.queue_time_s if first else None)
-        active.log.info(
-            "request_finished",
-            prompt_tokens=active.num_prompt_tokens,
-            completion_tokens=sum(u.completion_tokens for u in usages),
-            cached_tokens=first.cached_tokens if first else 0,
-            queue_time_s=round(first.queue_time_s, 6) if first else None,
-            ttft_s=round(min(u.ttft_s for u in usages), 6) if usages else None,
-            duration_s=round(duration_s, 6),
-            finish_reason=",".join(sorted({(c.finish_reason or reason or FinishReason.ABORT).value
-                                           for c in active.completions})),
-            n=len(active.completions),
-        )
+        active.close(reason)
 
     def _fail_everything(self, kind: FailureKind, message: str) -> None:
         """End every request with an error status and return all their blocks."""
         self._scheduler.fail_all(FinishReason.ERROR)
         self._pending_aborts.clear()
+        self._pending_finishes.clear()
         for active in list(self._requests.values()):
             active.stream.fail(RequestFailed(kind, message))
             self._finish_request(active, FinishReason.ERROR)
@@ -368,7 +297,7 @@ class Engine:
         deadline = self._clock() + timeout
         info: ExecutorInfo | None = None
         while not self._stopping:
-            self._apply_aborts()
+            self._apply_posted()
             if self._unavailable_reason is None and self._clock() >= deadline:
                 self._unavailable_reason = f"the executor was lost ({why}) and did not come back within {timeout:g} s"
                 self._fail_everything(FailureKind.UNAVAILABLE, self._unavailable_reason)

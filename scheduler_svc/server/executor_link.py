@@ -11,6 +11,9 @@ ZeroMQ reports its connection gone (ROUTER_MANDATORY makes sending to it fail at
 or when a step outlives `step_timeout_s` while heartbeats still flow (a stuck compute).
 Incoming messages are always drained before the deadline is checked, so an event loop
 that was busy for a while never mistakes queued heartbeats for silence.
+
+This module is the link protocol and the asyncio step API over it; the ZeroMQ socket
+itself (options, CURVE, how a failed send is reported) is link_socket.RouterSocket.
 """
 
 from __future__ import annotations
@@ -21,8 +24,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
-import zmq
-import zmq.asyncio
 
 from protos import defaults
 from protos.link_curve import CurveKeys
@@ -30,13 +31,12 @@ from protos.link_endpoint import check_endpoint
 from protos.step import ExecutorInfo, StepPlan, StepResult
 from protos import step_codec
 from protos.kvserve.v1 import executor_link_pb2 as pb
+from scheduler_svc.server.link_socket import RouterSocket, Sent
 
 log = structlog.get_logger(__name__)
 
 SHUTDOWN_WAIT_S = 1.0
 """close() waits this long at most for the executor to acknowledge a Shutdown."""
-MAX_MESSAGE_BYTES = 512 * 1024 * 1024
-"""Larger frames are dropped by ZeroMQ before parsing (a garbage or hostile peer)."""
 
 
 class ExecutorLost(RuntimeError):
@@ -85,9 +85,7 @@ class ExecutorLink:
         self.step_timeout_s = step_timeout_s
         self._curve_keys = curve_keys
         self._on_change = on_change
-        self._ctx: zmq.asyncio.Context | None = None
-        self._sock: zmq.asyncio.Socket | None = None
-        self._authenticator = None
+        self._socket = RouterSocket(endpoint, curve_keys)
         self._tasks: list[asyncio.Task] = []
         self._peer: _Peer | None = None
         self._generation = 0
@@ -121,16 +119,7 @@ class ExecutorLink:
 
     async def start(self) -> None:
         """Bind the ROUTER socket and start the receive and heartbeat tasks."""
-        self._ctx = zmq.asyncio.Context()
-        sock = self._ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to a vanished executor fails at once
-        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting executor keeps its identity
-        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
-        if self._curve_keys is not None:
-            self._authenticator = await self._start_curve_server(sock, self._curve_keys)
-        sock.bind(self.endpoint)
-        self._sock = sock
+        await self._socket.open()
         self._tasks = [
             asyncio.create_task(self._receive_loop(), name="executor-link-receive"),
             asyncio.create_task(self._heartbeat_loop(), name="executor-link-heartbeat"),
@@ -182,7 +171,7 @@ class ExecutorLink:
         if self._closed:
             return
         self._closed = True
-        if shutdown_executor and self._peer is not None and self._sock is not None:
+        if shutdown_executor and self._peer is not None and self._socket.is_open:
             await self._shutdown_executor(self._peer)
         for task in self._tasks:
             task.cancel()
@@ -190,12 +179,7 @@ class ExecutorLink:
         self._fail_waiters(ExecutorLost("the executor link was closed"))
         self._peer = None
         self._connected.clear()
-        if self._authenticator is not None:
-            self._authenticator.stop()
-        if self._sock is not None:
-            self._sock.close(linger=0)
-        if self._ctx is not None:
-            await asyncio.to_thread(self._ctx.term)
+        await self._socket.close()
         log.info("executor link closed", endpoint=self.endpoint)
 
     async def _shutdown_executor(self, peer: _Peer) -> None:
@@ -217,12 +201,12 @@ class ExecutorLink:
     # --- receiving -------------------------------------------------------------
 
     async def _receive_loop(self) -> None:
-        sock = self._sock
-        assert sock is not None
+        sock = self._socket
+        assert sock.is_open
         while True:
-            if await sock.poll(self._poll_timeout_ms(), zmq.POLLIN):
-                while await sock.poll(0, zmq.POLLIN):
-                    frames = await sock.recv_multipart(copy=False)
+            if await sock.poll(self._poll_timeout_ms()):
+                while await sock.poll(0):
+                    frames = await sock.recv()
                     try:
                         self._handle_frames(frames)
                     except Exception:  # noqa: BLE001 - one bad message must not stop the link
@@ -391,52 +375,7 @@ class ExecutorLink:
 
     def _send_nowait(self, peer: _Peer, data: bytes) -> bool:
         """Send without waiting; a vanished peer is declared lost. False when not sent."""
-        assert self._sock is not None
-        # zmq.asyncio reports a failed NOBLOCK send through the returned (already done)
-        # future, not by raising: read it here so errors are neither lost nor delayed.
-        sent = self._sock.send_multipart([peer.identity, data], zmq.NOBLOCK, copy=len(data) < 65536)
-        if not sent.done():  # only when another send is queued; we never queue one
-            sent.add_done_callback(_consume_exception)
-            return True
-        exc = sent.exception()
-        if exc is None:
-            return True
-        if isinstance(exc, zmq.Again):
-            return False  # the executor's queue is full: it is not reading; liveness will tell
-        if isinstance(exc, zmq.ZMQError) and exc.errno == zmq.EHOSTUNREACH:
-            if self._peer is peer:
-                self._lose(f"the executor's connection closed (pid {peer.pid})")
-            return False
-        raise exc
-
-    async def _start_curve_server(self, sock: zmq.asyncio.Socket, keys: CurveKeys):
-        from zmq.auth.asyncio import AsyncioAuthenticator
-
-        authenticator = AsyncioAuthenticator(self._ctx)
-        authenticator.start()
-        allowed = set(keys.peer_public_keys)
-        if allowed:
-            authenticator.configure_curve_callback("*", credentials_provider=_AllowList(allowed))
-        else:
-            authenticator.configure_curve(domain="*", location=zmq.auth.CURVE_ALLOW_ANY)
-        sock.curve_secretkey = keys.secret_key
-        sock.curve_publickey = keys.public_key
-        sock.curve_server = True
-        return authenticator
-
-
-def _consume_exception(future: asyncio.Future) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        log.warning("link send failed", error=str(future.exception()))
-
-
-@dataclass(slots=True)
-class _AllowList:
-    """ZAP credentials provider: accept exactly these client public keys (Z85)."""
-
-    keys: set[bytes]
-
-    def callback(self, domain: str, key: bytes) -> bool:
-        return key in self.keys  # pyzmq passes the client key Z85-encoded
-
-
+        sent = self._socket.send_nowait(peer.identity, data)
+        if sent is Sent.UNREACHABLE and self._peer is peer:
+            self._lose(f"the executor's connection closed (pid {peer.pid})")
+        return sent is Sent.OK

@@ -1,7 +1,7 @@
 """Run the executor as a child process and restart it when it dies.
 
 `kvserve serve` is the scheduler process plus this supervisor. The executor is started
-with `python -m kvserve executor ...` (never imported: the scheduler stays torch-free),
+with `python -m executor_svc ...` (never imported: the scheduler stays torch-free),
 in its own process group so a terminal's Ctrl-C reaches only the scheduler, which then
 stops it in order. On Linux the child also gets PR_SET_PDEATHSIG, so even a kill -9 of
 the scheduler leaves no orphan (and the executor's own scheduler-timeout covers the rest).
@@ -25,8 +25,10 @@ _STABLE_AFTER_S = 30.0
 
 
 def executor_command(args: Sequence[str]) -> list[str]:
-    """The argv that starts an executor with the given `kvserve executor` options."""
-    return [sys.executable, "-m", "kvserve", "executor", *args]
+    """The argv that starts an executor with the given `kvserve executor` options.
+
+    `python -m executor_svc` parses exactly those flags without loading the kvserve CLI."""
+    return [sys.executable, "-m", "executor_svc", *args]
 
 
 class ExecutorSupervisor:

@@ -4,7 +4,8 @@ The server starts before any executor has registered (health NOT_SERVING, Genera
 UNAVAILABLE) so that orchestrators can watch it come up; `attach` hands it the engine
 once the executor's handshake has sized the scheduler.
 
-Status codes: INVALID_ARGUMENT "field: message" for bad fields, RESOURCE_EXHAUSTED
+Status codes: INVALID_ARGUMENT "field: message" for bad fields (refused while parsing,
+a duplicate in-flight id, or a request the KV cache can never hold), RESOURCE_EXHAUSTED
 when the queue is full, UNAVAILABLE without a usable executor or while draining,
 INTERNAL when the executor failed a step.
 """
@@ -30,7 +31,7 @@ from scheduler_svc.server.namespaces import ANONYMOUS_TENANT, prefix_namespace, 
 from scheduler_svc.core.request import RequestRejected
 from protos.stop_rules import FinishReason
 from scheduler_svc.server.request_stream import CompletionChunk, FailureKind, RequestFailed
-from scheduler_svc.server.request_parsing import ModelLimits, encode_chat, encode_text, validate_generate
+from scheduler_svc.server.request_parsing import ModelLimits, encode_chat, encode_text, parse_generate
 from scheduler_svc.server.server_config import ServerConfig
 from scheduler_svc.server.tokenizer import Tokenizer
 
@@ -101,9 +102,9 @@ class KVServeServicer(api_pb2_grpc.KVServeServicer):
         try:
             model = self._require_model()
             if _prompt_chars(request) > _INLINE_TOKENIZE_CHARS:
-                validated = await asyncio.to_thread(validate_generate, request, model.tokenizer, model.limits)
+                validated = await asyncio.to_thread(parse_generate, request, model.tokenizer, model.limits)
             else:
-                validated = validate_generate(request, model.tokenizer, model.limits)
+                validated = parse_generate(request, model.tokenizer, model.limits)
             tenant = self._tenant_of(context)
             namespace = prefix_namespace(model.info.model_id, tenant, validated.cache_salt)
             request_id = validated.request_id
@@ -112,7 +113,7 @@ class KVServeServicer(api_pb2_grpc.KVServeServicer):
         except InvalidFieldError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except RequestRejected as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _rejection_message(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(_capacity_error(exc)))
         except RequestFailed as exc:
             await context.abort(_FAILURE_CODES[exc.kind], exc.message)
         try:
@@ -188,13 +189,17 @@ def _prompt_chars(request: api_pb2.GenerateRequest) -> int:
     return 0
 
 
-_SAMPLING_FIELDS = frozenset(api_pb2.SamplingParams.DESCRIPTOR.fields_by_name)
+_CAPACITY_FIELDS = {"max_tokens": "sampling.max_tokens"}
 
 
-def _rejection_message(exc: RequestRejected) -> str:
-    """The scheduler names its own field ("max_tokens"); clients see the API path ("sampling.max_tokens")."""
-    field = f"sampling.{exc.field}" if exc.field in _SAMPLING_FIELDS else exc.field
-    return f"{field}: {exc.reason}"
+def _capacity_error(exc: RequestRejected) -> InvalidFieldError:
+    """The scheduler's capacity refusal as the API field error: the one core-to-API field mapping.
+
+    Only the scheduler knows whether a request can ever fit (its max_model_len, its KV pool,
+    which a new executor may shrink), so it refuses those itself and names its own parameter
+    ("prompt" or "max_tokens"); only the API knows the field paths clients see.
+    """
+    return InvalidFieldError(_CAPACITY_FIELDS.get(exc.field, exc.field), exc.reason)
 
 
 def _chunk_to_proto(request_id: str, chunk: CompletionChunk) -> api_pb2.GenerateResponse:

@@ -1,9 +1,12 @@
-"""Turn a `GenerateRequest` into prompt token ids and `SamplingParams`, refusing bad fields.
+"""Parse a `GenerateRequest` into an immutable `ValidatedRequest`, refusing bad fields.
 
-Every refusal raises `InvalidFieldError` whose `field` is the API field path
-(e.g. "sampling.top_p"), which the API maps to INVALID_ARGUMENT "field: message".
-Range checks of the sampling fields live in `SamplingParams.validate`; this module
-adds what needs the model: context length, vocabulary, chat template and roles.
+This is the one place a request is checked: past it, the engine and the scheduler take
+the request as given (the core only asserts its preconditions). Every refusal raises
+`InvalidFieldError` whose `field` is the API field path (e.g. "sampling.top_p"), which
+the API maps to INVALID_ARGUMENT "field: message". The value ranges of the sampling
+fields are defined by `SamplingParams.validate`; this module adds what needs the model:
+context length, vocabulary, chat template and roles. What needs the KV pool (does it
+ever fit?) is known only to the scheduler and is refused there, as capacity.
 """
 
 from __future__ import annotations
@@ -18,32 +21,35 @@ from scheduler_svc.server.tokenizer import CHAT_ROLES, ChatMessage, ChatTemplate
 
 _SAMPLING_FLOATS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 _SAMPLING_INTS = ("top_k", "seed", "n", "min_tokens", "logprobs")
+_DEFAULT_MAX_TOKENS = SamplingParams().max_tokens
 
 
 @dataclass(slots=True)
 class ModelLimits:
-    """What validation checks against: the served model's limits and the server's request size."""
+    """What parsing checks against: the served model's limits and the server's request size."""
 
     max_model_len: int
     vocab_size: int
     max_request_bytes: int = defaults.MAX_REQUEST_BYTES
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class ValidatedRequest:
+    """A request that passed every field check; frozen so nothing downstream can un-validate it."""
+
     request_id: str
-    prompt_token_ids: list[int]
+    prompt_token_ids: tuple[int, ...]
     sampling: SamplingParams
     priority: int
     cache_salt: str
 
 
-def validate_generate(request: api_pb2.GenerateRequest, tokenizer: Tokenizer, limits: ModelLimits) -> ValidatedRequest:
-    """Validate every field; raise InvalidFieldError naming the first bad one."""
+def parse_generate(request: api_pb2.GenerateRequest, tokenizer: Tokenizer, limits: ModelLimits) -> ValidatedRequest:
+    """Check every field and tokenize the prompt; raise InvalidFieldError naming the first bad one."""
     size = request.ByteSize()
     if size > limits.max_request_bytes:
         # The prompt is what makes a request big, so name it; gRPC itself refuses far larger
-        # messages (see api_server.TRANSPORT_SIZE_FACTOR) with RESOURCE_EXHAUSTED.
+        # messages (see grpc_api.TRANSPORT_SIZE_FACTOR) with RESOURCE_EXHAUSTED.
         raise InvalidFieldError(request.WhichOneof("prompt") or "request",
                                 f"request of {size} bytes is over the {limits.max_request_bytes}-byte limit")
     request_id = validate_request_id(request.request_id)
@@ -53,7 +59,7 @@ def validate_generate(request: api_pb2.GenerateRequest, tokenizer: Tokenizer, li
         raise InvalidFieldError("priority", f"must be within ±{defaults.MAX_ABS_PRIORITY}, got {request.priority}")
     prompt = prompt_token_ids(request, tokenizer, limits)
     sampling = sampling_params(request.sampling, len(prompt), limits)
-    return ValidatedRequest(request_id=request_id, prompt_token_ids=prompt, sampling=sampling,
+    return ValidatedRequest(request_id=request_id, prompt_token_ids=tuple(prompt), sampling=sampling,
                             priority=int(request.priority), cache_salt=request.cache_salt)
 
 
@@ -118,26 +124,21 @@ def encode_chat(chat: api_pb2.ChatPrompt, tokenizer: Tokenizer, field: str) -> l
 
 def sampling_params(pb: api_pb2.SamplingParams, prompt_len: int, limits: ModelLimits) -> SamplingParams:
     """Proto -> SamplingParams; unset fields keep the defaults, max_tokens is clamped only when unset."""
-    params = SamplingParams()
-    for name in _SAMPLING_FLOATS:
-        if pb.HasField(name):
-            setattr(params, name, float(getattr(pb, name)))
-    for name in _SAMPLING_INTS:
-        if pb.HasField(name):
-            setattr(params, name, int(getattr(pb, name)))
+    given: dict[str, float | int] = {name: float(getattr(pb, name)) for name in _SAMPLING_FLOATS if pb.HasField(name)}
+    given.update({name: int(getattr(pb, name)) for name in _SAMPLING_INTS if pb.HasField(name)})
     room = limits.max_model_len - prompt_len
     if pb.HasField("max_tokens"):
-        params.max_tokens = int(pb.max_tokens)
-        if params.max_tokens > room:
+        max_tokens = int(pb.max_tokens)
+        if max_tokens > room:
             raise InvalidFieldError("sampling.max_tokens", f"prompt ({prompt_len} tokens) + max_tokens "
-                                    f"({params.max_tokens}) exceeds the context of {limits.max_model_len} tokens")
+                                    f"({max_tokens}) exceeds the context of {limits.max_model_len} tokens")
     else:
-        params.max_tokens = min(params.max_tokens, room)
-    params.stop_token_ids = tuple(int(t) for t in pb.stop_token_ids)
-    if any(not 0 <= t < limits.vocab_size for t in params.stop_token_ids):
+        max_tokens = min(_DEFAULT_MAX_TOKENS, room)
+    stop_token_ids = tuple(int(t) for t in pb.stop_token_ids)
+    if any(not 0 <= t < limits.vocab_size for t in stop_token_ids):
         raise InvalidFieldError("sampling.stop_token_ids", f"token ids must be in [0, {limits.vocab_size})")
-    params.stop = tuple(pb.stop)
-    params.ignore_eos = bool(pb.ignore_eos)
+    params = SamplingParams(**given, max_tokens=max_tokens, stop_token_ids=stop_token_ids, stop=tuple(pb.stop),
+                            ignore_eos=bool(pb.ignore_eos))
     try:
         params.validate()
     except InvalidFieldError as exc:

@@ -1,67 +1,114 @@
-"""Every option of the scheduler service, with its default, in one dataclass.
+"""Every option of the scheduler service, with its default and help, in one dataclass.
 
-`kvserve serve` and `kvserve scheduler` build their flags from these defaults, so
-`--help` and the service always agree.
+`kvserve serve` and `kvserve scheduler` generate their flags from these fields
+(protos.config_flags), so a new option is one field here and `--help` and the service
+always agree. The scheduling-policy fields mirror `SchedulerConfig` by name: their default
+and help are read from there (`_policy`), and `scheduling_policy()` hands them back.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from protos import defaults
+from protos.config_flags import flag
+from scheduler_svc.core.scheduler_config import SchedulerConfig
+
+_API = "gRPC API"
+_SECURITY = "API security"
+_LINK = "executor link"
+_SCHEDULING = "scheduling"
+_QUEUE = "admission and shutdown"
+_SCHEDULER_FIELDS = {f.name: f for f in fields(SchedulerConfig)}
+
+
+def _policy(name: str, **spelling: str) -> Any:
+    """A field that is `SchedulerConfig.<name>` as the server sets it: same default and help."""
+    source = _SCHEDULER_FIELDS[name]
+    return field(default=source.default, metadata={**source.metadata, "group": _SCHEDULING, **spelling})
 
 
 @dataclass(slots=True)
 class ServerConfig:
     # --- gRPC API
-    host: str = defaults.GRPC_HOST
-    port: int = defaults.GRPC_PORT
-    max_request_bytes: int = defaults.MAX_REQUEST_BYTES
-    metrics_port: int | None = None
-    """Serve Prometheus /metrics on this port (same host as the API); None: off."""
+    host: str = field(default=defaults.GRPC_HOST, metadata=flag("address the gRPC API listens on", group=_API))
+    port: int = field(default=defaults.GRPC_PORT, metadata=flag("gRPC port (0 picks a free one)", group=_API))
+    max_request_bytes: int = field(default=defaults.MAX_REQUEST_BYTES,
+                                   metadata=flag("largest accepted gRPC message", group=_API))
+    metrics_port: int | None = field(default=None, metadata=flag(
+        "serve Prometheus /metrics on this port, same host as the API (0 picks one); None: off", group=_API))
 
     # --- API security (scheduler_svc.server.auth, .tls, .bind_policy)
-    auth_token_file: str | None = None
-    """`TOKEN TENANT` lines; when set, every KVServe call needs `authorization: Bearer TOKEN`."""
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    tls_client_ca: str | None = None
-    """With a client CA, clients must present certificates it signed."""
-    allow_insecure_remote: bool = False
-    """Permit a non-loopback --host without auth (something in front authenticates)."""
+    auth_token_file: str | None = field(default=None, metadata=flag(
+        "file of `TOKEN TENANT` lines; every API call then needs `authorization: Bearer TOKEN`",
+        group=_SECURITY))
+    tls_cert: str | None = field(default=None, metadata=flag("PEM certificate chain for gRPC TLS", group=_SECURITY))
+    tls_key: str | None = field(default=None, metadata=flag("PEM private key for gRPC TLS", group=_SECURITY))
+    tls_client_ca: str | None = field(default=None, metadata=flag(
+        "PEM CA bundle; clients must then present a certificate it signed", group=_SECURITY))
+    allow_insecure_remote: bool = field(default=False, metadata=flag(
+        "listen on a non-loopback --host without --auth-token-file (something in front authenticates)",
+        group=_SECURITY))
 
     # --- executor link
-    link: str = ""
-    """ZeroMQ endpoint the scheduler binds and the executor connects to; "" = ipc in a private runtime dir."""
-    allow_remote_link: bool = False
-    """Permit a non-loopback tcp link (a private network the operator chose)."""
-    curve_secret_key: str | None = None
-    """The scheduler's CURVE certificate (NAME.key_secret); turns CURVE on for a tcp link."""
-    curve_executor_keys: tuple[str, ...] = ()
-    """Public certificates (NAME.key) of the executors allowed in; empty: any that knows our public key."""
-    heartbeat_interval_s: float = defaults.LINK_HEARTBEAT_INTERVAL_S
-    executor_dead_after_s: float = defaults.EXECUTOR_DEAD_AFTER_S
-    step_timeout_s: float | None = defaults.STEP_TIMEOUT_S
-    executor_start_timeout_s: float | None = None
-    """How long to wait for the first executor at start-up; None waits forever."""
-    executor_restart_timeout_s: float = defaults.EXECUTOR_RESTART_TIMEOUT_S
-    executor_losses_per_request: int = defaults.EXECUTOR_LOSSES_PER_REQUEST
-    """Executor losses a request may live through before it fails UNAVAILABLE (poison-request guard)."""
+    link: str = field(default="", metadata=flag(
+        "ZeroMQ endpoint the scheduler binds and the executor connects to (tcp://HOST:PORT or ipc://PATH); "
+        "empty: an ipc socket in a private runtime dir", metavar="ENDPOINT", group=_LINK))
+    allow_remote_link: bool = field(default=False, metadata=flag(
+        "allow a non-loopback tcp link endpoint (a private network you chose)", group=_LINK))
+    curve_secret_key: str | None = field(default=None, metadata=flag(
+        "this scheduler's CURVE certificate (NAME.key_secret); encrypts and authenticates a tcp link "
+        "(executors then need --curve-server-key with its public NAME.key)", metavar="FILE", group=_LINK))
+    curve_executor_keys: tuple[str, ...] = field(default=(), metadata=flag(
+        "public certificate (NAME.key) of an executor allowed to register; repeat for several; "
+        "none: any executor holding our public key", name="--curve-executor-key", metavar="FILE", group=_LINK))
+    heartbeat_interval_s: float = field(default=defaults.LINK_HEARTBEAT_INTERVAL_S, metadata=flag(
+        "heartbeat period on the executor link", group=_LINK))
+    executor_dead_after_s: float = field(default=defaults.EXECUTOR_DEAD_AFTER_S, metadata=flag(
+        "an executor silent this long is declared lost", group=_LINK))
+    step_timeout_s: float | None = field(default=defaults.STEP_TIMEOUT_S, metadata=flag(
+        "a step unanswered this long (heartbeats alive) loses the executor", group=_LINK))
+    executor_start_timeout_s: float | None = field(default=None, metadata=flag(
+        "seconds to wait for the first executor at start-up; None: forever",
+        name="--executor-start-timeout", group=_LINK))
+    executor_restart_timeout_s: float = field(default=defaults.EXECUTOR_RESTART_TIMEOUT_S, metadata=flag(
+        "seconds a lost executor may take to come back before requests fail UNAVAILABLE",
+        name="--executor-restart-timeout", group=_LINK))
+    executor_losses_per_request: int = field(default=defaults.EXECUTOR_LOSSES_PER_REQUEST, metadata=flag(
+        "a request in flight through this many executor losses fails UNAVAILABLE instead of being "
+        "recomputed again (poison-request guard)", group=_LINK))
 
-    # --- scheduling
-    max_model_len: int | None = None
-    """Cap on the context; None uses the executor's max_model_len."""
-    max_num_batched_tokens: int = defaults.MAX_NUM_BATCHED_TOKENS
-    max_num_seqs: int = defaults.MAX_NUM_SEQS
-    preemption_mode: str = "recompute"
-    enable_prefix_caching: bool = True
-    cache_aware_order: bool = False
-    debug_invariants: bool = False
+    # --- scheduling (the SchedulerConfig policy; the executor's handshake sizes the rest)
+    max_model_len: int | None = field(default=None, metadata=flag(
+        "cap on the context length; None: the executor's max_model_len", group=_SCHEDULING))
+    max_num_batched_tokens: int = _policy("max_num_batched_tokens")
+    max_num_seqs: int = _policy("max_num_seqs")
+    preemption_mode: str = _policy("preemption_mode")
+    enable_prefix_caching: bool = _policy("enable_prefix_caching", flag="--no-prefix-caching")
+    cache_aware_order: bool = _policy("cache_aware_order")
+    cache_aware_window: int = _policy("cache_aware_window")
+    cache_aware_max_skips: int = _policy("cache_aware_max_skips")
+    debug_invariants: bool = _policy("debug_invariants")
 
     # --- admission and streaming
-    max_queued_requests: int = defaults.MAX_QUEUED_REQUESTS
-    max_queued_prompt_tokens: int = defaults.MAX_QUEUED_PROMPT_TOKENS
-    stream_buffer_chunks: int = defaults.STREAM_BUFFER_CHUNKS
+    max_queued_requests: int = field(default=defaults.MAX_QUEUED_REQUESTS, metadata=flag(
+        "queued requests before RESOURCE_EXHAUSTED", group=_QUEUE))
+    max_queued_prompt_tokens: int = field(default=defaults.MAX_QUEUED_PROMPT_TOKENS, metadata=flag(
+        "queued prompt tokens before RESOURCE_EXHAUSTED", group=_QUEUE))
+    stream_buffer_chunks: int = field(default=defaults.STREAM_BUFFER_CHUNKS, metadata=flag(
+        "chunks buffered per stream before a slow reader's chunks are merged", group=_QUEUE))
 
     # --- shutdown
-    drain_grace_s: float = defaults.DRAIN_GRACE_S
+    drain_grace_s: float = field(default=defaults.DRAIN_GRACE_S, metadata=flag(
+        "on SIGTERM, seconds in-flight requests get to finish", group=_QUEUE))
+
+    def scheduling_policy(self) -> dict[str, Any]:
+        """The `SchedulerConfig` fields this config sets, by name (for `SchedulerConfig(**...)`)."""
+        return {name: getattr(self, name) for name in SCHEDULING_POLICY}
+
+
+SCHEDULING_POLICY = tuple(f.name for f in fields(ServerConfig) if f.name in _SCHEDULER_FIELDS
+                          and f.name != "max_model_len")
+"""The fields ServerConfig shares with SchedulerConfig, less max_model_len: the server's is only
+a cap on the executor's, applied in service.build_scheduler."""

@@ -81,13 +81,11 @@ def resolve_link_endpoint(config: ServerConfig) -> str:
 
 
 def build_scheduler(config: ServerConfig, info: ExecutorInfo) -> Scheduler:
+    """The executor's handshake sizes the Scheduler; the server's policy fields set the rest."""
     max_model_len = min(info.max_model_len, config.max_model_len or info.max_model_len)
     return Scheduler(SchedulerConfig(
         num_blocks=info.num_blocks, block_size=info.block_size, num_cpu_blocks=info.num_cpu_blocks,
-        max_model_len=max_model_len, max_num_batched_tokens=config.max_num_batched_tokens,
-        max_num_seqs=config.max_num_seqs, preemption_mode=config.preemption_mode,
-        enable_prefix_caching=config.enable_prefix_caching, cache_aware_order=config.cache_aware_order,
-        eos_token_ids=tuple(info.eos_token_ids), debug_invariants=config.debug_invariants))
+        max_model_len=max_model_len, eos_token_ids=tuple(info.eos_token_ids), **config.scheduling_policy()))
 
 
 async def run_service(config: ServerConfig, *, endpoint: str | None = None,

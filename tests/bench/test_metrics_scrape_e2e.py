@@ -5,7 +5,8 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvserve.bench.server_process import ServerProcess, free_port
+from kvserve.testing.ports import free_port
+from kvserve.testing.server_launcher import serving
 
 
 def _scrape(port: int) -> dict[str, float]:
@@ -22,9 +23,9 @@ def test_prefix_hits_grow_on_a_repeated_prompt():
     from clients import Client
 
     metrics_port = free_port()
-    with ServerProcess(executor="fake", extra_args=["--metrics-port", str(metrics_port)], name="metrics") as server:
+    with serving(["--executor", "fake", "--metrics-port", str(metrics_port)], name="metrics") as server:
         prompt = list(range(1000, 1100))
-        with Client(server.target) as client:
+        with Client(server.address) as client:
             client.generate(token_ids=prompt, max_tokens=4, ignore_eos=True)
             first = _scrape(metrics_port)
             client.generate(token_ids=prompt, max_tokens=4, ignore_eos=True)
@@ -46,12 +47,12 @@ def test_preemptions_appear_with_a_tiny_pool():
     metrics_port = free_port()
     # 16 blocks x 16 tokens = 256 slots; six requests of 32 + 64 tokens need 36 blocks at their end.
     extra = ["--metrics-port", str(metrics_port), "--num-blocks", "16", "--step-latency-ms", "2"]
-    with ServerProcess(executor="fake", extra_args=extra, name="tiny-pool") as server:
+    with serving(["--executor", "fake", *extra], name="tiny-pool") as server:
         errors: list[BaseException] = []
 
         def one(i: int) -> None:
             try:
-                with Client(server.target) as client:
+                with Client(server.address) as client:
                     client.generate(token_ids=[2000 + i] * 32, max_tokens=64, ignore_eos=True)
             except BaseException as exc:  # surfaced below
                 errors.append(exc)

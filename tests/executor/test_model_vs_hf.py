@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from executor_svc.model_runner import ModelRunner
-from executor_svc.plan_driver import PlanDriver
 from executor_svc.runner_config import RunnerConfig
+from kvserve.testing.plan_driver import PlanDriver
 
 pytestmark = pytest.mark.slow
 

@@ -16,9 +16,9 @@ from protos.sampling import SamplingParams
 from executor_svc.input_batch import build_input_batch
 from executor_svc.model_config import UnsupportedModelError
 from executor_svc.model_runner import ModelRunner
-from executor_svc.plan_driver import PlanDriver
 from executor_svc.runner_config import RunnerConfig
 from executor_svc.sequence_state import SequenceState
+from kvserve.testing.plan_driver import PlanDriver
 
 COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)

@@ -14,7 +14,7 @@ import pytest
 
 from protos.link_endpoint import LinkEndpointError, check_endpoint, private_ipc_endpoint
 from executor_svc.runner_config import RunnerConfig
-from kvserve.commands import executor as executor_command
+from executor_svc import entry as executor_command
 from scheduler_svc.server.executor_link import ExecutorLink
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

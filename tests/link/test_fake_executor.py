@@ -8,10 +8,10 @@ import time
 
 import pytest
 
+from executor_svc.fake_executor import FakeExecutor, FakeExecutorConfig
+from kvserve.testing.plan_driver import PlanDriver
 from protos.sampling import SamplingParams
-from protos.step import KnownSequence, NewSequence, StepPlan
-from executor_svc.fake_executor import FakeExecutor, FakeExecutorConfig, PlanError
-from tests.link.plan_driver import PlanDriver
+from protos.step import KnownSequence, NewSequence, PlanError, StepPlan
 
 BS = 4
 PROMPT_A = list(range(100, 111))  # 11 tokens: 2 full blocks + a partial one
@@ -33,8 +33,8 @@ def make_fake(tokenizer_dir: str, **overrides) -> FakeExecutor:
 
 
 def generate_alone(tokenizer_dir: str, prompt: list[int], n: int, sampling=GREEDY, seed: int = 0) -> list[int]:
-    driver = PlanDriver(make_fake(tokenizer_dir), 64, BS)
-    seq = driver.add(1, prompt, sampling, seed)
+    driver = PlanDriver(make_fake(tokenizer_dir), 64)
+    seq = driver.add(1, prompt, sampling=sampling, seed=seed)
     while len(seq.outputs) < n:
         driver.step()
     return seq.outputs
@@ -43,10 +43,10 @@ def generate_alone(tokenizer_dir: str, prompt: list[int], n: int, sampling=GREED
 def test_tokens_do_not_depend_on_the_batch(tokenizer_dir: str) -> None:
     alone = generate_alone(tokenizer_dir, PROMPT_A, 12)
     # Same prompt inside a batch, prefilled in chunks of 3, on other physical blocks.
-    driver = PlanDriver(make_fake(tokenizer_dir), 64, BS, first_block=7)
+    driver = PlanDriver(make_fake(tokenizer_dir), 64, first_block=7)
     driver.add(5, PROMPT_C)
     a = driver.add(1, PROMPT_A)
-    driver.add(9, PROMPT_B, SamplingParams(temperature=0.8), seed=3)
+    driver.add(9, PROMPT_B, sampling=SamplingParams(temperature=0.8), seed=3)
     while len(a.outputs) < 12:
         driver.step(chunk=3)
     assert a.outputs[:12] == alone
@@ -59,7 +59,7 @@ def test_a_new_executor_instance_gives_the_same_tokens(tokenizer_dir: str) -> No
 
 def test_recompute_after_preemption_reproduces_outputs(tokenizer_dir: str) -> None:
     undisturbed = generate_alone(tokenizer_dir, PROMPT_A, 10)
-    driver = PlanDriver(make_fake(tokenizer_dir), 64, BS)
+    driver = PlanDriver(make_fake(tokenizer_dir), 64)
     seq = driver.add(1, PROMPT_A)
     driver.add(2, PROMPT_B)
     for _ in range(4):
@@ -74,16 +74,16 @@ def test_recompute_after_preemption_reproduces_outputs(tokenizer_dir: str) -> No
 def test_swap_out_and_in_moves_the_kv(tokenizer_dir: str) -> None:
     undisturbed = generate_alone(tokenizer_dir, PROMPT_A, 9)
     fake = make_fake(tokenizer_dir)
-    driver = PlanDriver(fake, 64, BS)
+    driver = PlanDriver(fake, 64)
     seq = driver.add(1, PROMPT_A)
     for _ in range(4):
         driver.step()
-    cpu_blocks = list(range(len(seq.blocks)))
+    cpu_blocks = list(range(len(seq.block_table)))
     driver.swap_out(1, cpu_blocks)
     driver.add(2, PROMPT_C)  # overwrites the freed device blocks
     driver.step(only=[2])
     driver.swap_in(1, cpu_blocks)
-    assert 0 < seq.num_computed < len(seq.tokens)  # resumes from the swapped KV, no recompute
+    assert 0 < seq.num_computed < len(seq.token_ids)  # resumes from the swapped KV, no recompute
     while len(seq.outputs) < 9:
         driver.step()
     assert seq.outputs[:9] == undisturbed
@@ -125,9 +125,9 @@ def test_eos_only_when_asked(tokenizer_dir: str) -> None:
     special = set(range(17))  # SmolLM2's special tokens
     tokens = generate_alone(tokenizer_dir, PROMPT_A, 60)
     assert not set(tokens) & (special | set(eos))
-    driver = PlanDriver(make_fake(tokenizer_dir, eos_probability=1.0), 64, BS)
-    ends = driver.add(1, PROMPT_A, SamplingParams(temperature=0.0, min_tokens=2))
-    ignores = driver.add(2, PROMPT_B, SamplingParams(temperature=0.0, ignore_eos=True))
+    driver = PlanDriver(make_fake(tokenizer_dir, eos_probability=1.0), 64)
+    ends = driver.add(1, PROMPT_A, sampling=SamplingParams(temperature=0.0, min_tokens=2))
+    ignores = driver.add(2, PROMPT_B, sampling=SamplingParams(temperature=0.0, ignore_eos=True))
     for _ in range(3):
         driver.step()
     assert ends.outputs[2] == eos[0] and eos[0] not in ends.outputs[:2]

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.support.serve_process import ServeProcess
+from kvserve.testing.server_launcher import ServeProcess
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
     python -m tests.reliability.dropping_client ADDRESS KEY [KEY ...]
 
-Each KEY becomes one long greedy stream (`tests.support.serve_process.greedy_request`). Once every
+Each KEY becomes one long greedy stream (`kvserve.testing.stream_requests.greedy_request`). Once every
 stream has delivered its first chunk it prints `READY` and keeps reading; the test then
 SIGKILLs it at a random moment, so the server sees connections vanish mid-stream with no
 cancel call, exactly like a crashed client or a dropped network.
@@ -15,8 +15,8 @@ import sys
 
 import grpc
 
+from kvserve.testing.stream_requests import greedy_request
 from protos.kvserve.v1 import api_pb2_grpc
-from tests.support.serve_process import greedy_request
 
 DROP_MAX_TOKENS = 4000
 

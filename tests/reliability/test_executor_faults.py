@@ -22,9 +22,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
+from kvserve.testing.ports import free_port
+from kvserve.testing.server_launcher import pid_alive, wait_dead
+from kvserve.testing.stream_requests import collect, greedy_request
 from protos import defaults
 from protos.kvserve.v1 import api_pb2, api_pb2_grpc
-from tests.support.serve_process import collect, free_port, greedy_request, pid_alive, wait_dead
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -195,7 +197,7 @@ def test_executor_exits_when_its_scheduler_vanishes(serve, tmp_path: Path, super
 
 
 def test_reregistering_executor_survives_its_scheduler_and_serves_the_next(tmp_path: Path) -> None:
-    from tests.support.serve_process import ServeProcess
+    from kvserve.testing.server_launcher import ServeProcess
 
     link = f"tcp://127.0.0.1:{free_port()}"
     port = free_port()

@@ -16,8 +16,9 @@ import pytest
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from kvserve.testing.server_launcher import ServeProcess, start_serve
+from kvserve.testing.stream_requests import collect, greedy_request
 from protos.kvserve.v1 import api_pb2, api_pb2_grpc
-from tests.support.serve_process import ServeProcess, collect, greedy_request, start_serve
 from tests.reliability.test_auth_unit import make_self_signed
 
 pytestmark = pytest.mark.timeout(120)
@@ -172,7 +173,7 @@ def test_bad_security_options_fail_fast_with_one_clear_error(tmp_path: Path, arg
 def test_curve_link_admits_only_the_listed_executor(tmp_path: Path) -> None:
     import zmq.auth
 
-    from tests.support.serve_process import free_port
+    from kvserve.testing.ports import free_port
 
     keys = {name: zmq.auth.create_certificates(tmp_path, name) for name in ("scheduler", "executor", "intruder")}
     link = f"tcp://127.0.0.1:{free_port()}"

@@ -14,8 +14,8 @@ import time
 import grpc
 import pytest
 
+from kvserve.testing.stream_requests import collect, greedy_request
 from protos.kvserve.v1 import api_pb2, api_pb2_grpc
-from tests.support.serve_process import collect, greedy_request
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,16 +1,22 @@
-"""Drive a Scheduler against the checking SlotExecutor and collect what each completion produced."""
+"""Drive a Scheduler against the fake executor in strict mode and collect what each completion produced."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from executor_svc.fake_executor import FakeExecutor, FakeExecutorConfig
 from protos.sampling import SamplingParams
 from protos.step import StepPlan
-from scheduler_svc.core.outputs import SequenceOutput
 from protos.stop_rules import FinishReason
+from scheduler_svc.core.outputs import SequenceOutput
 from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.core.scheduler_config import SchedulerConfig
-from tests.scheduler.slot_executor import SlotExecutor
+
+
+def strict_executor(num_blocks: int, block_size: int, num_cpu_blocks: int = 0, vocab_size: int = 50) -> FakeExecutor:
+    """A strict fake executor over a plain vocabulary: checks every plan, needs no model files."""
+    return FakeExecutor(FakeExecutorConfig(num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,
+                                           vocab_size=vocab_size, strict=True))
 
 
 class FakeClock:
@@ -35,15 +41,15 @@ class Harness:
     vocab_size: int = 50
     check: bool = True
     scheduler: Scheduler = field(init=False)
-    executor: SlotExecutor = field(init=False)
+    executor: FakeExecutor = field(init=False)
     completions: dict[tuple[str, int], Completion] = field(default_factory=dict)
     plans: list[StepPlan] = field(default_factory=list)
     clock: FakeClock = field(default_factory=FakeClock)
 
     def __post_init__(self) -> None:
         self.scheduler = Scheduler(self.config, clock=self.clock)
-        self.executor = SlotExecutor(self.config.num_blocks, self.config.block_size, self.config.num_cpu_blocks,
-                                     self.vocab_size)
+        self.executor = strict_executor(self.config.num_blocks, self.config.block_size, self.config.num_cpu_blocks,
+                                        self.vocab_size)
 
     def add(self, request_id: str, prompt: list[int], **sampling_and_options) -> None:
         options = {k: sampling_and_options.pop(k) for k in ("priority", "namespace", "arrival_time")

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from scheduler_svc.core.request import SequenceStatus
+from executor_svc.fake_tokens import expected_completion
 from protos.stop_rules import FinishReason
+from scheduler_svc.core.request import SequenceStatus
 from scheduler_svc.core.scheduler_config import SchedulerConfig
 from tests.scheduler.harness import Harness
-from tests.scheduler.slot_executor import expected_completion
 
 
 def config(**overrides) -> SchedulerConfig:

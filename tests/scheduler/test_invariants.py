@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from scheduler_svc.core.invariants import InvariantError
@@ -74,3 +76,17 @@ def test_debug_dump_lists_block_tables_with_ref_counts() -> None:
         shared = seq.block_table[0]
         assert f"{shared}(rc={h.scheduler.ref_count(shared)}" in dump
     assert "request 'a'" in dump and "free" in dump and "evictable" in dump
+
+
+def test_the_view_is_a_read_only_snapshot() -> None:
+    h = running_harness()
+    view = h.scheduler.view()
+    assert view.step_id == 2 and view.inflight_step_id is None and view.pinned == () and view.pending_drops == ()
+    assert len(view.running) == 2 and view.waiting == () and view.swapped == () and set(view.requests) == {"a", "b"}
+    assert view.pool.num_blocks == 16 and view.block_size == 4
+    with pytest.raises(TypeError):
+        view.requests["c"] = view.requests["a"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        view.step_id = 0
+    h.scheduler.abort("a")
+    assert set(view.requests) == {"a", "b"} and set(h.scheduler.view().requests) == {"b"}

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from executor_svc.fake_tokens import expected_completion
 from protos.step import StepResult
 from protos.stop_rules import FinishReason
 from scheduler_svc.core.scheduler_config import SchedulerConfig
-from tests.scheduler.harness import Harness
-from tests.scheduler.slot_executor import SlotExecutor, expected_completion
+from tests.scheduler.harness import Harness, strict_executor
 
 PROMPTS = {"first": [1, 2, 3, 4], "second": [5, 6, 7, 8]}
 
@@ -102,7 +102,7 @@ def test_reset_executor_requeues_everything_and_finishes_identically() -> None:
         h.step()
     plan = h.schedule()  # in flight when the executor dies: its result never comes
     assert h.scheduler.reset_executor(num_blocks=10) == []
-    h.executor = SlotExecutor(10, 4, 0, h.vocab_size)
+    h.executor = strict_executor(10, 4, 0, h.vocab_size)
     assert plan.known_seqs and h.scheduler.update(StepResult(plan.step_id)) == []  # a late result is ignored
     stats = h.scheduler.stats()
     assert (stats.num_running, stats.num_waiting, stats.num_blocks, stats.blocks_referenced) == (0, 2, 10, 0)
@@ -118,7 +118,7 @@ def test_reset_executor_fails_requests_that_no_longer_fit() -> None:
     h.add("big", list(range(10)), max_tokens=10, ignore_eos=True)
     h.step()
     h.collect(h.scheduler.reset_executor(num_blocks=3))
-    h.executor = SlotExecutor(3, 4, 0, h.vocab_size)
+    h.executor = strict_executor(3, 4, 0, h.vocab_size)
     assert not h.scheduler.has_unfinished()
     h.add("small", [1], max_tokens=2)
     h.run()

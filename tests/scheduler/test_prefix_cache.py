@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from executor_svc.fake_tokens import expected_completion
 from scheduler_svc.core.scheduler_config import SchedulerConfig
 from tests.scheduler.harness import Harness
-from tests.scheduler.slot_executor import expected_completion
 
 
 def config(**overrides) -> SchedulerConfig:

@@ -1,6 +1,6 @@
 """Property tests: random interleavings of add, step, in-flight abort, finish and executor reset.
 
-Tiny pools force preemption (both modes) and eviction. The SlotExecutor checks every
+Tiny pools force preemption (both modes) and eviction. The strict fake executor checks every
 plan against the KV slots; `check_invariants()` runs after every operation; each
 completion's tokens must equal an undisturbed run's; at the end every block is free or
 cached and nothing is referenced.
@@ -14,11 +14,11 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler_svc.core.request import RequestRejected, derive_seed
+from executor_svc.fake_tokens import expected_completion
 from protos.stop_rules import FinishReason
+from scheduler_svc.core.request import RequestRejected, derive_seed
 from scheduler_svc.core.scheduler_config import SchedulerConfig
-from tests.scheduler.harness import Harness
-from tests.scheduler.slot_executor import SlotExecutor, expected_completion
+from tests.scheduler.harness import Harness, strict_executor
 
 MAX_EXAMPLES = int(os.environ.get("KVSERVE_PROPERTY_EXAMPLES", "150"))
 """Raise it for a longer local hunt, e.g. KVSERVE_PROPERTY_EXAMPLES=3000."""
@@ -94,7 +94,7 @@ def test_random_interleavings_keep_every_invariant(config: SchedulerConfig, ops:
             new_size = rng.choice([None, config.num_blocks, config.num_blocks + 2])
             h.collect(sched.reset_executor(new_size))
             size = sched.stats().num_blocks
-            h.executor = SlotExecutor(size, config.block_size, config.num_cpu_blocks, h.vocab_size)
+            h.executor = strict_executor(size, config.block_size, config.num_cpu_blocks, h.vocab_size)
             if not plan.is_empty:
                 h.collect(sched.update(_result_for(plan)))  # a late result for the lost plan: ignored
         sched.check_invariants()

@@ -12,7 +12,7 @@ from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.core.scheduler_config import SchedulerConfig
 from protos.stop_rules import stop_reason
 from tests.scheduler.harness import Harness
-from tests.scheduler.slot_executor import expected_completion
+from executor_svc.fake_tokens import expected_completion
 
 
 def config(**overrides) -> SchedulerConfig:
@@ -173,19 +173,27 @@ def test_stop_reason_rules_directly() -> None:
 def test_rejections_name_the_field() -> None:
     sched = Scheduler(config(num_blocks=4, max_model_len=32))
     sched.add_request("dup", [1, 2], SamplingParams(max_tokens=2))
-    cases = [
-        ("dup", [1], SamplingParams(), "request_id"),
-        ("x", [], SamplingParams(), "prompt"),
+    capacity_cases = [
         ("x", list(range(32)), SamplingParams(max_tokens=1), "prompt"),
         ("x", list(range(20)), SamplingParams(max_tokens=13), "max_tokens"),  # 33 > max_model_len
         ("x", list(range(10)), SamplingParams(max_tokens=10), "max_tokens"),  # needs 5 blocks of 4
-        ("x", [1], SamplingParams(temperature=-1.0), "temperature"),
-        ("x", [1], SamplingParams(n=0), "n"),
     ]
-    for request_id, prompt, sampling, field in cases:
+    for request_id, prompt, sampling, field in capacity_cases:
         with pytest.raises(RequestRejected) as info:
             sched.add_request(request_id, prompt, sampling)
         assert info.value.field == field, (prompt, sampling)
+    # Validated at the API edge (tests/services/test_request_validation.py); the core only asserts.
+    precondition_cases = [
+        ("dup", [1], SamplingParams()),
+        ("x", [], SamplingParams()),
+        ("x", [1, -2], SamplingParams()),
+        ("x", [1], SamplingParams(temperature=-1.0)),
+        ("x", [1], SamplingParams(n=0)),
+    ]
+    for request_id, prompt, sampling in precondition_cases:
+        with pytest.raises(AssertionError):
+            sched.add_request(request_id, prompt, sampling)
+    assert sched.stats().num_requests == 1
     sched.add_request("fits", list(range(10)), SamplingParams(max_tokens=7))  # 16 tokens, KV for 16
 
 

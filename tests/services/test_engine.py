@@ -85,7 +85,8 @@ def _engine(tokenizer: Tokenizer, link: InProcessLink, **config) -> Engine:
 
 def _request(request_id: str, prompt: list[int], max_tokens: int = 24, **sampling) -> ValidatedRequest:
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **sampling)
-    return ValidatedRequest(request_id=request_id, prompt_token_ids=prompt, sampling=params, priority=0, cache_salt="")
+    return ValidatedRequest(request_id=request_id, prompt_token_ids=tuple(prompt), sampling=params, priority=0,
+                            cache_salt="")
 
 
 async def _drain(stream) -> tuple[dict[int, str], dict[int, list[int]], dict[int, FinishReason]]:
@@ -134,6 +135,32 @@ def test_stop_string_finishes_the_sequence_and_is_trimmed(tokenizer: Tokenizer) 
     assert stats.scheduler.blocks_referenced == 0
 
 
+def test_stop_string_finish_reaches_the_scheduler_at_the_next_boundary(tokenizer: Tokenizer) -> None:
+    """The token sampled while the stop string was matched is neither streamed nor counted, and the
+    id is free again as soon as the stream has ended (the scheduler let go of it first)."""
+    async def scenario():
+        link = InProcessLink()
+        engine = _engine(tokenizer, link)
+
+        async def body():
+            full_text, full_ids, _ = await _drain(engine.submit(_request("a", PROMPT), "ns"))
+            text = full_text[0]
+            stop = text[len(text) // 2: len(text) // 2 + 4]
+            chunks = [c async for c in engine.submit(_request("b", PROMPT, stop=(stop,)), "ns")]
+            again = await _drain(engine.submit(_request("b", PROMPT, stop=(stop,)), "ns"))
+            return full_ids[0], chunks, again, engine.stats()
+
+        return await _run(engine, body())
+
+    full_ids, chunks, again, stats = asyncio.run(scenario())
+    final = chunks[-1]
+    streamed = [t for c in chunks for t in c.token_ids]
+    assert final.finish_reason is FinishReason.STOP and final.usage is not None
+    assert final.usage.completion_tokens == len(streamed) and streamed == full_ids[:len(streamed)]
+    assert again[1][0] == streamed and again[2][0] is FinishReason.STOP
+    assert stats.scheduler.blocks_referenced == 0 and stats.active_requests == 0
+
+
 def test_n_completions_each_finish_with_usage(tokenizer: Tokenizer) -> None:
     async def scenario():
         link = InProcessLink()
@@ -142,7 +169,7 @@ def test_n_completions_each_finish_with_usage(tokenizer: Tokenizer) -> None:
 
         async def body():
             sampling = SamplingParams(temperature=1.0, seed=1, n=3, max_tokens=5, ignore_eos=True)
-            async for chunk in engine.submit(ValidatedRequest("n3", PROMPT, sampling, 0, ""), "ns"):
+            async for chunk in engine.submit(ValidatedRequest("n3", tuple(PROMPT), sampling, 0, ""), "ns"):
                 chunks.append(chunk)
             return chunks
 

@@ -22,8 +22,8 @@ def _alive(pid: int) -> bool:
         return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
 
 
-def test_executor_command_runs_the_kvserve_cli() -> None:
-    assert executor_command(["--executor", "fake"]) == [sys.executable, "-m", "kvserve", "executor",
+def test_executor_command_runs_the_executor_module() -> None:
+    assert executor_command(["--executor", "fake"]) == [sys.executable, "-m", "executor_svc",
                                                          "--executor", "fake"]
 
 

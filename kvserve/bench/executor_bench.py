@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from protos.sampling import SamplingParams
 from executor_svc.model_runner import ModelRunner
-from executor_svc.plan_driver import PlanDriver
+from kvserve.testing.plan_driver import PlanDriver
+from protos.sampling import SamplingParams
 
 
 @dataclass(slots=True)

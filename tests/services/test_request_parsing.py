@@ -1,4 +1,4 @@
-"""Every GenerateRequest field is validated with an error naming the field."""
+"""Every GenerateRequest field is checked while parsing, with an error naming the field."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from protos import defaults
 from protos.sampling import InvalidFieldError
 from protos.kvserve.v1 import api_pb2
-from scheduler_svc.server.request_parsing import ModelLimits, validate_generate
+from scheduler_svc.server.request_parsing import ModelLimits, parse_generate
 from scheduler_svc.server.tokenizer import Tokenizer
 
 LIMITS = ModelLimits(max_model_len=64, vocab_size=49152)
@@ -66,7 +66,7 @@ BAD_REQUESTS = [
 @pytest.mark.parametrize(("request_pb", "field"), BAD_REQUESTS, ids=[f for _, f in BAD_REQUESTS])
 def test_bad_field_is_named(tokenizer: Tokenizer, request_pb: api_pb2.GenerateRequest, field: str) -> None:
     with pytest.raises(InvalidFieldError) as info:
-        validate_generate(request_pb, tokenizer, LIMITS)
+        parse_generate(request_pb, tokenizer, LIMITS)
     assert info.value.field == field
     assert str(info.value).startswith(f"{field}: ")
 
@@ -76,9 +76,9 @@ def test_valid_request_maps_every_field(tokenizer: Tokenizer) -> None:
         text="Hello there", request_id="req-1", priority=-3, cache_salt="team-a",
         sampling=api_pb2.SamplingParams(temperature=0.0, top_k=5, top_p=0.9, min_p=0.1, seed=7, n=2, max_tokens=8,
                                         min_tokens=2, stop=["\n"], stop_token_ids=[2], ignore_eos=True, logprobs=3))
-    v = validate_generate(request, tokenizer, LIMITS)
+    v = parse_generate(request, tokenizer, LIMITS)
     assert v.request_id == "req-1" and v.priority == -3 and v.cache_salt == "team-a"
-    assert v.prompt_token_ids == tokenizer.encode("Hello there")
+    assert v.prompt_token_ids == tuple(tokenizer.encode("Hello there"))
     s = v.sampling
     assert (s.temperature, s.top_k, s.top_p, s.min_p, s.seed, s.n, s.max_tokens, s.min_tokens) == \
         (0.0, 5, 0.9, 0.1, 7, 2, 8, 2)
@@ -87,14 +87,14 @@ def test_valid_request_maps_every_field(tokenizer: Tokenizer) -> None:
 
 def test_unset_max_tokens_is_clamped_to_the_context(tokenizer: Tokenizer) -> None:
     ids = list(range(10, 60))  # 50 tokens of a 64-token context
-    v = validate_generate(api_pb2.GenerateRequest(token_ids=api_pb2.TokenIds(ids=ids)), tokenizer, LIMITS)
+    v = parse_generate(api_pb2.GenerateRequest(token_ids=api_pb2.TokenIds(ids=ids)), tokenizer, LIMITS)
     assert v.sampling.max_tokens == 14
     assert v.request_id  # assigned by the server
 
 
 def test_chat_prompt_uses_the_template(tokenizer: Tokenizer) -> None:
     chat = api_pb2.ChatPrompt(messages=[api_pb2.ChatMessage(role="user", content="Hi")])
-    v = validate_generate(api_pb2.GenerateRequest(chat=chat), tokenizer, ModelLimits(2048, 49152))
+    v = parse_generate(api_pb2.GenerateRequest(chat=chat), tokenizer, ModelLimits(2048, 49152))
     assert tokenizer.decode(v.prompt_token_ids, skip_special_tokens=False).endswith("<|im_start|>assistant\n")
 
 
@@ -130,7 +130,7 @@ def test_random_requests_either_validate_or_name_a_field(tokenizer: Tokenizer) -
     @given(_requests())
     def check(request: api_pb2.GenerateRequest) -> None:
         try:
-            v = validate_generate(request, tokenizer, LIMITS)
+            v = parse_generate(request, tokenizer, LIMITS)
         except InvalidFieldError as exc:
             assert exc.field and str(exc).startswith(exc.field + ": ")
             return

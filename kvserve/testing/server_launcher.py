@@ -1,20 +1,22 @@
-"""Run `kvserve serve` as a real subprocess for fault-injection tests, and always clean it up.
+"""Run `kvserve serve` as a real subprocess, for tests and `bench serve --start-server`, and always clean it up.
 
 Each server gets a free loopback port and its own process group, so teardown can kill
-the scheduler *and* its executor even when a test left them in a bad state (SIGSTOP).
-Helpers read the executor pids from the supervisor's `executor_started` log lines.
+the scheduler *and* its executor even when it was left in a bad state (SIGSTOP) or a
+run failed half-way. Its output goes to a log file; helpers read the executor pids and
+other events from the JSON log lines.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -22,16 +24,16 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from kvserve.testing.ports import free_port
 from protos.kvserve.v1 import api_pb2, api_pb2_grpc
 
-START_TIMEOUT_S = 120.0  # a real-model server converts and loads weights first
-FAKE_ARGS = ("--executor", "fake")
+DEFAULT_STARTUP_TIMEOUT_S = 180.0
+"""A real-model server converts and loads weights before it serves."""
+_LOG_TAIL_CHARS = 4000
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+class ServerStartError(RuntimeError):
+    """The server exited or did not report SERVING in time; the message holds its log tail."""
 
 
 def pid_alive(pid: int) -> bool:
@@ -58,6 +60,8 @@ def wait_dead(pid: int, timeout_s: float) -> bool:
 
 @dataclass
 class ServeProcess:
+    """One server process (normally from `start_serve`) and the calls tests make on it."""
+
     process: subprocess.Popen
     port: int
     log_path: Path
@@ -66,6 +70,7 @@ class ServeProcess:
     credentials: grpc.ChannelCredentials | None = None
     target_host: str = "127.0.0.1"
     options: list[tuple[str, str]] = field(default_factory=list)
+    name: str = "serve"
 
     @property
     def address(self) -> str:
@@ -82,7 +87,10 @@ class ServeProcess:
         return grpc.aio.insecure_channel(self.address)
 
     def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
 
     def log_events(self, event: str) -> list[dict]:
         found = []
@@ -115,15 +123,17 @@ class ServeProcess:
             return api_pb2_grpc.KVServeStub(channel).ServerStats(api_pb2.ServerStatsRequest(), timeout=5,
                                                                  metadata=self.metadata)
 
-    def wait_serving(self, timeout_s: float = START_TIMEOUT_S) -> None:
+    def wait_serving(self, timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S) -> None:
+        """Block until health says SERVING; ServerStartError (with the log tail) if it exits or times out."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise AssertionError(f"kvserve serve exited with {self.process.returncode}:\n{self.log_text()[-4000:]}")
+                raise ServerStartError(f"{self.name} exited with {self.process.returncode}:\n"
+                                       f"{self.log_text()[-_LOG_TAIL_CHARS:]}")
             if self.health() == health_pb2.HealthCheckResponse.SERVING:
                 return
             time.sleep(0.1)
-        raise AssertionError(f"kvserve serve not SERVING after {timeout_s}s:\n{self.log_text()[-4000:]}")
+        raise ServerStartError(f"{self.name} not SERVING after {timeout_s:.0f}s:\n{self.log_text()[-_LOG_TAIL_CHARS:]}")
 
     def wait_idle(self, timeout_s: float = 20.0) -> api_pb2.ServerStatsResponse:
         """Stats once nothing is waiting, running or referenced (or the last stats at the deadline)."""
@@ -137,13 +147,13 @@ class ServeProcess:
             time.sleep(0.1)
 
     def wait_health(self, status: int, timeout_s: float) -> float:
-        """Seconds until health reports `status`; AssertionError after `timeout_s`."""
+        """Seconds until health reports `status`; TimeoutError after `timeout_s`."""
         started = time.monotonic()
         while time.monotonic() - started < timeout_s:
             if self.health(timeout_s=0.5) == status:
                 return time.monotonic() - started
             time.sleep(0.05)
-        raise AssertionError(f"health never became {status} within {timeout_s}s")
+        raise TimeoutError(f"health never became {status} within {timeout_s}s")
 
     def stop(self, timeout_s: float = 20.0) -> int | None:
         """SIGTERM (drain), then SIGKILL the whole group; continue a stopped executor so it can die."""
@@ -178,31 +188,33 @@ class ServeProcess:
                 pass
 
 
-def start_serve(args: Sequence[str], log_dir: Path, *, host: str = "127.0.0.1") -> ServeProcess:
-    port = free_port()
-    log_path = log_dir / f"serve-{port}.log"
+def start_serve(args: Sequence[str], log_dir: Path | None = None, *, host: str = "127.0.0.1",
+                name: str = "serve") -> ServeProcess:
+    """Launch `kvserve serve ARGS` on a free port in its own session and return at once
+    (then `wait_serving`). The log goes to `log_dir`, or to a temporary file."""
+    port = free_port(host)
+    if log_dir is None:
+        handle, path = tempfile.mkstemp(prefix=f"kvserve-{name}-", suffix=".log")
+        os.close(handle)
+        log_path = Path(path)
+    else:
+        log_path = log_dir / f"{name}-{port}.log"
     env = {**os.environ, "KVSERVE_LOG_LEVEL": "INFO"}
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(
             [sys.executable, "-m", "kvserve", "serve", "--host", host, "--port", str(port), *args],
-            stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-    return ServeProcess(process=process, port=port, log_path=log_path)
+            stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+    target_host = "127.0.0.1" if host in ("0.0.0.0", "") else host  # a wildcard bind is reached via loopback
+    return ServeProcess(process=process, port=port, log_path=log_path, target_host=target_host, name=name)
 
 
-def greedy_request(key: int, max_tokens: int, *, prompt_len: int = 24, **fields) -> api_pb2.GenerateRequest:
-    """A deterministic token-id prompt; greedy with ignore_eos so the length is exact."""
-    ids = [(key * 7919 + i * 104729) % 40000 + 100 for i in range(prompt_len)]
-    return api_pb2.GenerateRequest(
-        token_ids=api_pb2.TokenIds(ids=ids),
-        sampling=api_pb2.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True), **fields)
-
-
-async def collect(stub: api_pb2_grpc.KVServeStub, request: api_pb2.GenerateRequest, *,
-                  timeout_s: float = 120.0, metadata: Sequence[tuple[str, str]] = ()) -> tuple[list[int], int]:
-    """(token ids, finish reason) of a whole stream."""
-    ids: list[int] = []
-    reason = 0
-    async for chunk in stub.Generate(request, timeout=timeout_s, metadata=tuple(metadata)):
-        ids.extend(chunk.token_ids)
-        reason = chunk.finish_reason or reason
-    return ids, reason
+@contextlib.contextmanager
+def serving(args: Sequence[str], log_dir: Path | None = None, *, host: str = "127.0.0.1", name: str = "serve",
+            timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S) -> Iterator[ServeProcess]:
+    """A SERVING server for the length of a `with` block, stopped however the block ends."""
+    server = start_serve(args, log_dir, host=host, name=name)
+    try:
+        server.wait_serving(timeout_s)
+        yield server
+    finally:
+        server.stop()

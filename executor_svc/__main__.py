@@ -1,0 +1,13 @@
+"""`python -m executor_svc ...`: one executor process, as `kvserve serve` starts it.
+
+The same flags as `kvserve executor`, without importing the `kvserve` CLI package.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from executor_svc.entry import main
+
+if __name__ == "__main__":
+    sys.exit(main())

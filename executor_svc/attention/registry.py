@@ -1,0 +1,25 @@
+"""Which attention backend a name selects.
+
+Kept apart from `base` so the interface module imports no backend: each backend imports
+`base`, and only this registry imports the backends (lazily, so the torch path never
+loads triton).
+"""
+
+from __future__ import annotations
+
+from executor_svc.attention.base import AttentionBackend
+
+BACKENDS = ("torch", "triton")
+
+
+def create_backend(name: str) -> AttentionBackend:
+    """A fresh backend of the given name ("torch" or "triton")."""
+    if name == "torch":
+        from executor_svc.attention.torch_backend import TorchAttentionBackend
+
+        return TorchAttentionBackend()
+    if name == "triton":
+        from executor_svc.attention.triton_backend import TritonAttentionBackend
+
+        return TritonAttentionBackend()
+    raise ValueError(f"unknown attention backend {name!r}; choose one of {', '.join(BACKENDS)}")

@@ -1,0 +1,129 @@
+"""The executor process's command line: flags, configs, `main(argv)`.
+
+`python -m executor_svc` (what `kvserve serve` supervises) and `kvserve executor` both
+parse here, so the executor never imports the `kvserve` CLI package. Every flag is
+generated from a config dataclass (protos.config_flags): `LinkWorkerConfig`,
+`RunnerConfig`, `FakeExecutorConfig` and this module's `EntryOptions`, so a new field
+gets a flag without touching this file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field, fields
+
+from executor_svc.fake_executor import FakeExecutorConfig
+from executor_svc.link_worker import LinkWorkerConfig
+from executor_svc.runner_config import RunnerConfig
+from protos import defaults
+from protos.config_flags import HelpFormatter, add_flags, config_from_args, flag
+
+PROG = "kvserve executor"
+DESCRIPTION = ("Run the model (or the fake executor) in this process and serve step plans from a "
+               "scheduler over ZeroMQ. The executor connects to the scheduler's link endpoint, "
+               "exits when the scheduler says so or vanishes, and never outlives it.")
+EPILOG = ("exit codes: 0 shut down by the scheduler or by SIGTERM/SIGINT; 3 the scheduler vanished "
+          "(silent for --scheduler-timeout-s); 4 no scheduler answered within --connect-timeout-s; "
+          "2 bad options")
+
+_LINK = "link"
+_RUNNER = "model runner (--executor torch)"
+_FAKE = "fake executor (--executor fake)"
+_SHARED_WITH_FAKE = ("block_size", "max_model_len")
+"""FakeExecutorConfig fields read from the runner's flags of the same name."""
+
+FAKE_FLAG_HELP: dict[str, dict[str, str]] = {
+    "num_blocks": {"help": "KV blocks"},
+    "num_cpu_blocks": {"help": "CPU swap blocks (0: no swap-preemption)"},
+    "vocab_size": {"help": "vocabulary size; None: the model's config.json"},
+    "tokenizer_path": {"help": "directory with tokenizer.json reported to the scheduler; None: --model's directory"},
+    "step_latency_ms": {"help": "minimum duration of each step"},
+    "eos_probability": {"help": "deterministic chance that a sampled token is eos (0: never)"},
+    "context_window": {"help": "how many trailing context tokens the next token depends on"},
+    "model_id": {"help": "model id reported to the scheduler; None: fake:<the tokenizer's model name>"},
+    "strict": {"help": "check plans as strictly as the scheduler's tests need: (token, position) slots "
+                       "and whole-context read-backs"},
+}
+"""Help of the FakeExecutorConfig flags, until executor_svc/fake_executor.py carries it on its
+fields (an entry for a field it no longer has is skipped)."""
+
+
+@dataclass(slots=True)
+class EntryOptions:
+    """The process's options that belong to no component's config."""
+
+    executor: str = field(default="torch", metadata=flag(
+        "torch runs the model; fake emits deterministic tokens without a model (tests)", choices=("torch", "fake")))
+    curve_secret_key: str | None = field(default=None, metadata=flag(
+        "this executor's CURVE certificate (NAME.key_secret); turns CURVE on", metavar="FILE", group=_LINK))
+    curve_server_key: str | None = field(default=None, metadata=flag(
+        "the scheduler's public CURVE certificate (NAME.key); required with CURVE", metavar="FILE", group=_LINK))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from protos.link_endpoint import default_tcp_endpoint
+
+    parser.add_argument_group(_LINK)
+    parser.add_argument_group(_RUNNER, description="--model, --block-size and --max-model-len also "
+                                                   "configure the fake executor")
+    parser.add_argument_group(_FAKE)
+    add_flags(parser, LinkWorkerConfig, group=_LINK, exclude=("curve_keys",),
+              overrides={"endpoint": {"default": default_tcp_endpoint()}})
+    add_flags(parser, EntryOptions)
+    add_flags(parser, RunnerConfig, group=_RUNNER, overrides={"model": {"default": defaults.DEFAULT_MODEL}})
+    fake_fields = {f.name for f in fields(FakeExecutorConfig)}
+    add_flags(parser, FakeExecutorConfig, group=_FAKE, exclude=_SHARED_WITH_FAKE,
+              overrides={name: help for name, help in FAKE_FLAG_HELP.items() if name in fake_fields})
+
+
+def run(args: argparse.Namespace) -> int:
+    from executor_svc.process import run_executor
+    from protos.link_endpoint import LinkEndpointError, check_endpoint
+    from protos.log_config import configure_logging
+
+    configure_logging(process="executor")
+    options = config_from_args(EntryOptions, args)
+    try:
+        check_endpoint(args.endpoint, allow_remote=args.allow_remote)
+    except LinkEndpointError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    curve = None
+    if options.curve_secret_key or options.curve_server_key:
+        if not (options.curve_secret_key and options.curve_server_key):
+            print(f"{PROG}: CURVE needs both --curve-secret-key and --curve-server-key", file=sys.stderr)
+            return 2
+        from protos.link_curve import load_keys
+
+        curve = load_keys(options.curve_secret_key, [options.curve_server_key])
+    link = config_from_args(LinkWorkerConfig, args, curve_keys=curve)
+    if options.executor == "fake":
+        return run_executor("fake", link, fake=fake_config_from_args(args))
+    return run_executor("torch", link, runner=runner_config_from_args(args))
+
+
+def runner_config_from_args(args: argparse.Namespace) -> RunnerConfig:
+    return config_from_args(RunnerConfig, args)
+
+
+def fake_config_from_args(args: argparse.Namespace) -> FakeExecutorConfig:
+    from executor_svc.model_store import ensure_model_dir
+
+    tokenizer_path = args.tokenizer_path or str(ensure_model_dir(args.model))
+    return config_from_args(FakeExecutorConfig, args, tokenizer_path=tokenizer_path)
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter)
+    add_arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse `argv` (default: the process's) and serve until the scheduler lets go."""
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        return 130

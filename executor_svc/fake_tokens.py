@@ -1,0 +1,72 @@
+"""The fake executor's token function, and what a run of it must produce.
+
+A token is a hash of the last few context tokens, the context length and (when sampling)
+the seed: it depends on nothing else, so recompute, swap and restarts reproduce outputs,
+and a test can compute a sequence's expected completion without running any executor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from protos.step import TokenLogprob
+
+DEFAULT_CONTEXT_WINDOW = 4
+"""How many trailing context tokens the next token depends on."""
+_MASK64 = (1 << 64) - 1
+
+
+def hash_ints(values: Iterable[int], length: int, salt: int) -> int:
+    """A 64-bit mix (splitmix64 finalizer per value): stable across processes and platforms."""
+    h = (length * 0x9E3779B97F4A7C15 + salt) & _MASK64
+    for v in values:
+        h = (h ^ (v & _MASK64)) * 0xBF58476D1CE4E5B9 & _MASK64
+        h = (h ^ (h >> 27)) * 0x94D049BB133111EB & _MASK64
+        h ^= h >> 31
+    return h
+
+
+def context_hash(window: Sequence[int], length: int, seed: int, greedy: bool) -> int:
+    """The draw for the next token: greedy ignores the seed, as argmax would."""
+    return hash_ints(window, length, 0 if greedy else seed + 1)
+
+
+def pick_token(h: int, samplable: Sequence[int]) -> int:
+    return samplable[h % len(samplable)]
+
+
+def wants_eos(h: int, probability: float) -> bool:
+    """Whether this draw is eos, deterministic per context; the caller decides if eos may come."""
+    return probability > 0.0 and hash_ints([h], 0x5EED, 0) % 1_000_000 < probability * 1_000_000
+
+
+def fake_logprob(h: int) -> float:
+    return -0.001 - ((h >> 17) % 4000) / 1000.0  # in (-4.001, -0.001]
+
+
+def top_logprobs(h: int, token: int, logprob: float, k: int, samplable: Sequence[int]) -> list[TokenLogprob]:
+    """The sampled token first, then k-1 made-up alternatives with lower logprobs."""
+    if k <= 0:
+        return []
+    top = [TokenLogprob(token, logprob)]
+    for i in range(1, k):
+        top.append(TokenLogprob(pick_token(hash_ints([h, i], 0, 0), samplable), logprob - 0.5 * i))
+    return top
+
+
+def expected_completion(prompt: Iterable[int], seed: int, max_tokens: int, vocab_size: int = 50,
+                        stop_ids: Iterable[int] = (), *, greedy: bool = False,
+                        context_window: int = DEFAULT_CONTEXT_WINDOW) -> list[int]:
+    """What an undisturbed run of one sequence yields on a fake executor whose vocabulary is
+    plain `range(vocab_size)` (strict mode without a tokenizer; 50 is the scheduler tests' size)."""
+    tokens = list(prompt)
+    samplable = range(vocab_size)
+    stop = set(stop_ids)
+    out: list[int] = []
+    while len(out) < max_tokens:
+        token = pick_token(context_hash(tokens[-context_window:], len(tokens), seed, greedy), samplable)
+        tokens.append(token)
+        out.append(token)
+        if token in stop:
+            break
+    return out

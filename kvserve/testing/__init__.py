@@ -1,0 +1,6 @@
+"""Harness pieces shared by the test suite and the benchmarks, shipped with the package.
+
+`plan_driver` plays a minimal scheduler against any executor in-process;
+`server_launcher` runs `kvserve serve` as a subprocess and always cleans it up;
+`stream_requests` builds deterministic requests for it; `ports` finds free ports.
+"""

@@ -1,0 +1,143 @@
+"""Command-line flags generated from config dataclasses, and configs built back from them.
+
+Both processes' entry points (the `kvserve` CLI and `python -m executor_svc`) turn their
+config dataclasses into argparse flags here, so an option is one dataclass field with its
+help text and never also a hand-written `add_argument` call. It lives in `protos` because
+the executor may not import the `kvserve` CLI package.
+
+Per field: the flag is `--` plus the field name with `_` turned into `-`, and its dest is
+the field name. The annotation picks the type: `int`, `float`, `str` (each possibly
+`| None`), `tuple[X, ...]` (a repeatable flag) and `bool` (default False: a switch;
+default True: a `--no-...` switch that turns it off). `field(metadata=flag(...))` adds
+the help and may override the flag name, choices, metavar and argument group; a plain
+dict with the same keys ("help", "flag", "choices", "metavar", "group") works as well,
+for modules that should not import this one (scheduler_svc.core).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_SCALARS = (int, float, str, bool)
+_KEYS = frozenset({"help", "flag", "choices", "metavar", "group", "default"})
+"""What metadata or an override may say about a flag ("default": overrides only)."""
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Show defaults in every --help and keep hand-wrapped descriptions."""
+
+
+def flag(help: str, *, name: str | None = None, choices: Sequence[str] | None = None,
+         metavar: str | None = None, group: str | None = None) -> dict[str, Any]:
+    """The `field(metadata=...)` of a config field: its help and, rarely, how it is spelled."""
+    meta: dict[str, Any] = {"help": help}
+    if name is not None:
+        meta["flag"] = name
+    if choices is not None:
+        meta["choices"] = tuple(choices)
+    if metavar is not None:
+        meta["metavar"] = metavar
+    if group is not None:
+        meta["group"] = group
+    return meta
+
+
+def add_flags(parser: argparse.ArgumentParser, cls: type, *, group: str | None = None,
+              exclude: Collection[str] = (), overrides: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    """Add one flag per field of dataclass `cls` (less `exclude`) to `parser`.
+
+    `group` is the argument group (by title) of the fields whose metadata names none.
+    `overrides[name]` replaces metadata keys of one field, or sets its command-line
+    "default" where that differs from the dataclass's (a config whose module cannot
+    carry the help yet passes it here too).
+    """
+    overrides = overrides or {}
+    names = {f.name for f in dataclasses.fields(cls)}
+    if set(overrides) - names:
+        raise ValueError(f"overrides name no field of {cls.__name__}: {sorted(set(overrides) - names)}")
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in exclude:
+            continue
+        meta = {**f.metadata, **overrides.get(f.name, {})}
+        if set(meta) - _KEYS:
+            raise ValueError(f"{cls.__name__}.{f.name}: unknown flag metadata {sorted(set(meta) - _KEYS)}")
+        name, kwargs = _argument(cls, f, hints[f.name], meta)
+        _group(parser, meta.get("group", group)).add_argument(name, **kwargs)
+
+
+def config_from_args(cls: type[T], args: argparse.Namespace, **values: Any) -> T:
+    """An instance of dataclass `cls`: each field from `values` when given there, else from
+    the parsed flag of the same name (a repeatable flag's list becomes a tuple)."""
+    for f in dataclasses.fields(typing.cast(Any, cls)):
+        if f.name not in values:
+            value = getattr(args, f.name)
+            values[f.name] = tuple(value) if isinstance(value, list) else value
+    return cls(**values)
+
+
+def _argument(cls: type, f: dataclasses.Field, hint: object, meta: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The flag name and add_argument keywords of one field."""
+    kind, repeated = _flag_type(cls, f.name, hint)
+    has_default = "default" in meta or f.default is not dataclasses.MISSING \
+        or f.default_factory is not dataclasses.MISSING
+    default = meta["default"] if "default" in meta else _field_default(f)
+    help_text = str(meta.get("help", f"{cls.__name__}.{f.name}")).replace("%", "%%")
+    dashed = f.name.replace("_", "-")
+    if kind is bool and not repeated:
+        name = meta.get("flag", f"--no-{dashed}" if default else f"--{dashed}")
+        return name, {"dest": f.name, "action": "store_false" if default else "store_true",
+                      "default": bool(default), "help": f"turn off: {help_text}" if default else help_text}
+    name = meta.get("flag", f"--{dashed}")
+    kwargs: dict[str, Any] = {"dest": f.name, "type": kind, "help": help_text}
+    if repeated:
+        kwargs.update(action="append", default=list(default or ()))
+    elif has_default:
+        kwargs["default"] = default
+    else:
+        kwargs["required"] = True
+    if "choices" in meta:
+        kwargs["choices"] = meta["choices"]  # without a metavar, argparse shows {a,b}
+    if "metavar" in meta or "choices" not in meta:
+        kwargs["metavar"] = meta.get("metavar", name.removeprefix("--").replace("-", "_").upper())
+    return name, kwargs
+
+
+def _flag_type(cls: type, name: str, hint: object) -> tuple[type, bool]:
+    """(the argparse type, whether the flag repeats) of an annotation."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1 and rest[0] in _SCALARS and rest[0] is not bool:
+            return rest[0], False
+    elif origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis and args[0] in _SCALARS and args[0] is not bool:
+            return args[0], True
+    elif hint in _SCALARS:
+        return typing.cast(type, hint), False
+    raise TypeError(f"{cls.__name__}.{name}: no command-line form for {hint!r}; exclude it or extend _flag_type")
+
+
+def _field_default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def _group(parser: argparse.ArgumentParser, title: str | None) -> argparse._ActionsContainer:
+    """The parser's argument group called `title` (created on first use); the parser itself for None."""
+    if title is None:
+        return parser
+    for group in parser._action_groups:  # argparse keeps no public index of its groups
+        if group.title == title:
+            return group
+    return parser.add_argument_group(title)

@@ -1,0 +1,130 @@
+"""What one request's client sees: scheduler outputs become text, chunks and usage on its stream.
+
+Split from the engine loop along the line between *when* things run (the loop, the
+scheduler, the executor link: engine.py) and *what a request receives* (this module).
+Nothing here touches the scheduler: a completed stop string is only reported back, and
+the engine lets the scheduler go of the sequence at the next step boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import structlog
+
+from protos.stop_rules import FinishReason
+from scheduler_svc.core.outputs import SequenceOutput
+from scheduler_svc.server.detokenizer import CompletionText, Decoder
+from scheduler_svc.server.metrics import ServerMetrics
+from scheduler_svc.server.request_stream import CompletionChunk, RequestStream, Usage
+
+log = structlog.get_logger(__name__)
+
+_TOKEN_FINISHES = (FinishReason.STOP, FinishReason.EOS)
+
+
+@dataclass(slots=True)
+class Completion:
+    """One of a request's n completions, as far as its client has been told."""
+
+    text: CompletionText
+    finished: bool = False
+    last_token_time: float | None = None
+    finish_reason: FinishReason | None = None
+
+
+@dataclass(slots=True)
+class ActiveRequest:
+    """A request from submit until its stream closes; the engine owns the queue bookkeeping around it."""
+
+    request_id: str
+    stream: RequestStream
+    completions: list[Completion]
+    num_prompt_tokens: int
+    arrival: float
+    clock: Callable[[], float]
+    metrics: ServerMetrics | None
+    log: structlog.typing.FilteringBoundLogger
+    started: bool = False
+    usage: list[Usage | None] = field(default_factory=list)
+    stop_pending: bool = False
+    """A stop string ended a completion and the scheduler still runs its sequence until the next boundary."""
+    executor_losses: int = 0
+    """Executor losses this request lived through; past the limit it fails instead of recomputing."""
+
+    @classmethod
+    def create(cls, request_id: str, stream: RequestStream, decoder: Decoder, stop: tuple[str, ...],
+               prompt_tail: list[int], n: int, num_prompt_tokens: int, arrival: float,
+               clock: Callable[[], float], metrics: ServerMetrics | None) -> ActiveRequest:
+        completions = [Completion(CompletionText(decoder, stop, prompt_tail)) for _ in range(n)]
+        return cls(request_id=request_id, stream=stream, completions=completions, num_prompt_tokens=num_prompt_tokens,
+                   arrival=arrival, clock=clock, metrics=metrics, log=log.bind(request_id=request_id),
+                   usage=[None] * n)
+
+    @property
+    def all_finished(self) -> bool:
+        return all(c.finished for c in self.completions)
+
+    def accepts(self, index: int) -> bool:
+        """False for an unknown completion or one already finished (e.g. a token sampled after its stop string)."""
+        return 0 <= index < len(self.completions) and not self.completions[index].finished
+
+    def deliver(self, output: SequenceOutput) -> bool:
+        """Put one output on the stream; True if a stop string just finished its completion.
+
+        A stop-string finish takes its usage now, so `completion_tokens` counts the tokens up
+        to the match and not the token the executor may already be sampling for it.
+        """
+        completion = self.completions[output.index]
+        token_ids = list(output.new_token_ids)
+        finish = output.finish_reason
+        # The token that finished a sequence (eos or a stop token id) is not part of the text.
+        text_ids = token_ids[:-1] if finish in _TOKEN_FINISHES and token_ids else token_ids
+        text = completion.text.push(text_ids)
+        stopped = finish is None and completion.text.stopped
+        if stopped:
+            finish = FinishReason.STOP
+        usage = None
+        if finish is not None:
+            text += completion.text.finish()
+            completion.finished = True
+            completion.finish_reason = finish
+            usage = Usage(prompt_tokens=output.num_prompt_tokens, completion_tokens=output.num_output_tokens,
+                          cached_tokens=output.num_cached_tokens, queue_time_s=output.queue_time_s or 0.0,
+                          ttft_s=output.ttft_s or 0.0, e2e_s=self.clock() - self.arrival)
+            self.usage[output.index] = usage
+        if self.metrics is not None and token_ids:
+            now = self.clock()
+            if completion.last_token_time is None:
+                if output.ttft_s is not None:
+                    self.metrics.observe_first_token(output.ttft_s)
+            else:
+                self.metrics.observe_token_gap(now - completion.last_token_time)
+            completion.last_token_time = now
+        self.stream.put(CompletionChunk(index=output.index, token_ids=token_ids, text=text,
+                                        logprobs=list(output.logprobs or []), finish_reason=finish, usage=usage))
+        return stopped
+
+    def close(self, reason: FinishReason | None) -> None:
+        """End the stream and write the request's one canonical log line; `reason` covers unfinished completions."""
+        self.stream.close()
+        usages = [u for u in self.usage if u is not None]
+        first = usages[0] if usages else None
+        duration_s = self.clock() - self.arrival
+        if self.metrics is not None:
+            for completion in self.completions:
+                self.metrics.observe_finished(completion.finish_reason or reason or FinishReason.ABORT, duration_s,
+                                              first.queue_time_s if first else None)
+        self.log.info(
+            "request_finished",
+            prompt_tokens=self.num_prompt_tokens,
+            completion_tokens=sum(u.completion_tokens for u in usages),
+            cached_tokens=first.cached_tokens if first else 0,
+            queue_time_s=round(first.queue_time_s, 6) if first else None,
+            ttft_s=round(min(u.ttft_s for u in usages), 6) if usages else None,
+            duration_s=round(duration_s, 6),
+            finish_reason=",".join(sorted({(c.finish_reason or reason or FinishReason.ABORT).value
+                                           for c in self.completions})),
+            n=len(self.completions),
+        )
