@@ -5,7 +5,7 @@ HOST ?= 127.0.0.1
 PORT ?= 50051
 PYTEST_ARGS ?=
 
-.PHONY: setup serve test test-fast lint format protos bench clean
+.PHONY: setup serve test test-fast lint format protos clean
 
 setup:
 	@VENV=$(VENV) scripts/setup.sh

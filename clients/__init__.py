@@ -16,6 +16,16 @@ from clients.sync_client import ChunkStream, Client
 from clients.types import Chunk, Completion, TokenLogprobs, Usage
 
 __all__ = [
-    "AsyncChunkStream", "AsyncClient", "Chunk", "ChunkStream", "Client", "Completion", "DEFAULT_HOST",
-    "DEFAULT_PORT", "DEFAULT_TARGET", "KVServeError", "TokenLogprobs", "Usage",
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "DEFAULT_TARGET",
+    "AsyncChunkStream",
+    "AsyncClient",
+    "Chunk",
+    "ChunkStream",
+    "Client",
+    "Completion",
+    "KVServeError",
+    "TokenLogprobs",
+    "Usage",
 ]

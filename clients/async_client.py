@@ -46,7 +46,7 @@ class AsyncChunkStream:
         self._call = call
         self._cancelled = False
 
-    def __aiter__(self) -> "AsyncChunkStream":
+    def __aiter__(self) -> AsyncChunkStream:
         return self
 
     async def __anext__(self) -> Chunk:
@@ -75,7 +75,7 @@ class AsyncChunkStream:
     async def aclose(self) -> None:
         self.cancel()
 
-    async def __aenter__(self) -> "AsyncChunkStream":
+    async def __aenter__(self) -> AsyncChunkStream:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -94,8 +94,14 @@ class AsyncClient:
     `timeout_s` overrides it. Non-OK statuses raise KVServeError.
     """
 
-    def __init__(self, target: str = DEFAULT_TARGET, *, token: str | None = None,
-                 root_certificates: bytes | None = None, timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        target: str = DEFAULT_TARGET,
+        *,
+        token: str | None = None,
+        root_certificates: bytes | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
         self.target = target
         self.timeout_s = timeout_s
         self._metadata = bearer_metadata(token)
@@ -125,11 +131,12 @@ class AsyncClient:
     def _timeout(self, timeout_s: float | None) -> float | None:
         return self.timeout_s if timeout_s is None else timeout_s
 
-    async def __aenter__(self) -> "AsyncClient":
+    async def __aenter__(self) -> AsyncClient:
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await self.close()
 
     async def close(self) -> None:
@@ -137,13 +144,28 @@ class AsyncClient:
             await self._channel.close()
             self._channel = self._api = self._health = None
 
-    def stream(self, prompt: str | None = None, *, token_ids: Iterable[int] | None = None,
-               messages: Iterable[Mapping[str, str]] | None = None, request_id: str | None = None,
-               priority: int = 0, cache_salt: str = "", timeout_s: float | None = None,
-               **sampling: Any) -> AsyncChunkStream:
+    def stream(
+        self,
+        prompt: str | None = None,
+        *,
+        token_ids: Iterable[int] | None = None,
+        messages: Iterable[Mapping[str, str]] | None = None,
+        request_id: str | None = None,
+        priority: int = 0,
+        cache_salt: str = "",
+        timeout_s: float | None = None,
+        **sampling: Any,
+    ) -> AsyncChunkStream:
         """Start a Generate call; sampling keywords are api.proto SamplingParams field names."""
-        request = build_generate_request(prompt, token_ids=token_ids, messages=messages, request_id=request_id,
-                                         priority=priority, cache_salt=cache_salt, **sampling)
+        request = build_generate_request(
+            prompt,
+            token_ids=token_ids,
+            messages=messages,
+            request_id=request_id,
+            priority=priority,
+            cache_salt=cache_salt,
+            **sampling,
+        )
         call = self._stub.Generate(request, timeout=self._timeout(timeout_s), metadata=self._metadata)
         return AsyncChunkStream(call)
 
@@ -166,13 +188,17 @@ class AsyncClient:
         response = await self._unary(self._stub.Abort, api_pb2.AbortRequest(request_id=request_id))
         return response.found
 
-    async def tokenize(self, text: str | None = None, *,
-                       messages: Iterable[Mapping[str, str]] | None = None) -> list[int]:
+    async def tokenize(
+        self, text: str | None = None, *, messages: Iterable[Mapping[str, str]] | None = None
+    ) -> list[int]:
         """Token ids of `text`, or of `messages` rendered with the chat template."""
         if (text is None) == (messages is None):
             raise ValueError("give exactly one of text or messages")
-        request = api_pb2.TokenizeRequest(text=text) if text is not None \
+        request = (
+            api_pb2.TokenizeRequest(text=text)
+            if text is not None
             else api_pb2.TokenizeRequest(chat=chat_prompt(messages or ()))
+        )
         response = await self._unary(self._stub.Tokenize, request)
         return list(response.token_ids)
 
@@ -186,8 +212,9 @@ class AsyncClient:
         """The grpc.health.v1 status of the server: "SERVING", "NOT_SERVING", "UNKNOWN" or "SERVICE_UNKNOWN"."""
         self._ensure_channel()
         assert self._health is not None
-        response = await self._unary(self._health.Check, health_pb2.HealthCheckRequest(service=HEALTH_SERVICE),
-                                     timeout_s)
+        response = await self._unary(
+            self._health.Check, health_pb2.HealthCheckRequest(service=HEALTH_SERVICE), timeout_s
+        )
         return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
 
     async def wait_until_serving(self, timeout_s: float) -> None:
@@ -197,8 +224,9 @@ class AsyncClient:
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise KVServeError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                   f"{self.target} not SERVING after {timeout_s:g}s (last: {last})")
+                raise KVServeError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED, f"{self.target} not SERVING after {timeout_s:g}s (last: {last})"
+                )
             try:
                 last = await self.health(timeout_s=max(min(remaining, 1.0), 0.01))
                 if last == "SERVING":

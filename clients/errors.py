@@ -14,7 +14,7 @@ class KVServeError(Exception):
         self.details = details
 
     @classmethod
-    def from_rpc_error(cls, error: grpc.RpcError) -> "KVServeError":
+    def from_rpc_error(cls, error: grpc.RpcError) -> KVServeError:
         """Convert the error of a sync or asyncio call (both expose code() and details())."""
         code = error.code() if callable(getattr(error, "code", None)) else None
         details = error.details() if callable(getattr(error, "details", None)) else None

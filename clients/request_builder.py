@@ -19,6 +19,7 @@ from protos.kvserve.v1 import api_pb2
 SAMPLING_FIELDS: tuple[str, ...] = tuple(f.name for f in api_pb2.SamplingParams.DESCRIPTOR.fields)
 """The accepted sampling keyword arguments: exactly api.proto's SamplingParams field names."""
 
+
 def build_generate_request(
     prompt: str | None = None,
     *,
@@ -34,8 +35,11 @@ def build_generate_request(
     Sampling values of None are left unset, so the server default applies.
     """
     request = api_pb2.GenerateRequest(request_id=request_id or "", priority=priority, cache_salt=cache_salt)
-    given = [name for name, value in (("prompt", prompt), ("token_ids", token_ids), ("messages", messages))
-             if value is not None]
+    given = [
+        name
+        for name, value in (("prompt", prompt), ("token_ids", token_ids), ("messages", messages))
+        if value is not None
+    ]
     if len(given) != 1:
         raise ValueError(f"give exactly one of prompt, token_ids or messages (got {given or 'none'})")
     if prompt is not None:
@@ -101,8 +105,7 @@ def chunk_from_response(response: api_pb2.GenerateResponse) -> Chunk:
         token_ids=list(response.token_ids),
         text=response.text,
         logprobs=[
-            TokenLogprobs(token_id=lp.token_id, logprob=lp.logprob,
-                          top=[(alt.token_id, alt.logprob) for alt in lp.top])
+            TokenLogprobs(token_id=lp.token_id, logprob=lp.logprob, top=[(alt.token_id, alt.logprob) for alt in lp.top])
             for lp in response.logprobs
         ],
         finish_reason=finish_reason_name(response.finish_reason),
@@ -135,23 +138,36 @@ class CompletionAssembler:
         for index in range(max(self._n, len(self._parts))):
             part = self._parts.get(index)
             if part is None or part.finish_reason is None:
-                raise KVServeError(grpc.StatusCode.UNKNOWN,
-                                   f"stream ended before completion {index} finished (request {self._request_id!r})")
-            choices.append(Completion(
-                request_id=self._request_id, text="".join(part.text), token_ids=part.token_ids,
-                finish_reason=part.finish_reason, logprobs=part.logprobs, index=index,
-                usage=part.usage or Usage(0, len(part.token_ids), 0, 0.0, 0.0, 0.0),
-            ))
+                raise KVServeError(
+                    grpc.StatusCode.UNKNOWN,
+                    f"stream ended before completion {index} finished (request {self._request_id!r})",
+                )
+            choices.append(
+                Completion(
+                    request_id=self._request_id,
+                    text="".join(part.text),
+                    token_ids=part.token_ids,
+                    finish_reason=part.finish_reason,
+                    logprobs=part.logprobs,
+                    index=index,
+                    usage=part.usage or Usage(0, len(part.token_ids), 0, 0.0, 0.0, 0.0),
+                )
+            )
         first = choices[0]
         return Completion(
-            request_id=first.request_id, text=first.text, token_ids=list(first.token_ids),
-            finish_reason=first.finish_reason, usage=first.usage, logprobs=list(first.logprobs),
-            index=0, choices=choices,
+            request_id=first.request_id,
+            text=first.text,
+            token_ids=list(first.token_ids),
+            finish_reason=first.finish_reason,
+            usage=first.usage,
+            logprobs=list(first.logprobs),
+            index=0,
+            choices=choices,
         )
 
 
 class _Partial:
-    __slots__ = ("text", "token_ids", "logprobs", "finish_reason", "usage")
+    __slots__ = ("finish_reason", "logprobs", "text", "token_ids", "usage")
 
     def __init__(self) -> None:
         self.text: list[str] = []

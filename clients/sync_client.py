@@ -52,7 +52,7 @@ class ChunkStream:
         self._cancelled = True
         return self._call.cancel()
 
-    def __enter__(self) -> "ChunkStream":
+    def __enter__(self) -> ChunkStream:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -67,8 +67,14 @@ class ChunkStream:
 class Client:
     """Blocking client for one kvserve server; see AsyncClient for the meaning of each argument."""
 
-    def __init__(self, target: str = DEFAULT_TARGET, *, token: str | None = None,
-                 root_certificates: bytes | None = None, timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        target: str = DEFAULT_TARGET,
+        *,
+        token: str | None = None,
+        root_certificates: bytes | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
         self.target = target
         self.timeout_s = timeout_s
         self._metadata = bearer_metadata(token)
@@ -83,23 +89,39 @@ class Client:
     def _timeout(self, timeout_s: float | None) -> float | None:
         return self.timeout_s if timeout_s is None else timeout_s
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     def close(self) -> None:
         self._channel.close()
 
-    def stream(self, prompt: str | None = None, *, token_ids: Iterable[int] | None = None,
-               messages: Iterable[Mapping[str, str]] | None = None, request_id: str | None = None,
-               priority: int = 0, cache_salt: str = "", timeout_s: float | None = None,
-               **sampling: Any) -> ChunkStream:
+    def stream(
+        self,
+        prompt: str | None = None,
+        *,
+        token_ids: Iterable[int] | None = None,
+        messages: Iterable[Mapping[str, str]] | None = None,
+        request_id: str | None = None,
+        priority: int = 0,
+        cache_salt: str = "",
+        timeout_s: float | None = None,
+        **sampling: Any,
+    ) -> ChunkStream:
         """Start a Generate call; sampling keywords are api.proto SamplingParams field names."""
-        request = build_generate_request(prompt, token_ids=token_ids, messages=messages, request_id=request_id,
-                                         priority=priority, cache_salt=cache_salt, **sampling)
+        request = build_generate_request(
+            prompt,
+            token_ids=token_ids,
+            messages=messages,
+            request_id=request_id,
+            priority=priority,
+            cache_salt=cache_salt,
+            **sampling,
+        )
         return ChunkStream(self._stub.Generate(request, timeout=self._timeout(timeout_s), metadata=self._metadata))
 
     def generate(self, prompt: str | None = None, **kwargs: Any) -> Completion:
@@ -122,8 +144,11 @@ class Client:
     def tokenize(self, text: str | None = None, *, messages: Iterable[Mapping[str, str]] | None = None) -> list[int]:
         if (text is None) == (messages is None):
             raise ValueError("give exactly one of text or messages")
-        request = api_pb2.TokenizeRequest(text=text) if text is not None \
+        request = (
+            api_pb2.TokenizeRequest(text=text)
+            if text is not None
             else api_pb2.TokenizeRequest(chat=chat_prompt(messages or ()))
+        )
         return list(self._unary(self._stub.Tokenize, request).token_ids)
 
     def model_info(self) -> dict[str, Any]:
@@ -143,8 +168,9 @@ class Client:
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise KVServeError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                   f"{self.target} not SERVING after {timeout_s:g}s (last: {last})")
+                raise KVServeError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED, f"{self.target} not SERVING after {timeout_s:g}s (last: {last})"
+                )
             try:
                 last = self.health(timeout_s=max(min(remaining, 1.0), 0.01))
                 if last == "SERVING":

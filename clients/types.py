@@ -50,4 +50,4 @@ class Completion:
     usage: Usage
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     index: int = 0
-    choices: list["Completion"] = field(default_factory=list)
+    choices: list[Completion] = field(default_factory=list)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from executor_svc.fake_executor import FakeExecutorConfig
 from executor_svc.link_worker import LinkWorkerConfig
@@ -20,12 +20,16 @@ from protos import defaults
 from protos.config_flags import HelpFormatter, add_flags, config_from_args, flag
 
 PROG = "kvserve executor"
-DESCRIPTION = ("Run the model (or the fake executor) in this process and serve step plans from a "
-               "scheduler over ZeroMQ. The executor connects to the scheduler's link endpoint, "
-               "exits when the scheduler says so or vanishes, and never outlives it.")
-EPILOG = ("exit codes: 0 shut down by the scheduler or by SIGTERM/SIGINT; 3 the scheduler vanished "
-          "(silent for --scheduler-timeout-s); 4 no scheduler answered within --connect-timeout-s; "
-          "2 bad options")
+DESCRIPTION = (
+    "Run the model (or the fake executor) in this process and serve step plans from a "
+    "scheduler over ZeroMQ. The executor connects to the scheduler's link endpoint, "
+    "exits when the scheduler says so or vanishes, and never outlives it."
+)
+EPILOG = (
+    "exit codes: 0 shut down by the scheduler or by SIGTERM/SIGINT; 3 the scheduler vanished "
+    "(silent for --scheduler-timeout-s); 4 no scheduler answered within --connect-timeout-s; "
+    "2 bad options"
+)
 
 _LINK = "link"
 _RUNNER = "model runner (--executor torch)"
@@ -33,48 +37,49 @@ _FAKE = "fake executor (--executor fake)"
 _SHARED_WITH_FAKE = ("block_size", "max_model_len")
 """FakeExecutorConfig fields read from the runner's flags of the same name."""
 
-FAKE_FLAG_HELP: dict[str, dict[str, str]] = {
-    "num_blocks": {"help": "KV blocks"},
-    "num_cpu_blocks": {"help": "CPU swap blocks (0: no swap-preemption)"},
-    "vocab_size": {"help": "vocabulary size; None: the model's config.json"},
-    "tokenizer_path": {"help": "directory with tokenizer.json reported to the scheduler; None: --model's directory"},
-    "step_latency_ms": {"help": "minimum duration of each step"},
-    "eos_probability": {"help": "deterministic chance that a sampled token is eos (0: never)"},
-    "context_window": {"help": "how many trailing context tokens the next token depends on"},
-    "model_id": {"help": "model id reported to the scheduler; None: fake:<the tokenizer's model name>"},
-    "strict": {"help": "check plans as strictly as the scheduler's tests need: (token, position) slots "
-                       "and whole-context read-backs"},
-}
-"""Help of the FakeExecutorConfig flags, until executor_svc/fake_executor.py carries it on its
-fields (an entry for a field it no longer has is skipped)."""
-
 
 @dataclass(slots=True)
 class EntryOptions:
     """The process's options that belong to no component's config."""
 
-    executor: str = field(default="torch", metadata=flag(
-        "torch runs the model; fake emits deterministic tokens without a model (tests)", choices=("torch", "fake")))
-    curve_secret_key: str | None = field(default=None, metadata=flag(
-        "this executor's CURVE certificate (NAME.key_secret); turns CURVE on", metavar="FILE", group=_LINK))
-    curve_server_key: str | None = field(default=None, metadata=flag(
-        "the scheduler's public CURVE certificate (NAME.key); required with CURVE", metavar="FILE", group=_LINK))
+    executor: str = field(
+        default="torch",
+        metadata=flag(
+            "torch runs the model; fake emits deterministic tokens without a model (tests)", choices=("torch", "fake")
+        ),
+    )
+    curve_secret_key: str | None = field(
+        default=None,
+        metadata=flag(
+            "this executor's CURVE certificate (NAME.key_secret); turns CURVE on", metavar="FILE", group=_LINK
+        ),
+    )
+    curve_server_key: str | None = field(
+        default=None,
+        metadata=flag(
+            "the scheduler's public CURVE certificate (NAME.key); required with CURVE", metavar="FILE", group=_LINK
+        ),
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from protos.link_endpoint import default_tcp_endpoint
 
     parser.add_argument_group(_LINK)
-    parser.add_argument_group(_RUNNER, description="--model, --block-size and --max-model-len also "
-                                                   "configure the fake executor")
+    parser.add_argument_group(
+        _RUNNER, description="--model, --block-size and --max-model-len also configure the fake executor"
+    )
     parser.add_argument_group(_FAKE)
-    add_flags(parser, LinkWorkerConfig, group=_LINK, exclude=("curve_keys",),
-              overrides={"endpoint": {"default": default_tcp_endpoint()}})
+    add_flags(
+        parser,
+        LinkWorkerConfig,
+        group=_LINK,
+        exclude=("curve_keys",),
+        overrides={"endpoint": {"default": default_tcp_endpoint()}},
+    )
     add_flags(parser, EntryOptions)
     add_flags(parser, RunnerConfig, group=_RUNNER, overrides={"model": {"default": defaults.DEFAULT_MODEL}})
-    fake_fields = {f.name for f in fields(FakeExecutorConfig)}
-    add_flags(parser, FakeExecutorConfig, group=_FAKE, exclude=_SHARED_WITH_FAKE,
-              overrides={name: help for name, help in FAKE_FLAG_HELP.items() if name in fake_fields})
+    add_flags(parser, FakeExecutorConfig, group=_FAKE, exclude=_SHARED_WITH_FAKE)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -29,7 +29,7 @@ preemption, swap and executor restarts reproduce outputs exactly. No torch impor
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
@@ -45,6 +45,7 @@ from executor_svc.fake_tokens import (
 from executor_svc.fake_vocabulary import default_model_dir, load_vocabulary, plain_vocabulary
 from executor_svc.shadow_kv import ShadowKV
 from protos import defaults
+from protos.config_flags import flag
 from protos.sampling import SamplingParams
 from protos.step import ExecutorInfo, PlanError, SampledToken, StepPlan, StepResult
 from protos.stop_rules import stop_tokens_allowed
@@ -54,25 +55,40 @@ log = structlog.get_logger(__name__)
 
 @dataclass(slots=True)
 class FakeExecutorConfig:
-    num_blocks: int = 8192
+    """The fake executor's knobs; each field is also a `kvserve executor` flag (help in its metadata)."""
+
+    num_blocks: int = field(default=8192, metadata=flag("KV blocks"))
     block_size: int = defaults.BLOCK_SIZE
-    num_cpu_blocks: int = 0
+    num_cpu_blocks: int = field(default=0, metadata=flag("CPU swap blocks (0: no swap-preemption)"))
     max_model_len: int | None = None
     """None: the tokenizer dir's config.json max_position_embeddings, else 8192."""
-    vocab_size: int | None = None
-    """None: config.json vocab_size, else the size of tokenizer.json's vocabulary."""
-    tokenizer_path: str | None = None
-    """None: the default model's directory (executor_svc.model_store.ensure_model_dir)."""
-    step_latency_ms: float = 0.0
-    """Each step takes at least this long, like a real forward pass."""
-    eos_probability: float = 0.0
-    """Chance (deterministic per context) that a sampled token is eos; 0 never ends by eos."""
-    context_window: int = DEFAULT_CONTEXT_WINDOW
-    """How many trailing context tokens the next token depends on."""
-    model_id: str | None = None
-    strict: bool = False
-    """Check every plan as strictly as the scheduler tests need: (token, position) slots and
-    whole-context read-backs. With vocab_size and no tokenizer_path it needs no model files."""
+    vocab_size: int | None = field(
+        default=None,
+        metadata=flag("vocabulary size; None: config.json vocab_size, else the size of tokenizer.json's vocabulary"),
+    )
+    tokenizer_path: str | None = field(
+        default=None,
+        metadata=flag("directory with tokenizer.json reported to the scheduler; None: the default model's directory"),
+    )
+    step_latency_ms: float = field(
+        default=0.0, metadata=flag("minimum duration of each step, like a real forward pass")
+    )
+    eos_probability: float = field(
+        default=0.0, metadata=flag("deterministic chance (per context) that a sampled token is eos (0: never)")
+    )
+    context_window: int = field(
+        default=DEFAULT_CONTEXT_WINDOW, metadata=flag("how many trailing context tokens the next token depends on")
+    )
+    model_id: str | None = field(
+        default=None, metadata=flag("model id reported to the scheduler; None: fake:<the tokenizer's model name>")
+    )
+    strict: bool = field(
+        default=False,
+        metadata=flag(
+            "check every plan as strictly as the scheduler's tests need: (token, position) slots and "
+            "whole-context read-backs; with --vocab-size and no --tokenizer-path it needs no model files"
+        ),
+    )
 
 
 @dataclass(slots=True)
@@ -112,10 +128,17 @@ class FakeExecutor:
         cfg = self.config
         return ExecutorInfo(
             model_id=cfg.model_id or f"fake:{self.vocab.name}",
-            num_blocks=cfg.num_blocks, block_size=cfg.block_size, num_cpu_blocks=cfg.num_cpu_blocks,
-            vocab_size=self.vocab.size, max_model_len=self.max_model_len,
-            eos_token_ids=list(self.vocab.eos_token_ids), tokenizer_path=self.tokenizer_path,
-            executor_kind="fake", device="cpu", dtype="none", attention_backend="none",
+            num_blocks=cfg.num_blocks,
+            block_size=cfg.block_size,
+            num_cpu_blocks=cfg.num_cpu_blocks,
+            vocab_size=self.vocab.size,
+            max_model_len=self.max_model_len,
+            eos_token_ids=list(self.vocab.eos_token_ids),
+            tokenizer_path=self.tokenizer_path,
+            executor_kind="fake",
+            device="cpu",
+            dtype="none",
+            attention_backend="none",
         )
 
     def execute(self, plan: StepPlan) -> StepResult:
@@ -127,12 +150,18 @@ class FakeExecutor:
         self.shadow.copy(plan.copies)
         scheduled: list[tuple[int, _Sequence, int]] = []
         for new in plan.new_seqs:
-            seq = self._admit(new.seq_id, new.token_ids, new.prompt_len, new.num_computed_tokens,
-                              new.block_table, new.sampling, new.seed)
+            seq = self._admit(
+                new.seq_id,
+                new.token_ids,
+                new.prompt_len,
+                new.num_computed_tokens,
+                new.block_table,
+                new.sampling,
+                new.seed,
+            )
             scheduled.append((new.seq_id, seq, new.num_scheduled_tokens))
         for cached in plan.known_seqs:
-            seq = self._advance(cached.seq_id, cached.new_token_ids, cached.num_computed_tokens,
-                                cached.new_block_ids)
+            seq = self._advance(cached.seq_id, cached.new_token_ids, cached.num_computed_tokens, cached.new_block_ids)
             scheduled.append((cached.seq_id, seq, cached.num_scheduled_tokens))
         if len({seq_id for seq_id, _, _ in scheduled}) != len(scheduled):
             raise PlanError(f"step {plan.step_id}: a sequence appears twice in the plan")
@@ -179,8 +208,16 @@ class FakeExecutor:
         if seq is not None:  # dropping an unknown id is harmless (e.g. after a reset)
             self.shadow.release(seq.block_table)
 
-    def _admit(self, seq_id: int, token_ids: list[int], prompt_len: int, num_computed: int,
-               block_table: list[int], sampling: SamplingParams, seed: int) -> _Sequence:
+    def _admit(
+        self,
+        seq_id: int,
+        token_ids: list[int],
+        prompt_len: int,
+        num_computed: int,
+        block_table: list[int],
+        sampling: SamplingParams,
+        seed: int,
+    ) -> _Sequence:
         what = f"new seq {seq_id}"
         if seq_id in self.seqs:
             raise PlanError(f"{what}: already known; drop it first or send it as a cached sequence")
@@ -202,16 +239,17 @@ class FakeExecutor:
         self.shadow.hold(seq.block_table)
         return seq
 
-    def _advance(self, seq_id: int, new_token_ids: list[int], num_computed: int,
-                 new_block_ids: list[int]) -> _Sequence:
+    def _advance(self, seq_id: int, new_token_ids: list[int], num_computed: int, new_block_ids: list[int]) -> _Sequence:
         what = f"cached seq {seq_id}"
         seq = self._known(seq_id)
         if num_computed != seq.num_computed:
-            raise PlanError(f"{what}: num_computed_tokens is {num_computed} but the executor computed "
-                            f"{seq.num_computed}")
+            raise PlanError(
+                f"{what}: num_computed_tokens is {num_computed} but the executor computed {seq.num_computed}"
+            )
         if seq.last_sampled is not None and new_token_ids and new_token_ids[0] != seq.last_sampled:
-            raise PlanError(f"{what}: new_token_ids starts with {new_token_ids[0]} but the executor "
-                            f"sampled {seq.last_sampled}")
+            raise PlanError(
+                f"{what}: new_token_ids starts with {new_token_ids[0]} but the executor sampled {seq.last_sampled}"
+            )
         self._check_tokens(new_token_ids, what)
         for block in new_block_ids:
             self.shadow.check_block(block, what)
@@ -231,8 +269,9 @@ class FakeExecutor:
         what = f"seq {seq_id}"
         start, end = seq.num_computed, seq.num_computed + num_scheduled
         if num_scheduled < 0 or end > len(seq.token_ids):
-            raise PlanError(f"{what}: schedules positions [{start}, {end}) but only {len(seq.token_ids)} "
-                            "tokens are known")
+            raise PlanError(
+                f"{what}: schedules positions [{start}, {end}) but only {len(seq.token_ids)} tokens are known"
+            )
         if end > self.max_model_len:
             raise PlanError(f"{what}: position {end - 1} exceeds max_model_len {self.max_model_len}")
         if num_scheduled == 0:
@@ -246,8 +285,14 @@ class FakeExecutor:
 
     def _sample(self, seq_id: int, seq: _Sequence) -> SampledToken:
         length = len(seq.token_ids)
-        window = self.shadow.compare(seq.block_table, seq.token_ids, max(0, length - self.config.context_window),
-                                     length, f"seq {seq_id}", "context")
+        window = self.shadow.compare(
+            seq.block_table,
+            seq.token_ids,
+            max(0, length - self.config.context_window),
+            length,
+            f"seq {seq_id}",
+            "context",
+        )
         h = context_hash(window, length, seq.seed, seq.sampling.temperature == 0.0)
         token = pick_token(h, self.vocab.samplable)
         if self._may_end_by_eos(seq, length - seq.prompt_len) and wants_eos(h, self.config.eos_probability):
@@ -261,8 +306,11 @@ class FakeExecutor:
 
     def _may_end_by_eos(self, seq: _Sequence, num_output_before: int) -> bool:
         """eos may come only as the shared stop rules allow: not ignored, min_tokens reached."""
-        return (bool(self.vocab.eos_token_ids) and not seq.sampling.ignore_eos
-                and stop_tokens_allowed(seq.sampling, num_output_before))
+        return (
+            bool(self.vocab.eos_token_ids)
+            and not seq.sampling.ignore_eos
+            and stop_tokens_allowed(seq.sampling, num_output_before)
+        )
 
 
 __all__ = ["FakeExecutor", "FakeExecutorConfig", "PlanError"]

@@ -54,9 +54,16 @@ def top_logprobs(h: int, token: int, logprob: float, k: int, samplable: Sequence
     return top
 
 
-def expected_completion(prompt: Iterable[int], seed: int, max_tokens: int, vocab_size: int = 50,
-                        stop_ids: Iterable[int] = (), *, greedy: bool = False,
-                        context_window: int = DEFAULT_CONTEXT_WINDOW) -> list[int]:
+def expected_completion(
+    prompt: Iterable[int],
+    seed: int,
+    max_tokens: int,
+    vocab_size: int = 50,
+    stop_ids: Iterable[int] = (),
+    *,
+    greedy: bool = False,
+    context_window: int = DEFAULT_CONTEXT_WINDOW,
+) -> list[int]:
     """What an undisturbed run of one sequence yields on a fake executor whose vocabulary is
     plain `range(vocab_size)` (strict mode without a tokenizer; 50 is the scheduler tests' size)."""
     tokens = list(prompt)

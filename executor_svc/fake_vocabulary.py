@@ -48,8 +48,7 @@ def load_vocabulary(model_dir: Path, vocab_size: int | None) -> Vocabulary:
     if (model_dir / "tokenizer.json").is_file():
         tokenizer = json.loads((model_dir / "tokenizer.json").read_text())
         special = {t["id"] for t in tokenizer.get("added_tokens", []) if t.get("special")}
-        tokenizer_vocab = max([len(tokenizer.get("model", {}).get("vocab", {})), *(i + 1 for i in special)],
-                              default=0)
+        tokenizer_vocab = max([len(tokenizer.get("model", {}).get("vocab", {})), *(i + 1 for i in special)], default=0)
     size = vocab_size or config.get("vocab_size") or tokenizer_vocab
     if not size:
         raise ValueError(f"{model_dir}: no vocab_size in config.json or tokenizer.json; pass vocab_size")
@@ -58,8 +57,13 @@ def load_vocabulary(model_dir: Path, vocab_size: int | None) -> Vocabulary:
     samplable = [i for i in range(size) if i not in excluded]
     if not samplable:
         raise ValueError("the vocabulary has no ordinary tokens to sample")
-    return Vocabulary(size=int(size), eos_token_ids=[e for e in eos if e < size], samplable=samplable,
-                      max_position_embeddings=config.get("max_position_embeddings"), name=model_dir.name)
+    return Vocabulary(
+        size=int(size),
+        eos_token_ids=[e for e in eos if e < size],
+        samplable=samplable,
+        max_position_embeddings=config.get("max_position_embeddings"),
+        name=model_dir.name,
+    )
 
 
 def _eos_ids(config: dict, model_dir: Path) -> list[int]:

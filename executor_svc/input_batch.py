@@ -32,8 +32,14 @@ class InputBatch:
         return self.input_ids.shape[0]
 
 
-def build_input_batch(seqs: list[SequenceState], block_size: int, device: torch.device | str,
-                      scale: float, dtype: torch.dtype = torch.float32, num_kv_heads: int = 1) -> InputBatch:
+def build_input_batch(
+    seqs: list[SequenceState],
+    block_size: int,
+    device: torch.device | str,
+    scale: float,
+    dtype: torch.dtype = torch.float32,
+    num_kv_heads: int = 1,
+) -> InputBatch:
     """`seqs` are the sequences with scheduled tokens, in plan order."""
     input_ids: list[int] = []
     positions: list[int] = []
@@ -46,11 +52,13 @@ def build_input_batch(seqs: list[SequenceState], block_size: int, device: torch.
         start, count = seq.num_computed_tokens, seq.num_scheduled_tokens
         end = start + count
         if end > len(seq.token_ids):
-            raise PlanError(f"sequence {seq.seq_id}: schedules up to position {end} "
-                            f"but only {len(seq.token_ids)} tokens are known")
+            raise PlanError(
+                f"sequence {seq.seq_id}: schedules up to position {end} but only {len(seq.token_ids)} tokens are known"
+            )
         if len(seq.block_table) * block_size < end:
-            raise PlanError(f"sequence {seq.seq_id}: block table of {len(seq.block_table)} blocks "
-                            f"cannot hold {end} tokens")
+            raise PlanError(
+                f"sequence {seq.seq_id}: block table of {len(seq.block_table)} blocks cannot hold {end} tokens"
+            )
         input_ids.extend(seq.token_ids[start:end])
         positions.extend(range(start, end))
         query_start.append(query_start[-1] + count)

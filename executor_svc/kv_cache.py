@@ -47,8 +47,7 @@ class PagedKVCache:
         self.swap = None
         if num_cpu_blocks > 0:
             pin = torch.device(device).type == "cuda"
-            self.swap = torch.zeros((g.num_layers, 2, num_cpu_blocks, *shape[3:]), dtype=g.dtype,
-                                    pin_memory=pin)
+            self.swap = torch.zeros((g.num_layers, 2, num_cpu_blocks, *shape[3:]), dtype=g.dtype, pin_memory=pin)
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(k_cache, v_cache) of one layer, each [num_blocks, block_size, kv_heads, head_dim]."""

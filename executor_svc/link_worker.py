@@ -29,13 +29,12 @@ from enum import IntEnum
 import structlog
 import zmq
 
-from protos import defaults
+from executor_svc.protocol import Executor
+from protos import defaults, step_codec
 from protos.config_flags import flag
+from protos.kvserve.v1 import executor_link_pb2 as pb
 from protos.link_curve import CurveKeys
 from protos.link_endpoint import check_endpoint
-from executor_svc.protocol import Executor
-from protos import step_codec
-from protos.kvserve.v1 import executor_link_pb2 as pb
 
 log = structlog.get_logger(__name__)
 
@@ -55,19 +54,33 @@ class ExitReason(IntEnum):
 
 @dataclass(slots=True)
 class LinkWorkerConfig:
-    endpoint: str = field(metadata=flag("the scheduler's ZeroMQ endpoint: ipc://PATH or tcp://HOST:PORT",
-                                        name="--link", metavar="ENDPOINT"))
-    heartbeat_interval_s: float = field(default=defaults.LINK_HEARTBEAT_INTERVAL_S, metadata=flag(
-        "send a heartbeat this often, also during long steps"))
-    scheduler_timeout_s: float = field(default=defaults.SCHEDULER_TIMEOUT_S, metadata=flag(
-        "exit (or re-register) after hearing nothing from the scheduler this long"))
-    connect_timeout_s: float = field(default=defaults.EXECUTOR_CONNECT_TIMEOUT_S, metadata=flag(
-        "exit if no scheduler acknowledges the handshake within this time (0: wait forever)"))
-    reregister: bool = field(default=False, metadata=flag(
-        "when the scheduler vanishes, reset and wait to register with the next one instead of exiting"))
-    allow_remote: bool = field(default=False, metadata=flag(
-        "allow a tcp link to a non-loopback address (use CURVE keys or a private network)",
-        name="--allow-remote-link"))
+    endpoint: str = field(
+        metadata=flag(
+            "the scheduler's ZeroMQ endpoint: ipc://PATH or tcp://HOST:PORT", name="--link", metavar="ENDPOINT"
+        )
+    )
+    heartbeat_interval_s: float = field(
+        default=defaults.LINK_HEARTBEAT_INTERVAL_S, metadata=flag("send a heartbeat this often, also during long steps")
+    )
+    scheduler_timeout_s: float = field(
+        default=defaults.SCHEDULER_TIMEOUT_S,
+        metadata=flag("exit (or re-register) after hearing nothing from the scheduler this long"),
+    )
+    connect_timeout_s: float = field(
+        default=defaults.EXECUTOR_CONNECT_TIMEOUT_S,
+        metadata=flag("exit if no scheduler acknowledges the handshake within this time (0: wait forever)"),
+    )
+    reregister: bool = field(
+        default=False,
+        metadata=flag("when the scheduler vanishes, reset and wait to register with the next one instead of exiting"),
+    )
+    allow_remote: bool = field(
+        default=False,
+        metadata=flag(
+            "allow a tcp link to a non-loopback address (use CURVE keys or a private network)",
+            name="--allow-remote-link",
+        ),
+    )
     curve_keys: CurveKeys | None = None
     """CURVE client keys; `peer_public_keys[0]` must be the scheduler's public key."""
 
@@ -152,10 +165,11 @@ class LinkWorker:
             try:
                 plan = step_codec.decode_plan(envelope.plan)
                 result = self.executor.execute(plan)
-            except Exception as exc:  # noqa: BLE001 - reported to the scheduler, not fatal here
+            except Exception as exc:
                 log.error("step failed", step_id=step_id, error=str(exc), traceback=traceback.format_exc())
-                return pb.ExecutorMessage(error=pb.StepError(step_id=step_id, message=str(exc),
-                                                             error_type=type(exc).__name__))
+                return pb.ExecutorMessage(
+                    error=pb.StepError(step_id=step_id, message=str(exc), error_type=type(exc).__name__)
+                )
             reply = pb.ExecutorMessage()
             step_codec.encode_result(result, reply.result)
             return reply
@@ -173,15 +187,16 @@ class LinkWorker:
         self._io_ready.set()
         try:
             self._io_loop(results)
-        except Exception:  # noqa: BLE001 - the I/O thread dying would orphan the process
+        except Exception:
             log.exception("executor link I/O thread failed")
             self._exit_reason = ExitReason.SCHEDULER_LOST
         finally:
             results.close()
             self._work.put(_STOP)
             if not self._main_done.wait(EXIT_GRACE_S):
-                log.error("a step is still running after the link ended; exiting the process",
-                          reason=self._exit_reason.name)
+                log.error(
+                    "a step is still running after the link ended; exiting the process", reason=self._exit_reason.name
+                )
                 os._exit(int(self._exit_reason))
 
     def _io_loop(self, results: zmq.Socket) -> None:
@@ -254,8 +269,12 @@ class LinkWorker:
         return _Session(sock, session_id)
 
     def _handshake(self, session_id: str) -> bytes:
-        hello = pb.Handshake(protocol_version=step_codec.PROTOCOL_VERSION, session_id=session_id, pid=os.getpid(),
-                             info=self._handshake_info)
+        hello = pb.Handshake(
+            protocol_version=step_codec.PROTOCOL_VERSION,
+            session_id=session_id,
+            pid=os.getpid(),
+            info=self._handshake_info,
+        )
         return pb.ExecutorMessage(handshake=hello).SerializeToString()
 
     def _receive(self, session: _Session) -> bool:
@@ -267,7 +286,7 @@ class LinkWorker:
                 return False
             try:
                 envelope = pb.SchedulerMessage.FromString(data)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.warning("dropping undecodable message from the scheduler", bytes=len(data))
                 continue
             session.last_heard = time.monotonic()

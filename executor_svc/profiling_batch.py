@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from protos.sampling import SamplingParams
 from executor_svc.input_batch import build_input_batch
 from executor_svc.kv_cache import PagedKVCache
 from executor_svc.sequence_state import SequenceState
+from protos.sampling import SamplingParams
 
 
 def profile_peak_activation_bytes(runner) -> int:
@@ -18,16 +18,26 @@ def profile_peak_activation_bytes(runner) -> int:
     per_seq = max(1, num_tokens // num_seqs)
     blocks_per_seq = -(-per_seq // cfg.block_size)
     scratch = PagedKVCache(runner.geometry, num_seqs * blocks_per_seq, 0, runner.device)
-    seqs = [SequenceState(seq_id=i, token_ids=[0] * per_seq, prompt_len=per_seq,
-                          block_table=list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)),
-                          sampling=SamplingParams(temperature=0.0), seed=0,
-                          num_computed_tokens=0, num_scheduled_tokens=per_seq) for i in range(num_seqs)]
+    seqs = [
+        SequenceState(
+            seq_id=i,
+            token_ids=[0] * per_seq,
+            prompt_len=per_seq,
+            block_table=list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)),
+            sampling=SamplingParams(temperature=0.0),
+            seed=0,
+            num_computed_tokens=0,
+            num_scheduled_tokens=per_seq,
+        )
+        for i in range(num_seqs)
+    ]
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
     with torch.inference_mode():
-        batch = build_input_batch(seqs, cfg.block_size, runner.device, runner.model.scale, runner.dtype,
-                                  runner.model_config.num_kv_heads)
+        batch = build_input_batch(
+            seqs, cfg.block_size, runner.device, runner.model.scale, runner.dtype, runner.model_config.num_kv_heads
+        )
         runner.model.forward(batch, scratch, runner.backend)
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - before

@@ -15,28 +15,44 @@ class RunnerConfig:
     Each field is a `kvserve executor` flag (executor_svc.entry), its help written here.
     """
 
-    model: str | None = field(default=None, metadata=flag(
-        "the default model's name, an HF model directory, or a .gguf file"))
+    model: str | None = field(
+        default=None, metadata=flag("the default model's name, an HF model directory, or a .gguf file")
+    )
     device: str = field(default="auto", metadata=flag("cpu, cuda, cuda:N, or auto (cuda when available)"))
-    dtype: str = field(default="auto", metadata=flag(
-        "float32, bfloat16, float16, or auto (float32 on cpu, bfloat16 on cuda)"))
-    attention_backend: str = field(default="auto", metadata=flag(
-        "torch, triton, or auto (triton on cuda, torch on cpu)"))
+    dtype: str = field(
+        default="auto", metadata=flag("float32, bfloat16, float16, or auto (float32 on cpu, bfloat16 on cuda)")
+    )
+    attention_backend: str = field(
+        default="auto", metadata=flag("torch, triton, or auto (triton on cuda, torch on cpu)")
+    )
     block_size: int = field(default=defaults.BLOCK_SIZE, metadata=flag("tokens per KV block"))
-    kv_cache_gb: float | None = field(default=None, metadata=flag(
-        f"KV cache budget in GiB; None: {defaults.KV_CACHE_GB_CPU} on cpu, and on cuda what "
-        "--gpu-memory-utilization leaves (set, it overrides that)"))
-    gpu_memory_utilization: float = field(default=0.9, metadata=flag(
-        "fraction of GPU memory kvserve may use in total (cuda)"))
-    swap_space_gb: float = field(default=0.0, metadata=flag(
-        "CPU swap space in GiB for swap-preemption (0 disables it: num_cpu_blocks = 0)"))
-    max_num_batched_tokens: int = field(default=defaults.MAX_NUM_BATCHED_TOKENS, metadata=flag(
-        "largest step, in tokens (sizes the CUDA profiling pass that measures activation memory)"))
+    kv_cache_gb: float | None = field(
+        default=None,
+        metadata=flag(
+            f"KV cache budget in GiB; None: {defaults.KV_CACHE_GB_CPU} on cpu, and on cuda what "
+            "--gpu-memory-utilization leaves (set, it overrides that)"
+        ),
+    )
+    gpu_memory_utilization: float = field(
+        default=0.9, metadata=flag("fraction of GPU memory kvserve may use in total (cuda)")
+    )
+    swap_space_gb: float = field(
+        default=0.0, metadata=flag("CPU swap space in GiB for swap-preemption (0 disables it: num_cpu_blocks = 0)")
+    )
+    max_num_batched_tokens: int = field(
+        default=defaults.MAX_NUM_BATCHED_TOKENS,
+        metadata=flag("largest step, in tokens (sizes the CUDA profiling pass that measures activation memory)"),
+    )
     max_num_seqs: int = field(default=defaults.MAX_NUM_SEQS, metadata=flag("most sequences in one step"))
-    max_model_len: int | None = field(default=None, metadata=flag(
-        "longest context; None: the model's max_position_embeddings"))
-    num_threads: int | None = field(default=None, metadata=flag(
-        "torch intra-op threads on cpu; None: every usable core, less one for the scheduler above 4 cores"))
+    max_model_len: int | None = field(
+        default=None, metadata=flag("longest context; None: the model's max_position_embeddings")
+    )
+    num_threads: int | None = field(
+        default=None,
+        metadata=flag(
+            "torch intra-op threads on cpu; None: every usable core, less one for the scheduler above 4 cores"
+        ),
+    )
     # One core is left to the scheduler process and the link: oversubscribed OpenMP threads
     # stall for whole seconds.
 

@@ -6,37 +6,43 @@ Every row is processed in one vectorised pass. Random draws use the exponential 
 the batch and after a recompute. Greedy rows take the exact argmax, with no noise.
 
 Before a sequence has `min_tokens` outputs, its EOS (unless ignore_eos) and stop token ids
-are masked out. Logprobs are reported from the penalised logits before temperature and
-filtering (the model's distribution, as vLLM reports by default).
+are masked out, by the rules in `protos.stop_rules` that the scheduler applies too.
+Logprobs are reported from the penalised logits before temperature and filtering (the
+model's distribution, as vLLM reports by default).
 """
 
 from __future__ import annotations
 
 import torch
 
-from protos.step import SampledToken, TokenLogprob
 from executor_svc.penalties import apply_penalties
 from executor_svc.seeded_noise import row_key, uniform_noise
 from executor_svc.sequence_state import SequenceState
+from protos.step import SampledToken, TokenLogprob
+from protos.stop_rules import stop_token_ids, stop_tokens_allowed
 
 
-def sample(logits: torch.Tensor, seqs: list[SequenceState], eos_token_ids: list[int] | tuple[int, ...] = ()
-           ) -> list[SampledToken]:
+def sample(
+    logits: torch.Tensor, seqs: list[SequenceState], eos_token_ids: list[int] | tuple[int, ...] = ()
+) -> list[SampledToken]:
     """Pick one token per row of `logits` [n, vocab] (float32) for the matching sequence."""
-    n, vocab = logits.shape
+    n, _vocab = logits.shape
     if n == 0:
         return []
     params = [s.sampling for s in seqs]
     _suppress_early_stops(logits, seqs, eos_token_ids)
-    penalised = [i for i, p in enumerate(params)
-                 if p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0]
+    penalised = [
+        i
+        for i, p in enumerate(params)
+        if p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+    ]
     if penalised:
         rows = torch.tensor(penalised, dtype=torch.long, device=logits.device)
         sub = logits.index_select(0, rows)
         apply_penalties(
             sub,
             prompt_tokens=[seqs[i].token_ids[: seqs[i].prompt_len] for i in penalised],
-            output_tokens=[seqs[i].token_ids[seqs[i].prompt_len:] for i in penalised],
+            output_tokens=[seqs[i].token_ids[seqs[i].prompt_len :] for i in penalised],
             repetition=[params[i].repetition_penalty for i in penalised],
             presence=[params[i].presence_penalty for i in penalised],
             frequency=[params[i].frequency_penalty for i in penalised],
@@ -53,24 +59,25 @@ def sample(logits: torch.Tensor, seqs: list[SequenceState], eos_token_ids: list[
     return _outputs(logits, chosen, seqs)
 
 
-def _suppress_early_stops(logits: torch.Tensor, seqs: list[SequenceState], eos_token_ids) -> None:
-    """Before `min_tokens` outputs exist, EOS (unless ignore_eos) and stop token ids cannot be drawn,
-    so the scheduler never receives a stop token it would have to disregard."""
+def _suppress_early_stops(
+    logits: torch.Tensor, seqs: list[SequenceState], eos_token_ids: list[int] | tuple[int, ...]
+) -> None:
+    """Mask the stop tokens of every row that may not stop yet (protos.stop_rules), so the
+    scheduler never receives a stop token it would have to disregard."""
     vocab = logits.shape[1]
     for i, seq in enumerate(seqs):
-        sp = seq.sampling
-        if seq.output_len >= sp.min_tokens:
+        if stop_tokens_allowed(seq.sampling, seq.output_len):
             continue
-        banned = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(eos_token_ids))
-        banned = [t for t in banned if 0 <= t < vocab]
+        banned = [t for t in stop_token_ids(seq.sampling, eos_token_ids) if 0 <= t < vocab]
         if banned:
             logits[i, banned] = float("-inf")
 
 
-def filtered_logits(logits: torch.Tensor, temperature: list[float], top_k: list[int], top_p: list[float],
-                    min_p: list[float]) -> torch.Tensor:
+def filtered_logits(
+    logits: torch.Tensor, temperature: list[float], top_k: list[int], top_p: list[float], min_p: list[float]
+) -> torch.Tensor:
     """Temperature-scaled logits with tokens outside top-k / top-p / min-p set to -inf."""
-    n, vocab = logits.shape
+    _n, vocab = logits.shape
     device = logits.device
     scaled = logits / torch.tensor(temperature, dtype=logits.dtype, device=device)[:, None]
     if any(m > 0.0 for m in min_p):
@@ -91,8 +98,13 @@ def filtered_logits(logits: torch.Tensor, temperature: list[float], top_k: list[
 
 
 def _draw(logits: torch.Tensor, params: list, keys: list[int]) -> torch.Tensor:
-    scaled = filtered_logits(logits, [p.temperature for p in params], [p.top_k for p in params],
-                             [p.top_p for p in params], [p.min_p for p in params])
+    scaled = filtered_logits(
+        logits,
+        [p.temperature for p in params],
+        [p.top_k for p in params],
+        [p.top_p for p in params],
+        [p.min_p for p in params],
+    )
     exponential = -torch.log(uniform_noise(keys, logits.shape[1], logits.device))
     return (scaled - torch.log(exponential)).argmax(dim=-1)
 
@@ -107,11 +119,12 @@ def _outputs(logits: torch.Tensor, chosen: torch.Tensor, seqs: list[SequenceStat
     logprobs = logits.index_select(0, rows).log_softmax(-1)
     picked = logprobs.gather(1, chosen.index_select(0, rows)[:, None])[:, 0].tolist()
     top_n = max(seqs[i].sampling.logprobs for i in wants)
-    top_vals, top_ids = (logprobs.topk(top_n, dim=-1) if top_n > 0 else (None, None))
+    top_vals, top_ids = logprobs.topk(top_n, dim=-1) if top_n > 0 else (None, None)
     for j, i in enumerate(wants):
         outputs[i].logprob = picked[j]
         n = seqs[i].sampling.logprobs
         if n:
-            outputs[i].top_logprobs = [TokenLogprob(token_id=t, logprob=v) for t, v in
-                                       zip(top_ids[j, :n].tolist(), top_vals[j, :n].tolist())]
+            outputs[i].top_logprobs = [
+                TokenLogprob(token_id=t, logprob=v) for t, v in zip(top_ids[j, :n].tolist(), top_vals[j, :n].tolist())
+            ]
     return outputs

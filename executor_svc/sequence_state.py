@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from protos.sampling import SamplingParams
-from protos.step import KnownSequence, NewSequence
+from protos.step import KnownSequence, NewSequence, PlanError
 
 
-class UnknownSequenceError(KeyError):
-    """A plan refers to a cached sequence the executor does not hold (needs a re-sync)."""
+class UnknownSequenceError(PlanError):
+    """A plan refers to a known sequence the executor does not hold (needs a re-sync)."""
 
 
 @dataclass(slots=True)
@@ -58,9 +58,14 @@ class SequenceTable:
 
     def add(self, seq: NewSequence) -> SequenceState:
         state = SequenceState(
-            seq_id=seq.seq_id, token_ids=list(seq.token_ids), prompt_len=seq.prompt_len,
-            block_table=list(seq.block_table), sampling=seq.sampling, seed=seq.seed,
-            num_computed_tokens=seq.num_computed_tokens, num_scheduled_tokens=seq.num_scheduled_tokens,
+            seq_id=seq.seq_id,
+            token_ids=list(seq.token_ids),
+            prompt_len=seq.prompt_len,
+            block_table=list(seq.block_table),
+            sampling=seq.sampling,
+            seed=seq.seed,
+            num_computed_tokens=seq.num_computed_tokens,
+            num_scheduled_tokens=seq.num_scheduled_tokens,
         )
         self._seqs[seq.seq_id] = state
         return state

@@ -87,8 +87,7 @@ class ShadowKV:
             self._check_range(src, from_cpu, what)
             self._check_range(dst, to_cpu, what)
             if not to_cpu and refs[dst]:
-                raise PlanError(f"{what}: block {dst} belongs to {refs[dst]} live sequence(s) "
-                                "and would be overwritten")
+                raise PlanError(f"{what}: block {dst} belongs to {refs[dst]} live sequence(s) and would be overwritten")
             if self.strict and from_cpu and not self.cpu_filled[src]:
                 raise PlanError(f"{what}: CPU block {src} holds nothing (never swapped out, or swapped in already)")
         if self.strict:
@@ -100,9 +99,9 @@ class ShadowKV:
         source = self.cpu_kv if from_cpu else self.kv
         target = self.cpu_kv if to_cpu else self.kv
         bs = self.block_size
-        contents = [source[src * bs:(src + 1) * bs] for src, _dst in pairs]
+        contents = [source[src * bs : (src + 1) * bs] for src, _dst in pairs]
         for (_src, dst), content in zip(pairs, contents):
-            target[dst * bs:(dst + 1) * bs] = content
+            target[dst * bs : (dst + 1) * bs] = content
 
     # --- slots ----------------------------------------------------------------------
 
@@ -112,8 +111,9 @@ class ShadowKV:
 
     def check_covered(self, table: list[int], end: int, what: str) -> None:
         if end > len(table) * self.block_size:
-            raise PlanError(f"{what}: position {end - 1} is beyond its block table "
-                            f"({len(table)} blocks of {self.block_size})")
+            raise PlanError(
+                f"{what}: position {end - 1} is beyond its block table ({len(table)} blocks of {self.block_size})"
+            )
 
     def write(self, table: list[int], tokens: list[int], start: int, end: int, what: str) -> None:
         """Store tokens[start:end] at their slots; never into a block other sequences hold too."""
@@ -122,8 +122,10 @@ class ShadowKV:
         refs = self.block_refs
         for index in range(start // bs, (end - 1) // bs + 1):
             if refs[table[index]] > 1:
-                raise PlanError(f"{what}: writes positions into block {table[index]}, which "
-                                f"{refs[table[index]]} sequences share (missing copy-on-write)")
+                raise PlanError(
+                    f"{what}: writes positions into block {table[index]}, which "
+                    f"{refs[table[index]]} sequences share (missing copy-on-write)"
+                )
         kv = self.kv
         for slot, value in zip(self.slots(table, start, end), self._values(tokens, start, end)):
             kv[slot] = value
@@ -134,8 +136,7 @@ class ShadowKV:
         held = [kv[slot] for slot in self.slots(table, start, end)]
         return [value[0] if isinstance(value, tuple) else value for value in held]
 
-    def compare(self, table: list[int], tokens: list[int], start: int, end: int, what: str,
-                role: str) -> list[int]:
+    def compare(self, table: list[int], tokens: list[int], start: int, end: int, what: str, role: str) -> list[int]:
         """tokens[start:end], after checking that the slots hold exactly them; PlanError if not."""
         kv = self.kv
         stored = [kv[slot] for slot in self.slots(table, start, end)]

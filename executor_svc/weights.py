@@ -54,7 +54,8 @@ def load_weights(model_dir: Path, config: ModelConfig, device: str, dtype: torch
     raw: dict[str, torch.Tensor] = {}
     for path in weight_files(model_dir):
         with safe_open(str(path), framework="pt") as handle:
-            for name in handle.keys():
+            names = handle.keys()  # a safe_open handle is not iterable itself
+            for name in names:
                 raw[name] = handle.get_tensor(name)
 
     def take(name: str) -> torch.Tensor:
@@ -65,26 +66,37 @@ def load_weights(model_dir: Path, config: ModelConfig, device: str, dtype: torch
     layers = []
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
-        qkv = torch.cat([take(p + "self_attn.q_proj.weight"), take(p + "self_attn.k_proj.weight"),
-                         take(p + "self_attn.v_proj.weight")])
+        qkv = torch.cat(
+            [
+                take(p + "self_attn.q_proj.weight"),
+                take(p + "self_attn.k_proj.weight"),
+                take(p + "self_attn.v_proj.weight"),
+            ]
+        )
         bias = None
         if config.attention_bias:
-            bias = torch.cat([take(p + "self_attn.q_proj.bias"), take(p + "self_attn.k_proj.bias"),
-                              take(p + "self_attn.v_proj.bias")])
+            bias = torch.cat(
+                [
+                    take(p + "self_attn.q_proj.bias"),
+                    take(p + "self_attn.k_proj.bias"),
+                    take(p + "self_attn.v_proj.bias"),
+                ]
+            )
         gate_up = torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])
-        layers.append(LayerWeights(
-            input_norm=take(p + "input_layernorm.weight"),
-            qkv=make_linear(qkv, bias),
-            o_proj=make_linear(take(p + "self_attn.o_proj.weight")),
-            post_attention_norm=take(p + "post_attention_layernorm.weight"),
-            gate_up=make_linear(gate_up),
-            down=make_linear(take(p + "mlp.down_proj.weight")),
-        ))
+        layers.append(
+            LayerWeights(
+                input_norm=take(p + "input_layernorm.weight"),
+                qkv=make_linear(qkv, bias),
+                o_proj=make_linear(take(p + "self_attn.o_proj.weight")),
+                post_attention_norm=take(p + "post_attention_layernorm.weight"),
+                gate_up=make_linear(gate_up),
+                down=make_linear(take(p + "mlp.down_proj.weight")),
+            )
+        )
     embed = take("model.embed_tokens.weight")
     untied = not config.tie_word_embeddings and "lm_head.weight" in raw
     lm_head = make_linear(take("lm_head.weight") if untied else embed)
-    weights = ModelWeights(embed_tokens=embed, layers=layers, final_norm=take("model.norm.weight"),
-                           lm_head=lm_head)
+    weights = ModelWeights(embed_tokens=embed, layers=layers, final_norm=take("model.norm.weight"), lm_head=lm_head)
     leftovers = [n for n in raw if not n.endswith("rotary_emb.inv_freq") and n != "lm_head.weight"]
     if leftovers:
         log.warning("ignored unexpected weights", count=len(leftovers), first=leftovers[:3])

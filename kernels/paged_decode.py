@@ -16,11 +16,26 @@ import triton.language as tl
 
 
 @triton.jit
-def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, seq_lens_ptr,
-                         out_ptr, lse_ptr, scale, blocks_per_split,
-                         stride_q_b, stride_q_h, stride_bt_b,
-                         GROUP: tl.constexpr, BLOCK_G: tl.constexpr, KV_HEADS: tl.constexpr,
-                         BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr):
+def _decode_split_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_table_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    lse_ptr,
+    scale,
+    blocks_per_split,
+    stride_q_b,
+    stride_q_h,
+    stride_bt_b,
+    GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    KV_HEADS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -34,8 +49,9 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, seq_l
     offs_n = tl.arange(0, BLOCK_SIZE)
     heads = kv_head * GROUP + offs_g
     g_mask = offs_g < GROUP
-    q = tl.load(q_ptr + seq * stride_q_b + heads[:, None] * stride_q_h + offs_d[None, :],
-                mask=g_mask[:, None], other=0.0)
+    q = tl.load(
+        q_ptr + seq * stride_q_b + heads[:, None] * stride_q_h + offs_d[None, :], mask=g_mask[:, None], other=0.0
+    )
 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
@@ -65,9 +81,17 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, seq_l
 
 
 @triton.jit
-def _merge_splits_kernel(part_ptr, lse_ptr, out_ptr, stride_o_b, stride_o_h,
-                         NUM_HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
-                         HEAD_DIM: tl.constexpr):
+def _merge_splits_kernel(
+    part_ptr,
+    lse_ptr,
+    out_ptr,
+    stride_o_b,
+    stride_o_h,
+    NUM_HEADS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
     seq = tl.program_id(0)
     head = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -77,8 +101,7 @@ def _merge_splits_kernel(part_ptr, lse_ptr, out_ptr, stride_o_b, stride_o_h,
     lse = tl.load(lse_ptr + base + offs_s, mask=s_mask, other=float("-inf"))
     weights = tl.exp(lse - tl.max(lse, 0))
     weights = weights / tl.sum(weights, 0)
-    part = tl.load(part_ptr + (base + offs_s[:, None]) * HEAD_DIM + offs_d[None, :],
-                   mask=s_mask[:, None], other=0.0)
+    part = tl.load(part_ptr + (base + offs_s[:, None]) * HEAD_DIM + offs_d[None, :], mask=s_mask[:, None], other=0.0)
     out = tl.sum(part * weights[:, None], 0)
     tl.store(out_ptr + seq * stride_o_b + head * stride_o_h + offs_d, out.to(out_ptr.dtype.element_ty))
 
@@ -89,10 +112,17 @@ def choose_num_splits(num_seqs: int, kv_heads: int, max_blocks: int, target_prog
     return max(1, min(wanted, max_blocks, 64))
 
 
-def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                           max_seq_len: int, num_splits: int | None = None,
-                           out: torch.Tensor | None = None) -> torch.Tensor:
+def paged_decode_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    max_seq_len: int,
+    num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """One new token per sequence. `query`: [B, num_heads, head_dim]; returns the same shape."""
     num_seqs, num_heads, head_dim = query.shape
     _, block_size, kv_heads, _ = k_cache.shape
@@ -108,14 +138,34 @@ def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=query.device)
     assert query.stride(2) == 1
     _decode_split_kernel[(num_seqs, kv_heads, num_splits)](
-        query, k_cache, v_cache, block_tables, seq_lens, part, lse, scale, blocks_per_split,
-        query.stride(0), query.stride(1), block_tables.stride(0),
-        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), KV_HEADS=kv_heads,
-        BLOCK_SIZE=block_size, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
+        query,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        part,
+        lse,
+        scale,
+        blocks_per_split,
+        query.stride(0),
+        query.stride(1),
+        block_tables.stride(0),
+        GROUP=group,
+        BLOCK_G=max(16, triton.next_power_of_2(group)),
+        KV_HEADS=kv_heads,
+        BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim,
+        NUM_SPLITS=num_splits,
     )
     _merge_splits_kernel[(num_seqs, num_heads)](
-        part, lse, out, out.stride(0), out.stride(1),
-        NUM_HEADS=num_heads, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
+        part,
+        lse,
+        out,
+        out.stride(0),
+        out.stride(1),
+        NUM_HEADS=num_heads,
+        NUM_SPLITS=num_splits,
+        BLOCK_S=triton.next_power_of_2(num_splits),
         HEAD_DIM=head_dim,
     )
     return out

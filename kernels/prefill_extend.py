@@ -16,10 +16,26 @@ import triton.language as tl
 
 
 @triton.jit
-def _extend_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_table_ptr, query_start_ptr,
-                   seq_lens_ptr, scale, stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_bt_b,
-                   GROUP: tl.constexpr, KV_HEADS: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr):
+def _extend_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    block_table_ptr,
+    query_start_ptr,
+    seq_lens_ptr,
+    scale,
+    stride_q_t,
+    stride_q_h,
+    stride_o_t,
+    stride_o_h,
+    stride_bt_b,
+    GROUP: tl.constexpr,
+    KV_HEADS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
     tile = tl.program_id(0)
     seq = tl.program_id(1)
     head = tl.program_id(2)
@@ -36,8 +52,9 @@ def _extend_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_table_ptr, qu
     offs_n = tl.arange(0, BLOCK_SIZE)
     m_mask = offs_m < q_len
     rows = (q_start + offs_m).to(tl.int64)
-    q = tl.load(q_ptr + rows[:, None] * stride_q_t + head * stride_q_h + offs_d[None, :],
-                mask=m_mask[:, None], other=0.0)
+    q = tl.load(
+        q_ptr + rows[:, None] * stride_q_t + head * stride_q_h + offs_d[None, :], mask=m_mask[:, None], other=0.0
+    )
     q_pos = context + offs_m
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -45,7 +62,7 @@ def _extend_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_table_ptr, qu
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     kv_end = tl.minimum(seq_len, context + (tile + 1) * BLOCK_M)
     token_stride = KV_HEADS * HEAD_DIM
-    for blk in range(0, tl.cdiv(kv_end, BLOCK_SIZE)):
+    for blk in range(tl.cdiv(kv_end, BLOCK_SIZE)):
         phys = tl.load(block_table_ptr + seq * stride_bt_b + blk).to(tl.int64)
         kv_offs = (phys * BLOCK_SIZE + offs_n[:, None]) * token_stride + kv_head * HEAD_DIM + offs_d[None, :]
         k = tl.load(k_cache_ptr + kv_offs)
@@ -62,14 +79,25 @@ def _extend_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_table_ptr, qu
         m_i = m_new
 
     out = acc / l_i[:, None]
-    tl.store(out_ptr + rows[:, None] * stride_o_t + head * stride_o_h + offs_d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None])
+    tl.store(
+        out_ptr + rows[:, None] * stride_o_t + head * stride_o_h + offs_d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=m_mask[:, None],
+    )
 
 
-def extend_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     block_tables: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
-                     scale: float, max_query_len: int, block_m: int | None = None,
-                     out: torch.Tensor | None = None) -> torch.Tensor:
+def extend_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    max_query_len: int,
+    block_m: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Packed new tokens `query` [T, num_heads, head_dim] attend their sequences' caches."""
     num_tokens, num_heads, head_dim = query.shape
     _, block_size, kv_heads, _ = k_cache.shape
@@ -82,9 +110,23 @@ def extend_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     assert query.stride(2) == 1
     grid = (triton.cdiv(max_query_len, block_m), num_seqs, num_heads)
     _extend_kernel[grid](
-        query, k_cache, v_cache, out, block_tables, query_start_loc, seq_lens, scale,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        GROUP=num_heads // kv_heads, KV_HEADS=kv_heads, BLOCK_M=block_m,
-        BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
+        query,
+        k_cache,
+        v_cache,
+        out,
+        block_tables,
+        query_start_loc,
+        seq_lens,
+        scale,
+        query.stride(0),
+        query.stride(1),
+        out.stride(0),
+        out.stride(1),
+        block_tables.stride(0),
+        GROUP=num_heads // kv_heads,
+        KV_HEADS=kv_heads,
+        BLOCK_M=block_m,
+        BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim,
     )
     return out

@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 
 
-def store_kv_reference(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
-                       v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+def store_kv_reference(
+    key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """Write token t's K/V ([T, kv_heads, head_dim]) to slot `slot_mapping[t]`; slots < 0 are skipped."""
     block_size = k_cache.shape[1]
     for t, slot in enumerate(slot_mapping.tolist()):
@@ -27,9 +28,15 @@ def gather_sequence_kv(cache: torch.Tensor, block_table: list[int], seq_len: int
     return blocks.reshape(-1, *cache.shape[2:])[:seq_len]
 
 
-def paged_attention_reference(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                              query_start_loc: list[int], seq_lens: list[int],
-                              block_tables: list[list[int]], scale: float) -> torch.Tensor:
+def paged_attention_reference(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    query_start_loc: list[int],
+    seq_lens: list[int],
+    block_tables: list[list[int]],
+    scale: float,
+) -> torch.Tensor:
     """Causal attention of packed new tokens over each sequence's paged context.
 
     `query` is [num_tokens, num_heads, head_dim], packed by sequence (`query_start_loc`

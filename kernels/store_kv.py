@@ -8,9 +8,17 @@ import triton.language as tl
 
 
 @triton.jit
-def _store_kv_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
-                     stride_key_t, stride_value_t,
-                     ROW: tl.constexpr, BLOCK_ROW: tl.constexpr):
+def _store_kv_kernel(
+    key_ptr,
+    value_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    stride_key_t,
+    stride_value_t,
+    ROW: tl.constexpr,
+    BLOCK_ROW: tl.constexpr,
+):
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token).to(tl.int64)
     if slot < 0:
@@ -23,8 +31,9 @@ def _store_kv_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
     tl.store(v_cache_ptr + slot * ROW + offs, v, mask=mask)
 
 
-def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+def store_kv(
+    key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """`key`/`value`: [T, kv_heads, head_dim] (rows may be strided views); caches contiguous."""
     num_tokens, kv_heads, head_dim = key.shape
     if num_tokens == 0:
@@ -34,6 +43,13 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
     assert k_cache.is_contiguous() and v_cache.is_contiguous()
     row = kv_heads * head_dim
     _store_kv_kernel[(num_tokens,)](
-        key, value, k_cache, v_cache, slot_mapping, key.stride(0), value.stride(0),
-        ROW=row, BLOCK_ROW=triton.next_power_of_2(row),
+        key,
+        value,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        key.stride(0),
+        value.stride(0),
+        ROW=row,
+        BLOCK_ROW=triton.next_power_of_2(row),
     )

@@ -34,8 +34,14 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
     """Show defaults in every --help and keep hand-wrapped descriptions."""
 
 
-def flag(help: str, *, name: str | None = None, choices: Sequence[str] | None = None,
-         metavar: str | None = None, group: str | None = None) -> dict[str, Any]:
+def flag(
+    help: str,
+    *,
+    name: str | None = None,
+    choices: Sequence[str] | None = None,
+    metavar: str | None = None,
+    group: str | None = None,
+) -> dict[str, Any]:
     """The `field(metadata=...)` of a config field: its help and, rarely, how it is spelled."""
     meta: dict[str, Any] = {"help": help}
     if name is not None:
@@ -49,8 +55,14 @@ def flag(help: str, *, name: str | None = None, choices: Sequence[str] | None = 
     return meta
 
 
-def add_flags(parser: argparse.ArgumentParser, cls: type, *, group: str | None = None,
-              exclude: Collection[str] = (), overrides: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+def add_flags(
+    parser: argparse.ArgumentParser,
+    cls: type,
+    *,
+    group: str | None = None,
+    exclude: Collection[str] = (),
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+) -> None:
     """Add one flag per field of dataclass `cls` (less `exclude`) to `parser`.
 
     `group` is the argument group (by title) of the fields whose metadata names none.
@@ -86,15 +98,20 @@ def config_from_args(cls: type[T], args: argparse.Namespace, **values: Any) -> T
 def _argument(cls: type, f: dataclasses.Field, hint: object, meta: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     """The flag name and add_argument keywords of one field."""
     kind, repeated = _flag_type(cls, f.name, hint)
-    has_default = "default" in meta or f.default is not dataclasses.MISSING \
-        or f.default_factory is not dataclasses.MISSING
+    has_default = (
+        "default" in meta or f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+    )
     default = meta["default"] if "default" in meta else _field_default(f)
     help_text = str(meta.get("help", f"{cls.__name__}.{f.name}")).replace("%", "%%")
     dashed = f.name.replace("_", "-")
     if kind is bool and not repeated:
         name = meta.get("flag", f"--no-{dashed}" if default else f"--{dashed}")
-        return name, {"dest": f.name, "action": "store_false" if default else "store_true",
-                      "default": bool(default), "help": f"turn off: {help_text}" if default else help_text}
+        return name, {
+            "dest": f.name,
+            "action": "store_false" if default else "store_true",
+            "default": bool(default),
+            "help": f"turn off: {help_text}" if default else help_text,
+        }
     name = meta.get("flag", f"--{dashed}")
     kwargs: dict[str, Any] = {"dest": f.name, "type": kind, "help": help_text}
     if repeated:

@@ -88,10 +88,12 @@ def _content(path: Path) -> bytes:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m protos.generate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true",
-                        help="do not write; exit 1 if the generated code is missing or stale")
+    parser = argparse.ArgumentParser(
+        prog="python -m protos.generate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="do not write; exit 1 if the generated code is missing or stale"
+    )
     args = parser.parse_args(argv)
     if args.check:
         stale = stale_files()

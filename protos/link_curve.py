@@ -11,6 +11,7 @@ Key files are ZeroMQ certificate files, as written by `zmq.auth.create_certifica
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +36,7 @@ def generate_keys() -> tuple[bytes, bytes]:
     return zmq.curve_keypair()
 
 
-def load_keys(secret_key_file: str | Path, peer_key_files: list[str | Path] = ()) -> CurveKeys:
+def load_keys(secret_key_file: str | Path, peer_key_files: Sequence[str | Path] = ()) -> CurveKeys:
     """Read this side's `.key_secret` certificate and the peers' public `.key` certificates."""
     import zmq.auth
 

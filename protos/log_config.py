@@ -45,7 +45,7 @@ def configure_logging(level: str | None = None, json: bool | None = None, *, pro
     logging.basicConfig(level=numeric, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
 
 
-def _add_process(name: str):
+def _add_process(name: str) -> structlog.typing.Processor:
     def processor(_logger, _method, event_dict):
         event_dict.setdefault("process", name)
         return event_dict

@@ -73,7 +73,9 @@ class SamplingParams:
         if self.max_tokens < 1:
             raise InvalidFieldError("max_tokens", f"must be at least 1, got {self.max_tokens}")
         if not 0 <= self.min_tokens <= self.max_tokens:
-            raise InvalidFieldError("min_tokens", f"must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
+            raise InvalidFieldError(
+                "min_tokens", f"must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
+            )
         if len(self.stop_token_ids) > defaults.MAX_STOP_TOKEN_IDS:
             raise InvalidFieldError("stop_token_ids", f"at most {defaults.MAX_STOP_TOKEN_IDS} allowed")
         if any(t < 0 for t in self.stop_token_ids):
@@ -84,7 +86,9 @@ class SamplingParams:
             if not s:
                 raise InvalidFieldError("stop", "stop strings must not be empty")
             if len(s) > defaults.MAX_STOP_STRING_CHARS:
-                raise InvalidFieldError("stop", f"each stop string must be at most {defaults.MAX_STOP_STRING_CHARS} characters")
+                raise InvalidFieldError(
+                    "stop", f"each stop string must be at most {defaults.MAX_STOP_STRING_CHARS} characters"
+                )
         if self.logprobs is not None and not 0 <= self.logprobs <= defaults.MAX_LOGPROBS:
             raise InvalidFieldError("logprobs", f"must be in [0, {defaults.MAX_LOGPROBS}], got {self.logprobs}")
 

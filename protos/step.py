@@ -87,14 +87,13 @@ class StepPlan:
 
     @property
     def num_scheduled_tokens(self) -> int:
-        return sum(s.num_scheduled_tokens for s in self.new_seqs) + sum(
-            s.num_scheduled_tokens for s in self.known_seqs
-        )
+        return sum(s.num_scheduled_tokens for s in self.new_seqs) + sum(s.num_scheduled_tokens for s in self.known_seqs)
 
     @property
     def is_empty(self) -> bool:
-        return not (self.new_seqs or self.known_seqs or self.copies or self.swap_out
-                    or self.swap_in or self.drop_seq_ids)
+        return not (
+            self.new_seqs or self.known_seqs or self.copies or self.swap_out or self.swap_in or self.drop_seq_ids
+        )
 
 
 @dataclass(slots=True)

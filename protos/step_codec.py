@@ -8,25 +8,36 @@ the hot path: cached sequences and outputs travel as parallel packed arrays (see
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import accumulate, chain
 from operator import attrgetter
+from typing import TypeVar
 
+from protos.kvserve.v1 import executor_link_pb2 as pb
 from protos.sampling import SamplingParams
 from protos.step import (
-    KnownSequence,
     ExecutorInfo,
+    KnownSequence,
     NewSequence,
     SampledToken,
     StepPlan,
     StepResult,
     TokenLogprob,
 )
-from protos.kvserve.v1 import executor_link_pb2 as pb
 
 __all__ = [
-    "PROTOCOL_VERSION", "decode_info", "decode_plan", "decode_result", "decode_sampling",
-    "encode_info", "encode_plan", "encode_result", "encode_sampling",
+    "PROTOCOL_VERSION",
+    "decode_info",
+    "decode_plan",
+    "decode_result",
+    "decode_sampling",
+    "encode_info",
+    "encode_plan",
+    "encode_result",
+    "encode_sampling",
 ]
+
+T = TypeVar("T")
 
 
 PROTOCOL_VERSION = 1
@@ -41,6 +52,7 @@ _token_id = attrgetter("token_id")
 
 
 # --- ExecutorInfo ----------------------------------------------------------------
+
 
 def encode_info(info: ExecutorInfo, out: pb.ExecutorInfo | None = None) -> pb.ExecutorInfo:
     msg = pb.ExecutorInfo() if out is None else out
@@ -77,6 +89,7 @@ def decode_info(msg: pb.ExecutorInfo) -> ExecutorInfo:
 
 
 # --- SamplingParams --------------------------------------------------------------
+
 
 def encode_sampling(params: SamplingParams, out: pb.StepSamplingParams) -> None:
     out.temperature = params.temperature
@@ -119,6 +132,7 @@ def decode_sampling(msg: pb.StepSamplingParams) -> SamplingParams:
 
 
 # --- StepPlan --------------------------------------------------------------------
+
 
 def encode_plan(plan: StepPlan, out: pb.StepPlan | None = None) -> pb.StepPlan:
     """Fill `out` (e.g. an envelope's `plan` field) or a new message from `plan`."""
@@ -176,10 +190,16 @@ def decode_plan(msg: pb.StepPlan) -> StepPlan:
         new_blocks = _split(c.new_block_ids[:], c.new_block_counts[:], n, "new_block")
     else:
         new_blocks = [[] for _ in range(n)]
-    known_seqs = list(map(
-        KnownSequence, seq_ids, new_tokens, _column(c.num_computed_tokens, n, "num_computed_tokens"),
-        _column(c.num_scheduled_tokens, n, "num_scheduled_tokens"), new_blocks,
-    ))
+    known_seqs = list(
+        map(
+            KnownSequence,
+            seq_ids,
+            new_tokens,
+            _column(c.num_computed_tokens, n, "num_computed_tokens"),
+            _column(c.num_scheduled_tokens, n, "num_scheduled_tokens"),
+            new_blocks,
+        )
+    )
     return StepPlan(
         step_id=msg.step_id,
         new_seqs=new_seqs,
@@ -192,6 +212,7 @@ def decode_plan(msg: pb.StepPlan) -> StepPlan:
 
 
 # --- StepResult ------------------------------------------------------------------
+
 
 def encode_result(result: StepResult, out: pb.StepResult | None = None) -> pb.StepResult:
     msg = pb.StepResult() if out is None else out
@@ -222,7 +243,9 @@ def decode_result(msg: pb.StepResult) -> StepResult:
             raise ValueError("StepResult: logprob columns do not match the outputs")
         tops = _split(
             [TokenLogprob(t, lp) for t, lp in zip(msg.top_token_ids, msg.top_logprobs, strict=True)],
-            list(msg.top_counts), n, "top_logprob",
+            list(msg.top_counts),
+            n,
+            "top_logprob",
         )
         outputs = [
             SampledToken(s, t, lp if has else None, top)
@@ -232,6 +255,7 @@ def decode_result(msg: pb.StepResult) -> StepResult:
 
 
 # --- internals -------------------------------------------------------------------
+
 
 def _encode_pairs(pairs: list[tuple[int, int]], out: pb.BlockPairs) -> None:
     if pairs:
@@ -243,8 +267,8 @@ def _decode_pairs(msg: pb.BlockPairs) -> list[tuple[int, int]]:
     return list(zip(msg.src, msg.dst, strict=True))
 
 
-def _column(values, expected: int, what: str) -> list:
-    column = values[:]
+def _column(values: Sequence[T], expected: int, what: str) -> list[T]:
+    column = list(values)
     if len(column) != expected:
         raise ValueError(f"{what} has {len(column)} entries, expected {expected}")
     return column

@@ -45,8 +45,14 @@ def stop_tokens_allowed(sampling: SamplingParams, num_output_before: int) -> boo
     return num_output_before >= sampling.min_tokens
 
 
-def stop_reason(sampling: SamplingParams, token_id: int, num_output_tokens: int, num_tokens: int,
-                eos_token_ids: frozenset[int], max_model_len: int) -> FinishReason | None:
+def stop_reason(
+    sampling: SamplingParams,
+    token_id: int,
+    num_output_tokens: int,
+    num_tokens: int,
+    eos_token_ids: frozenset[int],
+    max_model_len: int,
+) -> FinishReason | None:
     """The reason the sequence ends with `token_id` (already appended, so counted in both
     `num_output_tokens` and `num_tokens`), or None to go on. Length limits always apply."""
     if stop_tokens_allowed(sampling, num_output_tokens - 1):

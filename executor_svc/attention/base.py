@@ -50,12 +50,19 @@ class AttentionBackend(Protocol):
         """Precompute what every layer of this step shares; stores it in `meta.prepared`."""
         ...
 
-    def store_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
-                 v_cache: torch.Tensor, meta: AttentionMetadata) -> None:
+    def store_kv(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> None:
         """Write the new tokens' K/V ([T, kv_heads, head_dim]) into the paged cache."""
         ...
 
-    def forward(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
         """Attention output [T, num_heads, head_dim] for the packed queries, after store_kv."""
         ...

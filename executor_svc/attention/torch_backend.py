@@ -70,21 +70,28 @@ class TorchAttentionBackend:
         by_len: dict[int, list[int]] = {}
         for i, q_len in enumerate(meta.query_lens_cpu):
             by_len.setdefault(q_len, []).append(i)
-        groups = [(q_len, bucket) for q_len, seqs in by_len.items()
-                  for bucket in (context_buckets(seqs, meta.seq_lens_cpu) if q_len == 1 else [seqs])]
+        groups = [
+            (q_len, bucket)
+            for q_len, seqs in by_len.items()
+            for bucket in (context_buckets(seqs, meta.seq_lens_cpu) if q_len == 1 else [seqs])
+        ]
         device = meta.block_tables.device
         whole_batch = len(groups) == 1
         starts = [] if whole_batch else meta.query_start_loc.tolist()
         meta.prepared = [self._group(meta, seqs, q_len, starts, device, whole_batch) for q_len, seqs in groups]
 
     @staticmethod
-    def _group(meta: AttentionMetadata, seqs: list[int], q_len: int, starts: list[int],
-               device: torch.device, whole_batch: bool) -> _Group:
+    def _group(
+        meta: AttentionMetadata, seqs: list[int], q_len: int, starts: list[int], device: torch.device, whole_batch: bool
+    ) -> _Group:
         block_size = meta.block_size
         seq_lens = [meta.seq_lens_cpu[i] for i in seqs]
         num_blocks = -(-max(seq_lens) // block_size)
-        tables = meta.block_tables if whole_batch else meta.block_tables.index_select(
-            0, torch.tensor(seqs, dtype=torch.long, device=device))
+        tables = (
+            meta.block_tables
+            if whole_batch
+            else meta.block_tables.index_select(0, torch.tensor(seqs, dtype=torch.long, device=device))
+        )
         block_index = tables[:, :num_blocks].long()
         lens = torch.tensor(seq_lens, dtype=torch.long, device=device)
         k_pos = torch.arange(num_blocks * block_size, device=device)
@@ -92,27 +99,45 @@ class TorchAttentionBackend:
         mask = (k_pos[None, None, :] <= q_pos[:, :, None]) & (k_pos[None, None, :] < lens[:, None, None])
         kv_heads = meta.num_kv_heads
         slots = block_index[:, :, None] * block_size + torch.arange(block_size, device=device)
-        kv_rows = (slots.reshape(len(seqs), 1, -1) * kv_heads
-                   + torch.arange(kv_heads, device=device)[None, :, None]).reshape(-1)
+        kv_rows = (
+            slots.reshape(len(seqs), 1, -1) * kv_heads + torch.arange(kv_heads, device=device)[None, :, None]
+        ).reshape(-1)
         token_index = None
         if not whole_batch:
-            token_index = (torch.tensor([starts[i] for i in seqs], dtype=torch.long)[:, None]
-                           + torch.arange(q_len)[None, :]).reshape(-1).to(device)
+            token_index = (
+                (torch.tensor([starts[i] for i in seqs], dtype=torch.long)[:, None] + torch.arange(q_len)[None, :])
+                .reshape(-1)
+                .to(device)
+            )
         mask = mask.unsqueeze(1)
         additive = None
         if q_len == 1:
             additive = torch.zeros(mask.shape, dtype=meta.dtype, device=device).masked_fill_(~mask, float("-inf"))
-        return _Group(token_index=token_index, kv_rows=kv_rows, num_keys=num_blocks * block_size, mask=mask,
-                      additive_mask=additive, num_seqs=len(seqs), query_len=q_len)
+        return _Group(
+            token_index=token_index,
+            kv_rows=kv_rows,
+            num_keys=num_blocks * block_size,
+            mask=mask,
+            additive_mask=additive,
+            num_seqs=len(seqs),
+            query_len=q_len,
+        )
 
-    def store_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
-                 v_cache: torch.Tensor, meta: AttentionMetadata) -> None:
+    def store_kv(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> None:
         kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
         k_cache.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, key)
         v_cache.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, value)
 
-    def forward(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
         num_heads, head_dim = query.shape[1], query.shape[2]
         out = None
         for group in meta.prepared:
@@ -122,13 +147,15 @@ class TorchAttentionBackend:
             buffer = self._workspace_view(size if q_len == 1 else 2 * size, k_cache)  # K, or K and V
             k = _gather(k_cache, group.kv_rows, n, group.num_keys, buffer[:size])
             if q_len == 1:
-                o = _decode_attention(q, k, v_cache, group.decode_value_bags(num_heads), group.additive_mask,
-                                      meta.scale)
+                o = _decode_attention(
+                    q, k, v_cache, group.decode_value_bags(num_heads), group.additive_mask, meta.scale
+                )
             else:
                 v = _gather(v_cache, group.kv_rows, n, group.num_keys, buffer[size:])
                 q = q.view(n, q_len, num_heads, head_dim).transpose(1, 2)
-                o = F.scaled_dot_product_attention(q, k, v, attn_mask=group.mask, scale=meta.scale,
-                                                   enable_gqa=k.shape[1] != num_heads)
+                o = F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=group.mask, scale=meta.scale, enable_gqa=k.shape[1] != num_heads
+                )
                 o = o.transpose(1, 2).reshape(n * q_len, num_heads, head_dim)
             if group.token_index is None:
                 return o
@@ -160,8 +187,11 @@ def context_buckets(seqs: list[int], seq_lens: list[int]) -> list[list[int]]:
     buckets: list[list[int]] = [[]]
     longest = seq_lens[order[0]]
     for i in order:
-        if (seq_lens[i] < longest * CONTEXT_BUCKET_RATIO and len(buckets[-1]) >= MIN_BUCKET_SEQS
-                and len(buckets) < MAX_BUCKETS):
+        if (
+            seq_lens[i] < longest * CONTEXT_BUCKET_RATIO
+            and len(buckets[-1]) >= MIN_BUCKET_SEQS
+            and len(buckets) < MAX_BUCKETS
+        ):
             buckets.append([])
             longest = seq_lens[i]
         buckets[-1].append(i)
@@ -170,8 +200,9 @@ def context_buckets(seqs: list[int], seq_lens: list[int]) -> list[list[int]]:
     return [sorted(b) for b in buckets]
 
 
-def _gather(cache: torch.Tensor, kv_rows: torch.Tensor, num_seqs: int, num_keys: int,
-            buffer: torch.Tensor) -> torch.Tensor:
+def _gather(
+    cache: torch.Tensor, kv_rows: torch.Tensor, num_seqs: int, num_keys: int, buffer: torch.Tensor
+) -> torch.Tensor:
     """[n, kv_heads, keys, head_dim], contiguous: the layout attention wants, in one index_select."""
     kv_heads, head_dim = cache.shape[2], cache.shape[3]
     out = buffer.view(-1, head_dim)
@@ -179,8 +210,14 @@ def _gather(cache: torch.Tensor, kv_rows: torch.Tensor, num_seqs: int, num_keys:
     return out.view(num_seqs, kv_heads, num_keys, head_dim)
 
 
-def _decode_attention(q: torch.Tensor, k: torch.Tensor, v_cache: torch.Tensor, value_bags: torch.Tensor,
-                      additive_mask: torch.Tensor, scale: float) -> torch.Tensor:
+def _decode_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v_cache: torch.Tensor,
+    value_bags: torch.Tensor,
+    additive_mask: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """One query per sequence. Scores: the GQA heads of a KV head packed as rows of one small
     batched matmul over the gathered K. Output: `embedding_bag` sums each head's value rows
     weighted by its probabilities straight from the cache, with no gathered copy of V

@@ -21,14 +21,30 @@ class TritonAttentionBackend:
     def prepare(self, meta: AttentionMetadata) -> None:
         meta.prepared = None
 
-    def store_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
-                 v_cache: torch.Tensor, meta: AttentionMetadata) -> None:
+    def store_kv(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> None:
         store_kv(key, value, k_cache, v_cache, meta.slot_mapping)
 
-    def forward(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
         if meta.max_query_len == 1:
-            return paged_decode_attention(query, k_cache, v_cache, meta.block_tables, meta.seq_lens,
-                                          meta.scale, max_seq_len=meta.max_seq_len)
-        return extend_attention(query, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
-                                meta.seq_lens, meta.scale, max_query_len=meta.max_query_len)
+            return paged_decode_attention(
+                query, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.scale, max_seq_len=meta.max_seq_len
+            )
+        return extend_attention(
+            query,
+            k_cache,
+            v_cache,
+            meta.block_tables,
+            meta.query_start_loc,
+            meta.seq_lens,
+            meta.scale,
+            max_query_len=meta.max_query_len,
+        )

@@ -44,8 +44,9 @@ def measure_gemm_flops(device: str, dtype: torch.dtype, size: int = 2048, repeat
     return 2 * size**3 / best
 
 
-def bench_decode(runner: ModelRunner, batch: int, prompt_len: int, steps: int, sampling: SamplingParams,
-                 seq_base: int = 0) -> float:
+def bench_decode(
+    runner: ModelRunner, batch: int, prompt_len: int, steps: int, sampling: SamplingParams, seq_base: int = 0
+) -> float:
     """Decode tokens/s for `batch` sequences at context ≈ prompt_len, from the fastest of `steps` steps."""
     rng = random.Random(batch)
     vocab = runner.info().vocab_size
@@ -86,22 +87,31 @@ def bench_prefill(runner: ModelRunner, batch: int, prompt_len: int, repeats: int
     return batch * prompt_len / _robust_time(times)
 
 
-def run_executor_bench(runner: ModelRunner, decode_batches: list[int], prefill_batches: list[int],
-                       prompt_len: int, prefill_len: int, steps: int, greedy: bool = True,
-                       progress=None) -> tuple[float, list[BenchResult]]:
+def run_executor_bench(
+    runner: ModelRunner,
+    decode_batches: list[int],
+    prefill_batches: list[int],
+    prompt_len: int,
+    prefill_len: int,
+    steps: int,
+    greedy: bool = True,
+    progress=None,
+) -> tuple[float, list[BenchResult]]:
     """Returns (GEMM FLOP/s, results). `progress((phase, batch, tokens_per_s))` is called as each lands."""
     flops_per_token = 2 * runner.model_config.num_params
     gemm_before = measure_gemm_flops(runner.device, runner.dtype)
     sampling = SamplingParams(temperature=0.0) if greedy else SamplingParams(temperature=0.8, top_p=0.95)
     measured: list[tuple[str, int, float]] = []
     for i, batch in enumerate(decode_batches):
-        measured.append(("decode", batch, bench_decode(runner, batch, prompt_len, steps, sampling,
-                                                       seq_base=i * 10_000)))
+        measured.append(
+            ("decode", batch, bench_decode(runner, batch, prompt_len, steps, sampling, seq_base=i * 10_000))
+        )
         if progress:
             progress(measured[-1])
     for i, batch in enumerate(prefill_batches):
-        measured.append(("prefill", batch, bench_prefill(runner, batch, prefill_len, repeats=2,
-                                                         seq_base=(50 + i) * 10_000)))
+        measured.append(
+            ("prefill", batch, bench_prefill(runner, batch, prefill_len, repeats=2, seq_base=(50 + i) * 10_000))
+        )
         if progress:
             progress(measured[-1])
     # The higher of two roofline measurements (before and after), so a busy moment cannot flatter us.

@@ -39,8 +39,7 @@ class HFRequest:
 
 def requests_from_workload(workload: Workload) -> list[HFRequest]:
     """Single-turn requests of a workload (multi-turn sessions contribute their first turn)."""
-    return [HFRequest(s.session_id, list(s.turns[0].new_token_ids), s.turns[0].max_tokens)
-            for s in workload.sessions]
+    return [HFRequest(s.session_id, list(s.turns[0].new_token_ids), s.turns[0].max_tokens) for s in workload.sessions]
 
 
 def load_model(model_dir: str | Path, num_threads: int | None = None):
@@ -58,10 +57,9 @@ def load_model(model_dir: str | Path, num_threads: int | None = None):
 def _pad_id(model) -> int:
     config = model.generation_config
     for candidate in (config.pad_token_id, config.eos_token_id, model.config.eos_token_id, 0):
-        if isinstance(candidate, list):
-            candidate = candidate[0] if candidate else None
-        if candidate is not None:
-            return int(candidate)
+        token = (candidate[0] if candidate else None) if isinstance(candidate, list) else candidate
+        if token is not None:
+            return int(token)
     return 0
 
 
@@ -71,12 +69,24 @@ def _warm_up(model, request: HFRequest, pad_id: int) -> None:
 
     prompt = torch.tensor([request.prompt_token_ids[:16]], dtype=torch.long)
     with torch.inference_mode():
-        model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
-                       max_new_tokens=2, min_new_tokens=2, pad_token_id=pad_id)
+        model.generate(
+            input_ids=prompt,
+            attention_mask=torch.ones_like(prompt),
+            do_sample=False,
+            max_new_tokens=2,
+            min_new_tokens=2,
+            pad_token_id=pad_id,
+        )
 
 
-def run_hf_baseline(model, requests: list[HFRequest], *, batch_size: int = DEFAULT_BATCH_SIZE,
-                    workload_name: str = "mixed", progress: bool = True) -> tuple[RunResult, int]:
+def run_hf_baseline(
+    model,
+    requests: list[HFRequest],
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    workload_name: str = "mixed",
+    progress: bool = True,
+) -> tuple[RunResult, int]:
     """Generate every request with static batches; returns the run and the total tokens generated
     (useful + padding waste)."""
     import torch
@@ -89,30 +99,46 @@ def run_hf_baseline(model, requests: list[HFRequest], *, batch_size: int = DEFAU
     _warm_up(model, requests[0], pad_id)
     records: list[RequestRecord] = []
     generated_total = 0
-    bar = tqdm(total=len(requests), desc=f"hf-generate {workload_name}", file=sys.stderr,
-               disable=not progress, leave=False)
+    bar = tqdm(
+        total=len(requests), desc=f"hf-generate {workload_name}", file=sys.stderr, disable=not progress, leave=False
+    )
     start = time.perf_counter()
     for first in range(0, len(requests), batch_size):
-        batch = requests[first:first + batch_size]
+        batch = requests[first : first + batch_size]
         width = max(len(r.prompt_token_ids) for r in batch)
         new_tokens = max(r.max_tokens for r in batch)
         input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
         attention = torch.zeros((len(batch), width), dtype=torch.long)
         for row, r in enumerate(batch):
-            input_ids[row, width - len(r.prompt_token_ids):] = torch.tensor(r.prompt_token_ids)
-            attention[row, width - len(r.prompt_token_ids):] = 1
+            input_ids[row, width - len(r.prompt_token_ids) :] = torch.tensor(r.prompt_token_ids)
+            attention[row, width - len(r.prompt_token_ids) :] = 1
         with torch.inference_mode():
-            out = model.generate(input_ids=input_ids, attention_mask=attention, do_sample=False,
-                                 max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=pad_id)
+            out = model.generate(
+                input_ids=input_ids,
+                attention_mask=attention,
+                do_sample=False,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                pad_token_id=pad_id,
+            )
         produced = out.shape[1] - width
         generated_total += produced * len(batch)
         batch_end = time.perf_counter() - start
         for r in batch:
-            records.append(RequestRecord(r.request_id, 0, len(r.prompt_token_ids), r.max_tokens,
-                                         output_tokens=min(produced, r.max_tokens), e2e_s=batch_end))
+            records.append(
+                RequestRecord(
+                    r.request_id,
+                    0,
+                    len(r.prompt_token_ids),
+                    r.max_tokens,
+                    output_tokens=min(produced, r.max_tokens),
+                    e2e_s=batch_end,
+                )
+            )
         bar.update(len(batch))
     bar.close()
     duration = time.perf_counter() - start
     log.info("hf baseline done", requests=len(requests), batch_size=batch_size, seconds=round(duration, 2))
-    return RunResult(configuration=HF_GENERATE, workload=workload_name, records=records,
-                     duration_s=duration), generated_total
+    return RunResult(
+        configuration=HF_GENERATE, workload=workload_name, records=records, duration_s=duration
+    ), generated_total

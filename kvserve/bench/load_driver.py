@@ -73,7 +73,7 @@ class ServerCounters:
     prefix_hit_tokens: int = 0
 
     @classmethod
-    def from_stats(cls, stats: dict[str, Any]) -> "ServerCounters":
+    def from_stats(cls, stats: dict[str, Any]) -> ServerCounters:
         return cls(
             running=int(stats.get("requests_running", 0) or 0),
             preemptions=int(stats.get("num_preemptions", 0) or 0),
@@ -147,15 +147,22 @@ class _StatsSampler:
         return await self.snapshot()
 
 
-async def _send_turn(client: Any, session: Session, turn_index: int, prompt: list[int],
-                     max_tokens: int, request_id: str) -> tuple[RequestRecord, list[int]]:
+async def _send_turn(
+    client: Any, session: Session, turn_index: int, prompt: list[int], max_tokens: int, request_id: str
+) -> tuple[RequestRecord, list[int]]:
     record = RequestRecord(session.session_id, turn_index, len(prompt), max_tokens)
     output: list[int] = []
     start = time.perf_counter()
     last_token_time: float | None = None
     try:
-        async for chunk in client.stream(token_ids=prompt, request_id=request_id, cache_salt=session.cache_salt,
-                                         max_tokens=max_tokens, ignore_eos=True, temperature=0.0):
+        async for chunk in client.stream(
+            token_ids=prompt,
+            request_id=request_id,
+            cache_salt=session.cache_salt,
+            max_tokens=max_tokens,
+            ignore_eos=True,
+            temperature=0.0,
+        ):
             now = time.perf_counter()
             if chunk.token_ids:
                 if last_token_time is None:
@@ -181,8 +188,9 @@ async def _run_session(client: Any, session: Session, prefix: str) -> list[Reque
     records, history = [], []
     for i, turn in enumerate(session.turns):
         prompt = history + turn.new_token_ids
-        record, output = await _send_turn(client, session, i, prompt, turn.max_tokens,
-                                          f"{prefix}-{session.session_id}-t{i}")
+        record, output = await _send_turn(
+            client, session, i, prompt, turn.max_tokens, f"{prefix}-{session.session_id}-t{i}"
+        )
         records.append(record)
         if not record.ok:
             break
@@ -192,13 +200,22 @@ async def _run_session(client: Any, session: Session, prefix: str) -> list[Reque
 
 async def warm_up(client: Any, token_ids: list[int]) -> None:
     """One short untimed request in its own cache namespace: start-up costs stay out of the figures."""
-    async for _ in client.stream(token_ids=token_ids[:16], cache_salt="bench-warmup", max_tokens=2,
-                                 ignore_eos=True, temperature=0.0):
+    async for _ in client.stream(
+        token_ids=token_ids[:16], cache_salt="bench-warmup", max_tokens=2, ignore_eos=True, temperature=0.0
+    ):
         pass
 
 
-async def run_workload(client: Any, workload: Workload, *, configuration: str, concurrency: int | None,
-                       request_rate: float | None, seed: int, progress: bool = True) -> RunResult:
+async def run_workload(
+    client: Any,
+    workload: Workload,
+    *,
+    configuration: str,
+    concurrency: int | None,
+    request_rate: float | None,
+    seed: int,
+    progress: bool = True,
+) -> RunResult:
     """Send every session of `workload` and collect per-request records and server counters."""
     run_prefix = f"bench-{configuration}-{workload.name}{'-' + workload.phase if workload.phase else ''}-{seed}"
     for session in workload.warmup:
@@ -211,8 +228,9 @@ async def run_workload(client: Any, workload: Workload, *, configuration: str, c
     gate = asyncio.Semaphore(concurrency) if concurrency else None
     offsets = arrival_offsets(len(workload.sessions), request_rate, seed)
     label = workload.name + (f"/{workload.phase}" if workload.phase else "")
-    bar = tqdm(total=workload.num_requests, desc=f"{configuration} {label}", file=sys.stderr,
-               disable=not progress, leave=False)
+    bar = tqdm(
+        total=workload.num_requests, desc=f"{configuration} {label}", file=sys.stderr, disable=not progress, leave=False
+    )
     start = time.perf_counter()
 
     async def one(session: Session, offset: float) -> list[RequestRecord]:
@@ -233,9 +251,13 @@ async def run_workload(client: Any, workload: Workload, *, configuration: str, c
         duration = time.perf_counter() - start
         after = await sampler.stop()
         bar.close()
-    result = RunResult(configuration=configuration, workload=label,
-                       records=[r for rs in per_session for r in rs], duration_s=duration,
-                       peak_running=sampler.peak_running)
+    result = RunResult(
+        configuration=configuration,
+        workload=label,
+        records=[r for rs in per_session for r in rs],
+        duration_s=duration,
+        peak_running=sampler.peak_running,
+    )
     if before is not None and after is not None:
         result.preemptions = after.preemptions - before.preemptions
         result.prefix_queried_tokens = after.prefix_queried_tokens - before.prefix_queried_tokens

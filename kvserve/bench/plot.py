@@ -27,8 +27,9 @@ def plot_results(results: list[dict[str, Any]], path: str | Path, title: str = "
     width = 0.8 / len(PERCENTILE_KEYS)
     for ax, (key, name) in zip(axes, PANELS):
         for i, pct in enumerate(PERCENTILE_KEYS):
-            ax.barh([p + i * width for p in positions], [_value(r[key].get(pct)) for r in results],
-                    height=width, label=pct)
+            ax.barh(
+                [p + i * width for p in positions], [_value(r[key].get(pct)) for r in results], height=width, label=pct
+            )
         ax.set_title(f"{name} (ms)")
         ax.set_yticks([p + width for p in positions])
         ax.set_yticklabels(labels if key == PANELS[0][0] else [], fontsize=7)

@@ -60,8 +60,9 @@ def summarize_run(run: RunResult) -> dict[str, Any]:
         "total_output_tokens": output_tokens,
         "cached_tokens": cached_tokens,
         "prefix_cache_hit_rate": cached_tokens / prompt_tokens if prompt_tokens else 0.0,
-        "server_prefix_hit_rate": (run.prefix_hit_tokens / run.prefix_queried_tokens
-                                   if run.prefix_queried_tokens else None),
+        "server_prefix_hit_rate": (
+            run.prefix_hit_tokens / run.prefix_queried_tokens if run.prefix_queried_tokens else None
+        ),
         "preemptions": run.preemptions,
         "peak_running": run.peak_running,
         "ttft": summarize([r.ttft_s for r in ok if not math.isnan(r.ttft_s)]).to_dict(),
@@ -82,8 +83,9 @@ class BenchReport:
     ratios: dict[str, float | None] = field(default_factory=lambda: dict.fromkeys(RATIO_KEYS))
 
     def find(self, configuration: str, workload: str) -> dict[str, Any] | None:
-        return next((r for r in self.results
-                     if r["configuration"] == configuration and r["workload"] == workload), None)
+        return next(
+            (r for r in self.results if r["configuration"] == configuration and r["workload"] == workload), None
+        )
 
     def to_json_dict(self) -> dict[str, Any]:
         goals = {}
@@ -91,8 +93,16 @@ class BenchReport:
             value = self.ratios.get(key)
             met = None if value is None else (value >= target if op == ">=" else value <= target)
             goals[key] = {"goal": f"{op} {target:g}", "value": value, "met": met}
-        return _finite({"ratios": self.ratios, "goals": goals, "meta": self.meta, "results": self.results,
-                        "prealloc": self.prealloc, "kv_waste": self.kv_waste})
+        return _finite(
+            {
+                "ratios": self.ratios,
+                "goals": goals,
+                "meta": self.meta,
+                "results": self.results,
+                "prealloc": self.prealloc,
+                "kv_waste": self.kv_waste,
+            }
+        )
 
     def to_json(self) -> str:
         return json.dumps(self.to_json_dict(), indent=2, allow_nan=False)
@@ -117,8 +127,14 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
     return numerator / denominator
 
 
-def compute_ratios(report: BenchReport, runs: list[RunResult], *, num_blocks: int, block_size: int,
-                   max_request_len_by_workload: dict[str, int]) -> None:
+def compute_ratios(
+    report: BenchReport,
+    runs: list[RunResult],
+    *,
+    num_blocks: int,
+    block_size: int,
+    max_request_len_by_workload: dict[str, int],
+) -> None:
     """Fill `report.ratios`, `report.prealloc` and `report.kv_waste` from the summaries and traces."""
     kv_mixed, hf_mixed = report.find(KVSERVE, "mixed"), report.find(HF_GENERATE, "mixed")
     if kv_mixed and hf_mixed:
@@ -132,10 +148,16 @@ def compute_ratios(report: BenchReport, runs: list[RunResult], *, num_blocks: in
 
     kv_runs = [r for r in runs if r.configuration == KVSERVE]
     if num_blocks > 0 and kv_runs:
-        report.prealloc = {"block_size": block_size, "num_blocks": num_blocks, "by_workload": {
-            r.workload: estimate(num_blocks, block_size, max_request_len_by_workload[r.workload.split("/")[0]],
-                                 r.peak_running).to_dict()
-            for r in kv_runs}}
+        report.prealloc = {
+            "block_size": block_size,
+            "num_blocks": num_blocks,
+            "by_workload": {
+                r.workload: estimate(
+                    num_blocks, block_size, max_request_len_by_workload[r.workload.split("/")[0]], r.peak_running
+                ).to_dict()
+                for r in kv_runs
+            },
+        }
         # The goal is stated at ~80% shared prefix: only `shared-prefix` gives the headline ratio.
         shared = report.prealloc["by_workload"].get("shared-prefix")
         if shared is not None:
@@ -144,8 +166,10 @@ def compute_ratios(report: BenchReport, runs: list[RunResult], *, num_blocks: in
     lengths = [rec.sequence_len for r in kv_runs for rec in r.records if rec.ok]
     if lengths and block_size > 0:
         waste = partial_block_waste(lengths, block_size)
-        by_workload = {r.workload: partial_block_waste([rec.sequence_len for rec in r.records if rec.ok],
-                                                       block_size).waste_pct for r in kv_runs}
+        by_workload = {
+            r.workload: partial_block_waste([rec.sequence_len for rec in r.records if rec.ok], block_size).waste_pct
+            for r in kv_runs
+        }
         report.kv_waste = {"block_size": block_size, **waste.to_dict(), "by_workload": by_workload}
         report.ratios["kv_partial_block_waste_pct"] = waste.waste_pct
 
@@ -157,9 +181,11 @@ def _ms(summary: dict[str, float], key: str) -> str:
 
 def render_table(report: BenchReport) -> str:
     """A fixed-width table for the terminal, then the ratios against their goals."""
-    header = (f"{'configuration':<18} {'workload':<16} {'reqs':>5} {'fail':>4} {'req/s':>7} {'out tok/s':>10} "
-              f"{'TTFT mean':>10} {'p50':>8} {'p90':>8} {'p99':>8} {'TPOT mean':>10} {'ITL p50':>8} "
-              f"{'E2E p50':>9} {'E2E p99':>9} {'hit %':>6} {'preempt':>7} {'peak':>5}")
+    header = (
+        f"{'configuration':<18} {'workload':<16} {'reqs':>5} {'fail':>4} {'req/s':>7} {'out tok/s':>10} "
+        f"{'TTFT mean':>10} {'p50':>8} {'p90':>8} {'p99':>8} {'TPOT mean':>10} {'ITL p50':>8} "
+        f"{'E2E p50':>9} {'E2E p99':>9} {'hit %':>6} {'preempt':>7} {'peak':>5}"
+    )
     lines = ["latencies in ms", header, "-" * len(header)]
     for r in report.results:
         hit = r.get("prefix_cache_hit_rate")
@@ -169,14 +195,17 @@ def render_table(report: BenchReport) -> str:
             f"{_ms(r['ttft'], 'mean'):>10} {_ms(r['ttft'], 'p50'):>8} {_ms(r['ttft'], 'p90'):>8} "
             f"{_ms(r['ttft'], 'p99'):>8} {_ms(r['tpot'], 'mean'):>10} {_ms(r['itl'], 'p50'):>8} "
             f"{_ms(r['e2e'], 'p50'):>9} {_ms(r['e2e'], 'p99'):>9} "
-            f"{'-' if hit is None else f'{100 * hit:.1f}':>6} {r.get('preemptions', 0):>7} {r.get('peak_running', 0):>5}"
+            f"{'-' if hit is None else f'{100 * hit:.1f}':>6} "
+            f"{r.get('preemptions', 0):>7} {r.get('peak_running', 0):>5}"
         )
     if report.prealloc:
         lines.append("")
         for workload, p in report.prealloc["by_workload"].items():
-            lines.append(f"prealloc estimate ({workload}): budget {p['budget_tokens']} tokens, max request "
-                         f"{p['max_request_len']} tokens -> {p['prealloc_concurrency']} concurrent; "
-                         f"kvserve peak {p['kvserve_peak_concurrency']}")
+            lines.append(
+                f"prealloc estimate ({workload}): budget {p['budget_tokens']} tokens, max request "
+                f"{p['max_request_len']} tokens -> {p['prealloc_concurrency']} concurrent; "
+                f"kvserve peak {p['kvserve_peak_concurrency']}"
+            )
     lines.append("\nratios (goal, see docs/benchmarks.md):")
     for key, (op, target) in GOALS.items():
         value = report.ratios.get(key)

@@ -61,15 +61,23 @@ class FeedbackExecutor:
         return StepResult(plan.step_id, outputs)
 
 
-def build_scheduler(running: int, prefix_sharing: bool, prompt_len: int, steps: int,
-                    block_size: int = defaults.BLOCK_SIZE, seed: int = 0) -> Scheduler:
+def build_scheduler(
+    running: int,
+    prefix_sharing: bool,
+    prompt_len: int,
+    steps: int,
+    block_size: int = defaults.BLOCK_SIZE,
+    seed: int = 0,
+) -> Scheduler:
     """A scheduler holding `running` requests that will decode for at least `steps` more steps."""
     max_tokens = steps + prompt_len  # room for the warm-up's decode steps too
     blocks_per_seq = -(-(prompt_len + max_tokens) // block_size) + 1
     config = SchedulerConfig(
-        num_blocks=running * blocks_per_seq + 16, block_size=block_size,
+        num_blocks=running * blocks_per_seq + 16,
+        block_size=block_size,
         max_model_len=prompt_len + max_tokens + 1,
-        max_num_batched_tokens=max(defaults.MAX_NUM_BATCHED_TOKENS, running), max_num_seqs=running,
+        max_num_batched_tokens=max(defaults.MAX_NUM_BATCHED_TOKENS, running),
+        max_num_seqs=running,
         enable_prefix_caching=prefix_sharing,
     )
     scheduler = Scheduler(config)
@@ -87,14 +95,18 @@ def warm_up(scheduler: Scheduler, executor: FeedbackExecutor, running: int, max_
     for _ in range(max_steps):
         plan = scheduler.schedule()
         scheduler.update(executor.execute(plan))
-        if not plan.new_seqs and len(plan.known_seqs) == running and all(
-                s.num_scheduled_tokens == 1 for s in plan.known_seqs):
+        if (
+            not plan.new_seqs
+            and len(plan.known_seqs) == running
+            and all(s.num_scheduled_tokens == 1 for s in plan.known_seqs)
+        ):
             return
     raise RuntimeError("warm-up did not reach steady decode")
 
 
-def run_scheduler_bench(running: int, prefix_sharing: bool, prompt_len: int = 300, steps: int = 200,
-                        seed: int = 0) -> SchedulerBenchResult:
+def run_scheduler_bench(
+    running: int, prefix_sharing: bool, prompt_len: int = 300, steps: int = 200, seed: int = 0
+) -> SchedulerBenchResult:
     """Mean and median cost of schedule() + update() over `steps` steady decode steps."""
     scheduler = build_scheduler(running, prefix_sharing, prompt_len, steps, seed=seed)
     executor = FeedbackExecutor()
@@ -114,6 +126,13 @@ def run_scheduler_bench(running: int, prefix_sharing: bool, prompt_len: int = 30
         update_times.append(t3 - t2)
     totals = [a + b for a, b in zip(schedule_times, update_times)]
     per_step = statistics.fmean(totals) * 1e6
-    return SchedulerBenchResult(running, prefix_sharing, steps, per_step, per_step / running,
-                                statistics.median(totals) * 1e6, statistics.fmean(schedule_times) * 1e6,
-                                statistics.fmean(update_times) * 1e6)
+    return SchedulerBenchResult(
+        running,
+        prefix_sharing,
+        steps,
+        per_step,
+        per_step / running,
+        statistics.median(totals) * 1e6,
+        statistics.fmean(schedule_times) * 1e6,
+        statistics.fmean(update_times) * 1e6,
+    )

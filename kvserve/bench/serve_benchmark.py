@@ -61,9 +61,13 @@ def _machine() -> dict[str, str | int | None]:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
         pass
-    return {"platform": platform.platform(), "cpu": cpu, "cpu_count": os.cpu_count(),
-            "python": platform.python_version(),
-            "load_average_1m": round(os.getloadavg()[0], 2)}  # other work on the machine skews every figure
+    return {
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+    }  # other work on the machine skews every figure
 
 
 def _versions() -> dict[str, str]:
@@ -76,7 +80,9 @@ def _versions() -> dict[str, str]:
     return out
 
 
-async def _run_against(target: str, configuration: str, loads: list[wl.Workload], config: BenchConfig) -> list[RunResult]:
+async def _run_against(
+    target: str, configuration: str, loads: list[wl.Workload], config: BenchConfig
+) -> list[RunResult]:
     from clients.async_client import AsyncClient
 
     runs = []
@@ -84,9 +90,17 @@ async def _run_against(target: str, configuration: str, loads: list[wl.Workload]
         await client.wait_until_serving(config.startup_timeout_s)
         await warm_up(client, loads[0].sessions[0].turns[0].new_token_ids)
         for workload in loads:
-            runs.append(await run_workload(client, workload, configuration=configuration,
-                                           concurrency=config.concurrency, request_rate=config.request_rate,
-                                           seed=config.seed, progress=config.progress))
+            runs.append(
+                await run_workload(
+                    client,
+                    workload,
+                    configuration=configuration,
+                    concurrency=config.concurrency,
+                    request_rate=config.request_rate,
+                    seed=config.seed,
+                    progress=config.progress,
+                )
+            )
     return runs
 
 
@@ -102,15 +116,19 @@ async def _model_info(target: str, timeout_s: float) -> dict:
 def _server(config: BenchConfig, name: str, extra: Sequence[str] = ()) -> Iterator[ServeProcess]:
     """A `kvserve serve` child for one configuration; its whole process group goes when the block ends."""
     log.info("starting server", name=name, executor=config.executor, args=[*config.server_args, *extra])
-    with serving(["--executor", config.executor, *config.server_args, *extra], host=config.host, name=name,
-                 timeout_s=config.startup_timeout_s) as server:
+    with serving(
+        ["--executor", config.executor, *config.server_args, *extra],
+        host=config.host,
+        name=name,
+        timeout_s=config.startup_timeout_s,
+    ) as server:
         log.info("server ready", name=name, target=server.address, log=str(server.log_path))
         yield server
 
 
 async def run_serve_benchmark(config: BenchConfig) -> BenchReport:
     """Run every configuration and return the filled report."""
-    started = dt.datetime.now(dt.timezone.utc)
+    started = dt.datetime.now(dt.UTC)
     runs: list[RunResult] = []
     with contextlib.ExitStack() as stack:
         if config.start_server:
@@ -119,8 +137,11 @@ async def run_serve_benchmark(config: BenchConfig) -> BenchReport:
             target = f"{config.host}:{config.port}"
         info = await _model_info(target, config.startup_timeout_s)
         vocab_size = int(info["vocab_size"])
-        loads = [w for name in config.workloads
-                 for w in wl.build(name, config.num_requests, vocab_size, config.seed, config.max_tokens_cap)]
+        loads = [
+            w
+            for name in config.workloads
+            for w in wl.build(name, config.num_requests, vocab_size, config.seed, config.max_tokens_cap)
+        ]
         runs += await _run_against(target, KVSERVE, loads, config)
 
     no_cache_loads = [w for w in loads if w.name != "cold-warm"]
@@ -144,16 +165,29 @@ async def run_serve_benchmark(config: BenchConfig) -> BenchReport:
                 runs.append(hf[0])
                 hf_extra = {"hf_batch_size": config.hf_batch_size, "hf_generated_tokens": hf[1]}
 
-    report = BenchReport(meta={
-        "date": started.isoformat(timespec="seconds"),
-        "command": config.command_line,
-        "machine": _machine(),
-        "versions": _versions(),
-        "model": {k: info.get(k) for k in ("model_id", "executor_kind", "device", "dtype", "attention_backend",
-                                           "block_size", "num_blocks", "vocab_size")},
-        "config": asdict(config),
-        **hf_extra,
-    })
+    report = BenchReport(
+        meta={
+            "date": started.isoformat(timespec="seconds"),
+            "command": config.command_line,
+            "machine": _machine(),
+            "versions": _versions(),
+            "model": {
+                k: info.get(k)
+                for k in (
+                    "model_id",
+                    "executor_kind",
+                    "device",
+                    "dtype",
+                    "attention_backend",
+                    "block_size",
+                    "num_blocks",
+                    "vocab_size",
+                )
+            },
+            "config": asdict(config),
+            **hf_extra,
+        }
+    )
     report.results = [summarize_run(r) for r in runs]
     block_size = int(info.get("block_size") or defaults.BLOCK_SIZE)
     num_blocks = int(info.get("num_blocks") or 0) if "prealloc" in config.baselines else 0
@@ -170,8 +204,13 @@ def _run_hf(config: BenchConfig, mixed: wl.Workload, vocab_size: int) -> tuple[R
 
     model = load_model(ensure_model_dir(config.model))
     if model.config.vocab_size < vocab_size:
-        log.warning("hf baseline skipped: its model's vocabulary is smaller than the server's; "
-                    "give --model the model the server runs", hf_vocab=model.config.vocab_size, server_vocab=vocab_size)
+        log.warning(
+            "hf baseline skipped: its model's vocabulary is smaller than the server's; "
+            "give --model the model the server runs",
+            hf_vocab=model.config.vocab_size,
+            server_vocab=vocab_size,
+        )
         return None
-    return run_hf_baseline(model, requests_from_workload(mixed), batch_size=config.hf_batch_size,
-                           progress=config.progress)
+    return run_hf_baseline(
+        model, requests_from_workload(mixed), batch_size=config.hf_batch_size, progress=config.progress
+    )

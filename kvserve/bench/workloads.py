@@ -124,8 +124,10 @@ def multi_turn(num_requests: int, vocab_size: int, seed: int, max_tokens_cap: in
     while remaining > 0:
         num_turns = min(remaining, rng.randint(1, MULTI_TURN_MAX_TURNS))
         turns = [
-            Turn(_tokens(rng, rng.randint(*MULTI_TURN_USER_LEN), vocab_size),
-                 _cap(rng.randint(*MULTI_TURN_OUTPUT_LEN), max_tokens_cap))
+            Turn(
+                _tokens(rng, rng.randint(*MULTI_TURN_USER_LEN), vocab_size),
+                _cap(rng.randint(*MULTI_TURN_OUTPUT_LEN), max_tokens_cap),
+            )
             for _ in range(num_turns)
         ]
         sessions.append(Session(f"chat-{len(sessions)}", turns))
@@ -133,13 +135,15 @@ def multi_turn(num_requests: int, vocab_size: int, seed: int, max_tokens_cap: in
     return Workload("multi-turn", sessions)
 
 
-def cold_warm(num_requests: int, vocab_size: int, seed: int,
-              max_tokens_cap: int | None = None) -> tuple[Workload, Workload]:
+def cold_warm(
+    num_requests: int, vocab_size: int, seed: int, max_tokens_cap: int | None = None
+) -> tuple[Workload, Workload]:
     """The shared-prefix requests twice: cold, each with its own cache salt so nothing is
     reused; warm, in one namespace primed beforehand with the system prompt."""
     base = shared_prefix(num_requests, vocab_size, seed, max_tokens_cap)
-    cold = [Session(s.session_id + "-cold", s.turns, cache_salt=f"bench-cold-{seed}-{s.session_id}")
-            for s in base.sessions]
+    cold = [
+        Session(s.session_id + "-cold", s.turns, cache_salt=f"bench-cold-{seed}-{s.session_id}") for s in base.sessions
+    ]
     warm_salt = f"bench-warm-{seed}"
     warm = [Session(s.session_id + "-warm", s.turns, cache_salt=warm_salt) for s in base.sessions]
     system = base.sessions[0].turns[0].new_token_ids[:SHARED_PREFIX_LEN] if base.sessions else []
@@ -147,8 +151,9 @@ def cold_warm(num_requests: int, vocab_size: int, seed: int,
     return Workload("cold-warm", cold, phase="cold"), Workload("cold-warm", warm, phase="warm", warmup=primer)
 
 
-def build(name: str, num_requests: int, vocab_size: int, seed: int,
-          max_tokens_cap: int | None = None) -> list[Workload]:
+def build(
+    name: str, num_requests: int, vocab_size: int, seed: int, max_tokens_cap: int | None = None
+) -> list[Workload]:
     """The workload(s) called `name`; `cold-warm` yields its cold and warm halves."""
     if name == "mixed":
         return [mixed(num_requests, vocab_size, seed, max_tokens_cap)]

@@ -17,7 +17,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from kvserve.cli import HelpFormatter
 
     parser = subparsers.add_parser(
-        "bench", help="run a benchmark (scheduler, executor, serve, baseline-hf)",
+        "bench",
+        help="run a benchmark (scheduler, executor, serve, baseline-hf)",
         description="Benchmarks. Each reports ratios against a baseline measured in the same run.",
         formatter_class=HelpFormatter,
     )

@@ -11,10 +11,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from kvserve.cli import HelpFormatter
 
     parser = subparsers.add_parser(
-        "baseline-hf", help="Hugging Face generate (static batching) on a bench workload",
+        "baseline-hf",
+        help="Hugging Face generate (static batching) on a bench workload",
         description="Run the requests `bench serve` would send through transformers' generate: batches "
-                    "of a fixed size, left-padded, greedy, min_new_tokens = max_new_tokens. Reports output "
-                    "tokens/s (only each request's own max_tokens count).",
+        "of a fixed size, left-padded, greedy, min_new_tokens = max_new_tokens. Reports output "
+        "tokens/s (only each request's own max_tokens count).",
         formatter_class=HelpFormatter,
     )
     parser.add_argument("--workload", choices=("mixed", "shared-prefix"), default="mixed", help="requests to run")
@@ -24,8 +25,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch-size", type=int, default=8, help="static batch size")
     parser.add_argument("--model", default=defaults.DEFAULT_MODEL, help="model name, HF directory or .gguf")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    parser.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
-                        help="write the JSON report to PATH (no PATH or '-': stdout)")
+    parser.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="PATH",
+        help="write the JSON report to PATH (no PATH or '-': stdout)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.set_defaults(func=run)
 
@@ -34,22 +41,34 @@ def run(args: argparse.Namespace) -> int:
     import datetime as dt
     import sys
 
-    from protos.log_config import configure_logging
     from executor_svc.model_store import ensure_model_dir
     from kvserve.bench import workloads
     from kvserve.bench.hf_baseline import load_model, requests_from_workload, run_hf_baseline
     from kvserve.bench.report import BenchReport, summarize_run
     from kvserve.commands.bench_serve import write_outputs
+    from protos.log_config import configure_logging
 
     configure_logging()
     model_dir = ensure_model_dir(args.model)
     model = load_model(model_dir, num_threads=args.threads or None)
-    [workload] = workloads.build(args.workload, args.num_requests, model.config.vocab_size, args.seed,
-                                 args.max_tokens_cap or None)
-    run_result, generated = run_hf_baseline(model, requests_from_workload(workload), batch_size=args.batch_size,
-                                            workload_name=workload.name, progress=not args.no_progress)
-    report = BenchReport(meta={"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                               "model_dir": str(model_dir), "batch_size": args.batch_size,
-                               "hf_generated_tokens": generated, "seed": args.seed})
+    [workload] = workloads.build(
+        args.workload, args.num_requests, model.config.vocab_size, args.seed, args.max_tokens_cap or None
+    )
+    run_result, generated = run_hf_baseline(
+        model,
+        requests_from_workload(workload),
+        batch_size=args.batch_size,
+        workload_name=workload.name,
+        progress=not args.no_progress,
+    )
+    report = BenchReport(
+        meta={
+            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "model_dir": str(model_dir),
+            "batch_size": args.batch_size,
+            "hf_generated_tokens": generated,
+            "seed": args.seed,
+        }
+    )
     report.results = [summarize_run(run_result)]
     return write_outputs(report, json_path=args.json, plot_path=None, stream=sys.stdout)

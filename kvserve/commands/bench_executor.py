@@ -17,31 +17,42 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from kvserve.cli import HelpFormatter
 
     parser = subparsers.add_parser(
-        "executor", help="model runner tokens/s for decode and prefill, against the GEMM roofline",
+        "executor",
+        help="model runner tokens/s for decode and prefill, against the GEMM roofline",
         description="Runs the model runner in-process with synthetic plans. The roofline is a large\n"
-                    "matmul's FLOP/s measured in the same run; each figure's fraction is\n"
-                    "tokens/s x 2 x parameters / roofline.",
+        "matmul's FLOP/s measured in the same run; each figure's fraction is\n"
+        "tokens/s x 2 x parameters / roofline.",
         formatter_class=HelpFormatter,
     )
-    parser.add_argument("--model", default=defaults.DEFAULT_MODEL,
-                        help="the default model's name, an HF model directory, or a .gguf file")
+    parser.add_argument(
+        "--model",
+        default=defaults.DEFAULT_MODEL,
+        help="the default model's name, an HF model directory, or a .gguf file",
+    )
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     parser.add_argument("--attention-backend", default="auto", choices=("auto", "torch", "triton"))
-    parser.add_argument("--batches", type=int, nargs="+", default=list(DEFAULT_DECODE_BATCHES),
-                        help="decode batch sizes")
+    parser.add_argument(
+        "--batches", type=int, nargs="+", default=list(DEFAULT_DECODE_BATCHES), help="decode batch sizes"
+    )
     parser.add_argument("--prompt-len", type=int, default=128, help="context of each decoding sequence")
-    parser.add_argument("--steps", type=int, default=8,
-                        help="timed decode steps per batch size (the fastest counts, as for the roofline)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=8,
+        help="timed decode steps per batch size (the fastest counts, as for the roofline)",
+    )
     parser.add_argument("--prefill-len", type=int, default=512, help="tokens per prefill prompt")
-    parser.add_argument("--prefill-batches", type=int, nargs="*", default=[1, 4],
-                        help="prompts per prefill step")
-    parser.add_argument("--sample", action="store_true",
-                        help="sample with temperature 0.8, top-p 0.95 instead of greedy")
-    parser.add_argument("--kv-cache-gb", type=float, default=None,
-                        help="KV budget (default: just enough for the largest configuration)")
+    parser.add_argument("--prefill-batches", type=int, nargs="*", default=[1, 4], help="prompts per prefill step")
+    parser.add_argument(
+        "--sample", action="store_true", help="sample with temperature 0.8, top-p 0.95 instead of greedy"
+    )
+    parser.add_argument(
+        "--kv-cache-gb", type=float, default=None, help="KV budget (default: just enough for the largest configuration)"
+    )
     parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
-    parser.add_argument("--json", action="store_true",
-                        help="print a JSON list of {phase, batch, tokens_per_s, roofline_fraction}")
+    parser.add_argument(
+        "--json", action="store_true", help="print a JSON list of {phase, batch, tokens_per_s, roofline_fraction}"
+    )
     parser.set_defaults(func=run)
 
 
@@ -52,11 +63,17 @@ def run(args: argparse.Namespace) -> int:
     from protos.log_config import configure_logging
 
     configure_logging(level="WARNING" if args.json else None)
-    config = RunnerConfig(model=args.model, device=args.device, attention_backend=args.attention_backend,
-                          kv_cache_gb=args.kv_cache_gb, num_threads=args.num_threads)
+    config = RunnerConfig(
+        model=args.model,
+        device=args.device,
+        attention_backend=args.attention_backend,
+        kv_cache_gb=args.kv_cache_gb,
+        num_threads=args.num_threads,
+    )
     if config.kv_cache_gb is None and not args.device.startswith("cuda"):
-        tokens = max(max(args.batches) * (args.prompt_len + args.steps + 4),
-                     max(args.prefill_batches or [1]) * args.prefill_len)
+        tokens = max(
+            max(args.batches) * (args.prompt_len + args.steps + 4), max(args.prefill_batches or [1]) * args.prefill_len
+        )
         config.kv_cache_gb = _gib_for_tokens(config, tokens + 64 * defaults.BLOCK_SIZE)
     runner = ModelRunner(config)
 
@@ -64,17 +81,29 @@ def run(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"measured {measured[0]} batch {measured[1]}: {measured[2]:.1f} tokens/s", flush=True)
 
-    gemm, results = run_executor_bench(runner, args.batches, args.prefill_batches, args.prompt_len,
-                                       args.prefill_len, args.steps, greedy=not args.sample, progress=show)
+    gemm, results = run_executor_bench(
+        runner,
+        args.batches,
+        args.prefill_batches,
+        args.prompt_len,
+        args.prefill_len,
+        args.steps,
+        greedy=not args.sample,
+        progress=show,
+    )
     if args.json:
         print(json.dumps([asdict(r) for r in results]))
     else:
         for r in results:
-            print(f"{r.phase:7s} batch {r.batch:3d}  {r.tokens_per_s:9.1f} tokens/s  "
-                  f"{100 * r.roofline_fraction:5.1f}% of GEMM roofline")
-        print(f"GEMM roofline: {gemm / 1e9:.1f} GFLOP/s ({runner.dtype_name}, {runner.device}); "
-              f"model {runner.model_config.num_params / 1e6:.1f} M params; "
-              f"goal: decode batch 64 >= {100 * GOAL_DECODE64_ROOFLINE:.0f}% of the roofline")
+            print(
+                f"{r.phase:7s} batch {r.batch:3d}  {r.tokens_per_s:9.1f} tokens/s  "
+                f"{100 * r.roofline_fraction:5.1f}% of GEMM roofline"
+            )
+        print(
+            f"GEMM roofline: {gemm / 1e9:.1f} GFLOP/s ({runner.dtype_name}, {runner.device}); "
+            f"model {runner.model_config.num_params / 1e6:.1f} M params; "
+            f"goal: decode batch 64 >= {100 * GOAL_DECODE64_ROOFLINE:.0f}% of the roofline"
+        )
     runner.close()
     return 0
 

@@ -13,41 +13,79 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from kvserve.cli import HelpFormatter
 
     parser = subparsers.add_parser(
-        "serve", help="serving benchmark: latency, throughput, cache reuse, ratios vs baselines",
+        "serve",
+        help="serving benchmark: latency, throughput, cache reuse, ratios vs baselines",
         description="Drive a kvserve server (or start one) through the async client with seeded workloads, "
-                    "then compare, in the same run, kvserve with prefix caching off, Hugging Face generate "
-                    "(static batching) and a contiguous-preallocation estimate. Prints a table and the "
-                    "goal ratios of docs/benchmarks.md; --json and --plot write them for machines and people.",
+        "then compare, in the same run, kvserve with prefix caching off, Hugging Face generate "
+        "(static batching) and a contiguous-preallocation estimate. Prints a table and the "
+        "goal ratios of docs/benchmarks.md; --json and --plot write them for machines and people.",
         formatter_class=HelpFormatter,
     )
-    parser.add_argument("--workload", choices=WORKLOAD_CHOICES, default="mixed",
-                        help="mixed: 64-512 prompt, 32-256 output; shared-prefix: 1,500-token system prompt + "
-                             "50-300-token questions; multi-turn: chats up to 10 turns; cold-warm: the "
-                             "shared-prefix requests on an empty then a primed cache; all: every one")
+    parser.add_argument(
+        "--workload",
+        choices=WORKLOAD_CHOICES,
+        default="mixed",
+        help="mixed: 64-512 prompt, 32-256 output; shared-prefix: 1,500-token system prompt + "
+        "50-300-token questions; multi-turn: chats up to 10 turns; cold-warm: the "
+        "shared-prefix requests on an empty then a primed cache; all: every one",
+    )
     parser.add_argument("--num-requests", type=int, default=32, help="requests per workload")
     parser.add_argument("--concurrency", type=int, default=16, help="most requests in flight (0: no limit)")
-    parser.add_argument("--request-rate", type=float, default=float("inf"),
-                        help="Poisson arrival rate in requests/s (inf: all arrive at once)")
+    parser.add_argument(
+        "--request-rate",
+        type=float,
+        default=float("inf"),
+        help="Poisson arrival rate in requests/s (inf: all arrive at once)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the workloads and the arrivals")
-    parser.add_argument("--max-tokens-cap", type=int, default=0,
-                        help="cap every request's max_tokens (0: the workload's own lengths); for short CPU runs")
-    parser.add_argument("--start-server", action="store_true",
-                        help="start kvserve serve (and the no-cache server) as subprocesses on free ports")
-    parser.add_argument("--executor", choices=("torch", "fake"), default="torch",
-                        help="executor of the started servers")
-    parser.add_argument("--server-arg", dest="server_args", action="append", default=[], metavar="ARG",
-                        help="extra argument passed to every started server, e.g. --server-arg=--num-blocks=512")
+    parser.add_argument(
+        "--max-tokens-cap",
+        type=int,
+        default=0,
+        help="cap every request's max_tokens (0: the workload's own lengths); for short CPU runs",
+    )
+    parser.add_argument(
+        "--start-server",
+        action="store_true",
+        help="start kvserve serve (and the no-cache server) as subprocesses on free ports",
+    )
+    parser.add_argument(
+        "--executor", choices=("torch", "fake"), default="torch", help="executor of the started servers"
+    )
+    parser.add_argument(
+        "--server-arg",
+        dest="server_args",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra argument passed to every started server, e.g. --server-arg=--num-blocks=512",
+    )
     parser.add_argument("--host", default=defaults.GRPC_HOST, help="server host (started servers listen here too)")
     parser.add_argument("--port", type=int, default=defaults.GRPC_PORT, help="port of an already running server")
-    parser.add_argument("--no-cache-target", default=None, metavar="HOST:PORT",
-                        help="an already running server with --no-prefix-caching; when unset, one is "
-                             "started with --start-server, else that baseline is skipped")
-    parser.add_argument("--baselines", nargs="*", choices=("hf", "no-cache", "prealloc"),
-                        default=["hf", "no-cache", "prealloc"], help="baselines to run in the same run")
+    parser.add_argument(
+        "--no-cache-target",
+        default=None,
+        metavar="HOST:PORT",
+        help="an already running server with --no-prefix-caching; when unset, one is "
+        "started with --start-server, else that baseline is skipped",
+    )
+    parser.add_argument(
+        "--baselines",
+        nargs="*",
+        choices=("hf", "no-cache", "prealloc"),
+        default=["hf", "no-cache", "prealloc"],
+        help="baselines to run in the same run",
+    )
     parser.add_argument("--model", default=defaults.DEFAULT_MODEL, help="model the hf baseline loads")
     parser.add_argument("--hf-batch-size", type=int, default=8, help="static batch size of the hf baseline")
-    parser.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
-                        help="write the JSON report to PATH (no PATH or '-': stdout, table to stderr)")
+    parser.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="PATH",
+        help="write the JSON report to PATH (no PATH or '-': stdout, table to stderr)",
+    )
     parser.add_argument("--plot", default=None, metavar="PATH", help="write a PNG of latencies and throughput")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--startup-timeout", type=float, default=180.0, help="seconds to wait for SERVING")
@@ -60,9 +98,9 @@ def run(args: argparse.Namespace) -> int:
     import shlex
     import sys
 
-    from protos.log_config import configure_logging
     from kvserve.bench.serve_benchmark import BenchConfig, run_serve_benchmark
     from kvserve.bench.workloads import WORKLOAD_NAMES
+    from protos.log_config import configure_logging
 
     configure_logging()
     config = BenchConfig(

@@ -1,6 +1,6 @@
 """`kvserve chat`: an interactive, streaming, multi-turn chat.
 
-The whole conversation is resent every turn. That is deliberate: the server's radix
+The whole conversation is resent every turn. That is deliberate: the server's
 prefix cache recognises the earlier turns and computes only the new ones (see the
 `cached` count with --verbose), so the client stays stateless about KV.
 """
@@ -31,15 +31,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from kvserve.cli import HelpFormatter
 
     parser = subparsers.add_parser(
-        "chat", help="interactive multi-turn chat with streaming replies",
+        "chat",
+        help="interactive multi-turn chat with streaming replies",
         description="Chat with the served model. Each turn resends the conversation so the prefix cache\n"
-                    "serves earlier turns. Commands: /reset starts over, /exit (or EOF, Ctrl-D) quits;\n"
-                    "Ctrl-C during a reply cancels that reply.",
+        "serves earlier turns. Commands: /reset starts over, /exit (or EOF, Ctrl-D) quits;\n"
+        "Ctrl-C during a reply cancels that reply.",
         formatter_class=HelpFormatter,
     )
     parser.add_argument("--system", default=None, help="system message that starts every conversation")
-    parser.add_argument("--verbose", action="store_true",
-                        help="after each reply, show prompt/cached/completion tokens and time to first token")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="after each reply, show prompt/cached/completion tokens and time to first token",
+    )
     add_connection_options(parser)
     add_sampling_options(parser, max_tokens_default=CHAT_MAX_TOKENS)
     add_request_options(parser)
@@ -73,8 +77,9 @@ def run(args: argparse.Namespace) -> int:
                     print("(conversation reset)", file=sys.stderr)
                     continue
                 conversation.append({"role": "user", "content": line})
-                reply = _stream_reply(client, conversation, sampling, request, verbose=args.verbose,
-                                      interactive=interactive)
+                reply = _stream_reply(
+                    client, conversation, sampling, request, verbose=args.verbose, interactive=interactive
+                )
                 if reply is None:  # interrupted: forget the unanswered turn
                     conversation.pop()
                 else:
@@ -87,8 +92,15 @@ def _fresh(system: str | None) -> list[dict[str, str]]:
     return [{"role": "system", "content": system}] if system is not None else []
 
 
-def _stream_reply(client: Any, conversation: list[dict[str, str]], sampling: dict[str, Any],
-                  request: dict[str, Any], *, verbose: bool, interactive: bool) -> str | None:
+def _stream_reply(
+    client: Any,
+    conversation: list[dict[str, str]],
+    sampling: dict[str, Any],
+    request: dict[str, Any],
+    *,
+    verbose: bool,
+    interactive: bool,
+) -> str | None:
     """Stream one assistant reply to stdout; None if Ctrl-C cancelled it."""
     parts: list[str] = []
     usage = None
@@ -112,7 +124,9 @@ def _stream_reply(client: Any, conversation: list[dict[str, str]], sampling: dic
     sys.stdout.write("\n")
     sys.stdout.flush()
     if verbose and usage is not None:
-        print(f"[prompt {usage.prompt_tokens} tokens, cached {usage.cached_tokens}, "
-              f"completion {usage.completion_tokens}, ttft {usage.ttft_s:.3f}s, total {usage.e2e_s:.3f}s]",
-              file=sys.stderr)
+        print(
+            f"[prompt {usage.prompt_tokens} tokens, cached {usage.cached_tokens}, "
+            f"completion {usage.completion_tokens}, ttft {usage.ttft_s:.3f}s, total {usage.e2e_s:.3f}s]",
+            file=sys.stderr,
+        )
     return "".join(parts)

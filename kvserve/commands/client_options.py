@@ -41,12 +41,18 @@ def add_connection_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--port", type=int, default=defaults.GRPC_PORT, help="kvserve gRPC port")
     token = group.add_mutually_exclusive_group()
     token.add_argument("--token", default=None, help="bearer token sent as `authorization: Bearer TOKEN`")
-    token.add_argument("--token-file", type=Path, default=None,
-                       help="read the bearer token from this file (keeps it out of `ps`)")
-    group.add_argument("--tls-ca", type=Path, default=None,
-                       help="PEM file of root certificates; connects with TLS when given (plaintext otherwise)")
-    group.add_argument("--timeout", type=float, default=None,
-                       help="deadline of each call in seconds; None = no deadline")
+    token.add_argument(
+        "--token-file", type=Path, default=None, help="read the bearer token from this file (keeps it out of `ps`)"
+    )
+    group.add_argument(
+        "--tls-ca",
+        type=Path,
+        default=None,
+        help="PEM file of root certificates; connects with TLS when given (plaintext otherwise)",
+    )
+    group.add_argument(
+        "--timeout", type=float, default=None, help="deadline of each call in seconds; None = no deadline"
+    )
 
 
 def add_sampling_options(parser: argparse.ArgumentParser, *, max_tokens_default: int | None = None) -> None:
@@ -59,21 +65,42 @@ def add_sampling_options(parser: argparse.ArgumentParser, *, max_tokens_default:
             group.add_argument("--max-tokens", type=int, default=max_tokens_default, help=text)
             continue
         shown = "off" if server_default is None else server_default
-        group.add_argument(f"--{name.replace('_', '-')}", type=kind, default=argparse.SUPPRESS,
-                           help=f"{text} (default: server's, {shown})")
-    group.add_argument("--stop", action="append", default=argparse.SUPPRESS, metavar="TEXT",
-                       help="stop string, trimmed from the output; repeatable (default: none)")
-    group.add_argument("--stop-token-id", dest="stop_token_ids", action="append", type=int,
-                       default=argparse.SUPPRESS, metavar="ID", help="stop token id; repeatable (default: none)")
-    group.add_argument("--ignore-eos", action="store_true", default=argparse.SUPPRESS,
-                       help="keep generating past the end-of-sequence token (default: off)")
+        group.add_argument(
+            f"--{name.replace('_', '-')}",
+            type=kind,
+            default=argparse.SUPPRESS,
+            help=f"{text} (default: server's, {shown})",
+        )
+    group.add_argument(
+        "--stop",
+        action="append",
+        default=argparse.SUPPRESS,
+        metavar="TEXT",
+        help="stop string, trimmed from the output; repeatable (default: none)",
+    )
+    group.add_argument(
+        "--stop-token-id",
+        dest="stop_token_ids",
+        action="append",
+        type=int,
+        default=argparse.SUPPRESS,
+        metavar="ID",
+        help="stop token id; repeatable (default: none)",
+    )
+    group.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="keep generating past the end-of-sequence token (default: off)",
+    )
 
 
 def add_request_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("request")
     group.add_argument("--priority", type=int, default=0, help="lower is served first")
-    group.add_argument("--cache-salt", default="",
-                       help="separate prefix-cache namespace within your tenant ('' = the tenant's own)")
+    group.add_argument(
+        "--cache-salt", default="", help="separate prefix-cache namespace within your tenant ('' = the tenant's own)"
+    )
     group.add_argument("--request-id", default=None, help="request id; None = the server assigns one")
 
 
@@ -86,7 +113,7 @@ def request_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return {"priority": args.priority, "cache_salt": args.cache_salt, "request_id": args.request_id}
 
 
-def make_client(args: argparse.Namespace) -> "Client":
+def make_client(args: argparse.Namespace) -> Client:
     from clients import Client
     from clients.channel import host_port
 
@@ -94,8 +121,9 @@ def make_client(args: argparse.Namespace) -> "Client":
     if args.token_file is not None:
         token = args.token_file.read_text().strip()
     root_certificates = args.tls_ca.read_bytes() if args.tls_ca is not None else None
-    return Client(host_port(args.host, args.port), token=token, root_certificates=root_certificates,
-                  timeout_s=args.timeout)
+    return Client(
+        host_port(args.host, args.port), token=token, root_certificates=root_certificates, timeout_s=args.timeout
+    )
 
 
 def report_error(command: str, error: BaseException) -> int:

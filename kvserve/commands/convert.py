@@ -11,19 +11,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from kvserve.cli import HelpFormatter
 
     parser = subparsers.add_parser(
-        "convert", help="convert a model (default: the built-in SmolLM2) into kvserve's cache",
+        "convert",
+        help="convert a model (default: the built-in SmolLM2) into kvserve's cache",
         description="Prepare a model directory. GGUF files are dequantized once into "
-                    f"${defaults.CACHE_DIR_ENV} (default ~/.cache/kvserve); later starts take seconds.",
+        f"${defaults.CACHE_DIR_ENV} (default ~/.cache/kvserve); later starts take seconds.",
         formatter_class=HelpFormatter,
     )
-    parser.add_argument("--model", default=defaults.DEFAULT_MODEL,
-                        help="the default model's name, an HF model directory, or a .gguf file")
+    parser.add_argument(
+        "--model",
+        default=defaults.DEFAULT_MODEL,
+        help="the default model's name, an HF model directory, or a .gguf file",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from protos.log_config import configure_logging
     from executor_svc.model_store import ensure_model_dir
+    from protos.log_config import configure_logging
 
     configure_logging()
     print(ensure_model_dir(args.model))

@@ -16,8 +16,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from executor_svc.entry import DESCRIPTION, EPILOG, add_arguments, run
 
     parser = subparsers.add_parser(
-        "executor", help="run an executor that registers with a scheduler's link",
-        description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter,
+        "executor",
+        help="run an executor that registers with a scheduler's link",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=HelpFormatter,
     )
     add_arguments(parser)
     parser.set_defaults(func=run)

@@ -28,17 +28,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from kvserve.cli import HelpFormatter
 
     parser = subparsers.add_parser(
-        "generate", help="send one prompt and stream the completion",
+        "generate",
+        help="send one prompt and stream the completion",
         description="Send PROMPT to a running kvserve server and print the completion as it streams.\n"
-                    "With --chat, PROMPT is one user message rendered with the model's chat template.\n"
-                    "Exits 1 with the gRPC status on stderr when the call fails.",
+        "With --chat, PROMPT is one user message rendered with the model's chat template.\n"
+        "Exits 1 with the gRPC status on stderr when the call fails.",
         formatter_class=HelpFormatter,
     )
     parser.add_argument("prompt", metavar="PROMPT", help="the prompt text ('-' reads it from stdin)")
     parser.add_argument("--chat", action="store_true", help="send PROMPT as a user chat message")
     parser.add_argument("--system", default=None, help="system message to send before PROMPT (implies --chat)")
-    parser.add_argument("--json", action="store_true",
-                        help="print one JSON object (text, finish_reason, usage, ...) instead of streaming")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object (text, finish_reason, usage, ...) instead of streaming",
+    )
     parser.add_argument("--verbose", action="store_true", help="print finish reason and usage to stderr")
     add_connection_options(parser)
     add_sampling_options(parser)
@@ -75,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def stream_to_stdout(client: Any, kwargs: dict[str, Any]) -> "Completion | None":
+def stream_to_stdout(client: Any, kwargs: dict[str, Any]) -> Completion | None:
     """Print text deltas as they arrive; None if the user interrupted (the request is cancelled)."""
     from clients.request_builder import CompletionAssembler
 
@@ -96,28 +100,36 @@ def stream_to_stdout(client: Any, kwargs: dict[str, Any]) -> "Completion | None"
     return assembler.result()
 
 
-def print_choices(completion: "Completion") -> None:
+def print_choices(completion: Completion) -> None:
     for choice in completion.choices:
         print(f"--- completion {choice.index} ({choice.finish_reason}) ---")
         print(choice.text)
 
 
-def usage_line(completion: "Completion") -> str:
+def usage_line(completion: Completion) -> str:
     u = completion.usage
-    return (f"[{completion.request_id}] finish={completion.finish_reason} prompt={u.prompt_tokens} "
-            f"cached={u.cached_tokens} completion={u.completion_tokens} queue={u.queue_time_s:.3f}s "
-            f"ttft={u.ttft_s:.3f}s e2e={u.e2e_s:.3f}s")
+    return (
+        f"[{completion.request_id}] finish={completion.finish_reason} prompt={u.prompt_tokens} "
+        f"cached={u.cached_tokens} completion={u.completion_tokens} queue={u.queue_time_s:.3f}s "
+        f"ttft={u.ttft_s:.3f}s e2e={u.e2e_s:.3f}s"
+    )
 
 
-def completion_json(completion: "Completion", *, with_logprobs: bool) -> dict[str, Any]:
+def completion_json(completion: Completion, *, with_logprobs: bool) -> dict[str, Any]:
     """The --json object: index 0's fields at the top level, every index under `choices` when n > 1."""
 
-    def one(c: "Completion") -> dict[str, Any]:
-        item: dict[str, Any] = {"index": c.index, "text": c.text, "finish_reason": c.finish_reason,
-                                "usage": asdict(c.usage), "token_ids": c.token_ids}
+    def one(c: Completion) -> dict[str, Any]:
+        item: dict[str, Any] = {
+            "index": c.index,
+            "text": c.text,
+            "finish_reason": c.finish_reason,
+            "usage": asdict(c.usage),
+            "token_ids": c.token_ids,
+        }
         if with_logprobs:
-            item["logprobs"] = [{"token_id": lp.token_id, "logprob": lp.logprob, "top": [list(t) for t in lp.top]}
-                                for lp in c.logprobs]
+            item["logprobs"] = [
+                {"token_id": lp.token_id, "logprob": lp.logprob, "top": [list(t) for t in lp.top]} for lp in c.logprobs
+            ]
         return item
 
     result = {"request_id": completion.request_id, **one(completion)}

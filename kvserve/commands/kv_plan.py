@@ -19,19 +19,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from protos.kv_geometry import DTYPE_BYTES
 
     parser = subparsers.add_parser(
-        "kv-plan", help="size the paged KV cache for a model and a memory budget",
+        "kv-plan",
+        help="size the paged KV cache for a model and a memory budget",
         description="Capacity planner. bytes/token = 2 x layers x kv_heads x head_dim x dtype bytes;\n"
-                    "blocks = floor(memory / (bytes/token x block size)).",
+        "blocks = floor(memory / (bytes/token x block size)).",
         formatter_class=HelpFormatter,
     )
-    parser.add_argument("config", nargs="?", default=argparse.SUPPRESS,
-                        help="a Hugging Face config.json or model directory (default: the built-in model)")
-    parser.add_argument("--kv-memory-gb", type=float, default=DEFAULT_KV_MEMORY_GB,
-                        help="memory for the KV cache in GiB (2^30 bytes)")
+    parser.add_argument(
+        "config",
+        nargs="?",
+        default=argparse.SUPPRESS,
+        help="a Hugging Face config.json or model directory (default: the built-in model)",
+    )
+    parser.add_argument(
+        "--kv-memory-gb", type=float, default=DEFAULT_KV_MEMORY_GB, help="memory for the KV cache in GiB (2^30 bytes)"
+    )
     parser.add_argument("--block-size", type=int, default=defaults.BLOCK_SIZE, help="tokens per KV block")
     parser.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="float16", help="KV element type")
-    parser.add_argument("--avg-context", type=int, default=DEFAULT_AVG_CONTEXT,
-                        help="average tokens per sequence (prompt + output), for concurrency and waste")
+    parser.add_argument(
+        "--avg-context",
+        type=int,
+        default=DEFAULT_AVG_CONTEXT,
+        help="average tokens per sequence (prompt + output), for concurrency and waste",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=run)
 
@@ -60,13 +70,17 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(asdict(plan)))
         return 0
-    print(f"model: {geometry.num_layers} layers, {geometry.num_kv_heads} KV heads, head_dim {geometry.head_dim}, "
-          f"{args.dtype}")
+    print(
+        f"model: {geometry.num_layers} layers, {geometry.num_kv_heads} KV heads, head_dim {geometry.head_dim}, "
+        f"{args.dtype}"
+    )
     print(f"bytes per token:      {plan.bytes_per_token:,}")
     print(f"bytes per block:      {plan.block_bytes:,}  ({plan.block_size} tokens)")
     print(f"blocks:               {plan.num_blocks:,}  in {args.kv_memory_gb:g} GiB")
     print(f"token capacity:       {plan.token_capacity:,}")
     print(f"concurrency:          {plan.max_concurrency:,} sequences of {plan.avg_context:,} tokens")
-    print(f"fragmentation bound:  {plan.fragmentation_pct:.2f}% "
-          f"(average tail waste {plan.block_size / 2:g} tokens per sequence)")
+    print(
+        f"fragmentation bound:  {plan.fragmentation_pct:.2f}% "
+        f"(average tail waste {plan.block_size / 2:g} tokens per sequence)"
+    )
     return 0

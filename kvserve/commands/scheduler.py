@@ -17,9 +17,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from scheduler_svc.server.server_config import ServerConfig
 
     parser = subparsers.add_parser(
-        "scheduler", help="run the scheduler service alone; an executor connects to --link",
+        "scheduler",
+        help="run the scheduler service alone; an executor connects to --link",
         description="The CPU scheduler and gRPC API without a supervised executor. Start executors with "
-                    "`kvserve executor --link ENDPOINT`. A tcp link off loopback should use a private network.",
+        "`kvserve executor --link ENDPOINT`. A tcp link off loopback should use a private network.",
         formatter_class=HelpFormatter,
     )
     add_flags(parser, ServerConfig, overrides={"link": {"default": default_tcp_endpoint()}})

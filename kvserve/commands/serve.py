@@ -28,32 +28,50 @@ EXECUTOR_KINDS = ("torch", "fake")
 class ServeConfig:
     """The supervised executor child's options (passed on to it as `kvserve executor` flags)."""
 
-    executor: str = field(default="torch", metadata=flag(
-        "torch: the real model (triton attention on CUDA); fake: no model, for tests",
-        choices=EXECUTOR_KINDS, group=_EXECUTOR))
-    model: str = field(default=defaults.DEFAULT_MODEL, metadata=flag(
-        "the default model's name, an HF model directory, or a .gguf file", group=_EXECUTOR))
-    kv_cache_gb: float | None = field(default=None, metadata=flag(
-        f"KV cache budget in GiB; None: {defaults.KV_CACHE_GB_CPU} on CPU, sized from free memory on CUDA",
-        group=_EXECUTOR))
-    num_blocks: int | None = field(default=None, metadata=flag(
-        "KV blocks of the fake executor; None: its own default", group=_EXECUTOR))
-    step_latency_ms: float | None = field(default=None, metadata=flag(
-        "per-step latency of the fake executor; None: its own default", group=_EXECUTOR))
-    executor_args: str = field(default="", metadata=flag(
-        "extra `kvserve executor` options, shell-quoted", group=_EXECUTOR))
-    executor_restart: bool = field(default=True, metadata=flag(
-        "restarting the executor when it dies; without it requests fail after the restart timeout",
-        group=_EXECUTOR))
+    executor: str = field(
+        default="torch",
+        metadata=flag(
+            "torch: the real model (triton attention on CUDA); fake: no model, for tests",
+            choices=EXECUTOR_KINDS,
+            group=_EXECUTOR,
+        ),
+    )
+    model: str = field(
+        default=defaults.DEFAULT_MODEL,
+        metadata=flag("the default model's name, an HF model directory, or a .gguf file", group=_EXECUTOR),
+    )
+    kv_cache_gb: float | None = field(
+        default=None,
+        metadata=flag(
+            f"KV cache budget in GiB; None: {defaults.KV_CACHE_GB_CPU} on CPU, sized from free memory on CUDA",
+            group=_EXECUTOR,
+        ),
+    )
+    num_blocks: int | None = field(
+        default=None, metadata=flag("KV blocks of the fake executor; None: its own default", group=_EXECUTOR)
+    )
+    step_latency_ms: float | None = field(
+        default=None, metadata=flag("per-step latency of the fake executor; None: its own default", group=_EXECUTOR)
+    )
+    executor_args: str = field(
+        default="", metadata=flag("extra `kvserve executor` options, shell-quoted", group=_EXECUTOR)
+    )
+    executor_restart: bool = field(
+        default=True,
+        metadata=flag(
+            "restarting the executor when it dies; without it requests fail after the restart timeout", group=_EXECUTOR
+        ),
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from scheduler_svc.server.server_config import ServerConfig
 
     parser = subparsers.add_parser(
-        "serve", help="serve a model: scheduler + supervised executor (gRPC on 127.0.0.1:50051)",
+        "serve",
+        help="serve a model: scheduler + supervised executor (gRPC on 127.0.0.1:50051)",
         description="Start the executor as a supervised child process and the scheduler with its gRPC API. "
-                    "Prints where it listens once healthy. Stop with Ctrl-C or SIGTERM (drains first).",
+        "Prints where it listens once healthy. Stop with Ctrl-C or SIGTERM (drains first).",
         formatter_class=HelpFormatter,
     )
     add_flags(parser, ServeConfig)
@@ -63,9 +81,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def executor_args(serve: ServeConfig, server: ServerConfig, endpoint: str) -> list[str]:
     """`kvserve executor` options for the supervised child."""
-    argv = ["--executor", serve.executor, "--link", endpoint, "--model", serve.model,
-            # the executor sizes its buffers for the same budgets the scheduler will plan with
-            "--max-num-batched-tokens", str(server.max_num_batched_tokens), "--max-num-seqs", str(server.max_num_seqs)]
+    argv = [
+        "--executor",
+        serve.executor,
+        "--link",
+        endpoint,
+        "--model",
+        serve.model,
+        # the executor sizes its buffers for the same budgets the scheduler will plan with
+        "--max-num-batched-tokens",
+        str(server.max_num_batched_tokens),
+        "--max-num-seqs",
+        str(server.max_num_seqs),
+    ]
     if server.max_model_len is not None:
         argv += ["--max-model-len", str(server.max_model_len)]
     if serve.kv_cache_gb is not None:
@@ -89,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
     serve = config_from_args(ServeConfig, args)
     config = config_from_args(ServerConfig, args)
     endpoint = resolve_link_endpoint(config)
-    supervisor = ExecutorSupervisor(executor_command(executor_args(serve, config, endpoint)),
-                                    restart=serve.executor_restart)
+    supervisor = ExecutorSupervisor(
+        executor_command(executor_args(serve, config, endpoint)), restart=serve.executor_restart
+    )
     return asyncio.run(run_service(config, endpoint=endpoint, supervisor=supervisor))

@@ -27,18 +27,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from kvserve.cli import HelpFormatter
 
     parser = subparsers.add_parser(
-        "stats", help="show server health, model info and KV/scheduler statistics",
+        "stats",
+        help="show server health, model info and KV/scheduler statistics",
         description="Print the grpc.health status, ModelInfo and ServerStats of a running server.\n"
-                    f"Exit codes: 0 ok; 1 the server could not be reached or failed; "
-                    f"{EXIT_NOT_SERVING} (--health-only) it answered NOT_SERVING.",
+        f"Exit codes: 0 ok; 1 the server could not be reached or failed; "
+        f"{EXIT_NOT_SERVING} (--health-only) it answered NOT_SERVING.",
         formatter_class=HelpFormatter,
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object: health, model, stats")
     probe = parser.add_mutually_exclusive_group()
-    probe.add_argument("--health-only", action="store_true",
-                       help="print only the health status; exit 0 only if SERVING")
-    probe.add_argument("--alive", action="store_true",
-                       help="liveness probe: exit 0 if the server answers health checks at all (even NOT_SERVING)")
+    probe.add_argument(
+        "--health-only", action="store_true", help="print only the health status; exit 0 only if SERVING"
+    )
+    probe.add_argument(
+        "--alive",
+        action="store_true",
+        help="liveness probe: exit 0 if the server answers health checks at all (even NOT_SERVING)",
+    )
     add_connection_options(parser)
     parser.set_defaults(func=run)
 
@@ -65,12 +70,14 @@ def run(args: argparse.Namespace) -> int:
 
 def render(health: str, model: dict[str, Any], stats: dict[str, Any]) -> str:
     """A compact human-readable report."""
-    lines = [f"health: {health}",
-             f"model: {model.get('model_id')}  executor={model.get('executor_kind')} device={model.get('device')} "
-             f"dtype={model.get('dtype')} attention={model.get('attention_backend')}",
-             f"  vocab={model.get('vocab_size')} max_model_len={model.get('max_model_len')} "
-             f"block_size={model.get('block_size')} num_blocks={model.get('num_blocks')} "
-             f"chat_template={'yes' if model.get('has_chat_template') else 'no'}"]
+    lines = [
+        f"health: {health}",
+        f"model: {model.get('model_id')}  executor={model.get('executor_kind')} device={model.get('device')} "
+        f"dtype={model.get('dtype')} attention={model.get('attention_backend')}",
+        f"  vocab={model.get('vocab_size')} max_model_len={model.get('max_model_len')} "
+        f"block_size={model.get('block_size')} num_blocks={model.get('num_blocks')} "
+        f"chat_template={'yes' if model.get('has_chat_template') else 'no'}",
+    ]
     for title, keys in _STATS_LAYOUT:
         values = "  ".join(f"{key}={_fmt(stats.get(key))}" for key in keys)
         lines.append(f"{title}: {values}")

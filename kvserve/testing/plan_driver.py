@@ -40,7 +40,7 @@ class DrivenSequence:
 
     @property
     def outputs(self) -> list[int]:
-        return self.token_ids[self.prompt_len:]
+        return self.token_ids[self.prompt_len :]
 
 
 class PlanDriver:
@@ -61,16 +61,33 @@ class PlanDriver:
         self._step = 0
         self.last_results: list[StepResult] = []
 
-    def add(self, seq_id: int, prompt: list[int], max_new_tokens: int | None = None, *,
-            sampling: SamplingParams | None = None, seed: int = 0, chunk_size: int | None = None,
-            prefix_blocks: list[int] | None = None, copy_prefix: bool = False,
-            retain: bool = False) -> DrivenSequence:
+    def add(
+        self,
+        seq_id: int,
+        prompt: list[int],
+        max_new_tokens: int | None = None,
+        *,
+        sampling: SamplingParams | None = None,
+        seed: int = 0,
+        chunk_size: int | None = None,
+        prefix_blocks: list[int] | None = None,
+        copy_prefix: bool = False,
+        retain: bool = False,
+    ) -> DrivenSequence:
         """Queue a sequence (greedy unless `sampling` says otherwise). `prefix_blocks` are full
         blocks already holding the prompt's first tokens (e.g. another sequence's); they are
         shared, or copied into fresh blocks. `retain` keeps the blocks alive after the
         sequence finishes (a prefix-cache stand-in)."""
-        seq = DrivenSequence(seq_id, list(prompt), len(prompt), sampling or SamplingParams(temperature=0.0),
-                             seed, max_new_tokens, chunk_size, retain)
+        seq = DrivenSequence(
+            seq_id,
+            list(prompt),
+            len(prompt),
+            sampling or SamplingParams(temperature=0.0),
+            seed,
+            max_new_tokens,
+            chunk_size,
+            retain,
+        )
         for block in prefix_blocks or []:
             if copy_prefix:
                 fresh = self._allocate()
@@ -100,9 +117,13 @@ class PlanDriver:
     def step(self, chunk: int | None = None, only: list[int] | None = None) -> StepResult:
         """Schedule every active sequence (or `only` those listed): the rest of its known
         tokens, at most its own `chunk_size` and at most `chunk`."""
-        plan = StepPlan(step_id=self._next_id(), drop_seq_ids=self._take(self._drops),
-                        copies=self._take(self._copies), swap_out=self._take(self._swap_out),
-                        swap_in=self._take(self._swap_in))
+        plan = StepPlan(
+            step_id=self._next_id(),
+            drop_seq_ids=self._take(self._drops),
+            copies=self._take(self._copies),
+            swap_out=self._take(self._swap_out),
+            swap_in=self._take(self._swap_in),
+        )
         scheduled: dict[int, int] = {}
         for seq in self.active.values():
             if seq.swapped or (only is not None and seq.seq_id not in only):
@@ -116,15 +137,29 @@ class PlanDriver:
                 seq.new_blocks.append(block)
             scheduled[seq.seq_id] = count
             if not seq.sent:
-                plan.new_seqs.append(NewSequence(
-                    seq_id=seq.seq_id, token_ids=list(seq.token_ids), prompt_len=seq.prompt_len,
-                    num_computed_tokens=seq.num_computed, num_scheduled_tokens=count,
-                    block_table=list(seq.block_table), sampling=seq.sampling, seed=seq.seed))
+                plan.new_seqs.append(
+                    NewSequence(
+                        seq_id=seq.seq_id,
+                        token_ids=list(seq.token_ids),
+                        prompt_len=seq.prompt_len,
+                        num_computed_tokens=seq.num_computed,
+                        num_scheduled_tokens=count,
+                        block_table=list(seq.block_table),
+                        sampling=seq.sampling,
+                        seed=seq.seed,
+                    )
+                )
                 seq.sent = True
             else:
-                plan.known_seqs.append(KnownSequence(
-                    seq_id=seq.seq_id, new_token_ids=seq.pending, num_computed_tokens=seq.num_computed,
-                    num_scheduled_tokens=count, new_block_ids=list(seq.new_blocks)))
+                plan.known_seqs.append(
+                    KnownSequence(
+                        seq_id=seq.seq_id,
+                        new_token_ids=seq.pending,
+                        num_computed_tokens=seq.num_computed,
+                        num_scheduled_tokens=count,
+                        new_block_ids=list(seq.new_blocks),
+                    )
+                )
             seq.pending, seq.new_blocks = [], []
         result = self.executor.execute(plan)
         self.last_results.append(result)

@@ -97,15 +97,18 @@ class ServeProcess:
         for line in self.log_text().splitlines():
             if f'"{event}"' in line and "{" in line:
                 try:
-                    found.append(json.loads(line[line.index("{"):]))
+                    found.append(json.loads(line[line.index("{") :]))
                 except json.JSONDecodeError:
                     continue
         return found
 
     def event_times(self, event: str) -> list[float]:
         """Wall-clock (epoch) times of a log event, from structlog's ISO UTC timestamps."""
-        return [datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp()
-                for e in self.log_events(event) if "timestamp" in e]
+        return [
+            datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp()
+            for e in self.log_events(event)
+            if "timestamp" in e
+        ]
 
     def executor_pids(self) -> list[int]:
         return [e["pid"] for e in self.log_events("executor_started")]
@@ -113,23 +116,26 @@ class ServeProcess:
     def health(self, timeout_s: float = 2.0) -> int | None:
         with self.channel() as channel:
             try:
-                return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
-                                                                 timeout=timeout_s).status
+                return (
+                    health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s).status
+                )
             except grpc.RpcError:
                 return None
 
     def stats(self) -> api_pb2.ServerStatsResponse:
         with self.channel() as channel:
-            return api_pb2_grpc.KVServeStub(channel).ServerStats(api_pb2.ServerStatsRequest(), timeout=5,
-                                                                 metadata=self.metadata)
+            return api_pb2_grpc.KVServeStub(channel).ServerStats(
+                api_pb2.ServerStatsRequest(), timeout=5, metadata=self.metadata
+            )
 
     def wait_serving(self, timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S) -> None:
         """Block until health says SERVING; ServerStartError (with the log tail) if it exits or times out."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise ServerStartError(f"{self.name} exited with {self.process.returncode}:\n"
-                                       f"{self.log_text()[-_LOG_TAIL_CHARS:]}")
+                raise ServerStartError(
+                    f"{self.name} exited with {self.process.returncode}:\n{self.log_text()[-_LOG_TAIL_CHARS:]}"
+                )
             if self.health() == health_pb2.HealthCheckResponse.SERVING:
                 return
             time.sleep(0.1)
@@ -140,8 +146,12 @@ class ServeProcess:
         deadline = time.monotonic() + timeout_s
         while True:
             stats = self.stats()
-            idle = (stats.requests_running == 0 and stats.requests_waiting == 0 and stats.requests_swapped == 0
-                    and stats.blocks_referenced == 0)
+            idle = (
+                stats.requests_running == 0
+                and stats.requests_waiting == 0
+                and stats.requests_swapped == 0
+                and stats.blocks_referenced == 0
+            )
             if idle or time.monotonic() > deadline:
                 return stats
             time.sleep(0.1)
@@ -188,8 +198,9 @@ class ServeProcess:
                 pass
 
 
-def start_serve(args: Sequence[str], log_dir: Path | None = None, *, host: str = "127.0.0.1",
-                name: str = "serve") -> ServeProcess:
+def start_serve(
+    args: Sequence[str], log_dir: Path | None = None, *, host: str = "127.0.0.1", name: str = "serve"
+) -> ServeProcess:
     """Launch `kvserve serve ARGS` on a free port in its own session and return at once
     (then `wait_serving`). The log goes to `log_dir`, or to a temporary file."""
     port = free_port(host)
@@ -203,14 +214,25 @@ def start_serve(args: Sequence[str], log_dir: Path | None = None, *, host: str =
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(
             [sys.executable, "-m", "kvserve", "serve", "--host", host, "--port", str(port), *args],
-            stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+        )
     target_host = "127.0.0.1" if host in ("0.0.0.0", "") else host  # a wildcard bind is reached via loopback
     return ServeProcess(process=process, port=port, log_path=log_path, target_host=target_host, name=name)
 
 
 @contextlib.contextmanager
-def serving(args: Sequence[str], log_dir: Path | None = None, *, host: str = "127.0.0.1", name: str = "serve",
-            timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S) -> Iterator[ServeProcess]:
+def serving(
+    args: Sequence[str],
+    log_dir: Path | None = None,
+    *,
+    host: str = "127.0.0.1",
+    name: str = "serve",
+    timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+) -> Iterator[ServeProcess]:
     """A SERVING server for the length of a `with` block, stopped however the block ends."""
     server = start_serve(args, log_dir, host=host, name=name)
     try:

@@ -12,11 +12,18 @@ def greedy_request(key: int, max_tokens: int, *, prompt_len: int = 24, **fields)
     ids = [(key * 7919 + i * 104729) % 40000 + 100 for i in range(prompt_len)]
     return api_pb2.GenerateRequest(
         token_ids=api_pb2.TokenIds(ids=ids),
-        sampling=api_pb2.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True), **fields)
+        sampling=api_pb2.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
+        **fields,
+    )
 
 
-async def collect(stub: api_pb2_grpc.KVServeStub, request: api_pb2.GenerateRequest, *,
-                  timeout_s: float = 120.0, metadata: Sequence[tuple[str, str]] = ()) -> tuple[list[int], int]:
+async def collect(
+    stub: api_pb2_grpc.KVServeStub,
+    request: api_pb2.GenerateRequest,
+    *,
+    timeout_s: float = 120.0,
+    metadata: Sequence[tuple[str, str]] = (),
+) -> tuple[list[int], int]:
     """(token ids, finish reason) of a whole stream."""
     ids: list[int] = []
     reason = 0

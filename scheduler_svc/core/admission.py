@@ -20,8 +20,11 @@ def fork_match(seq: Sequence, block_size: int, step_id: int) -> PrefixMatch | No
     if seq.index == 0 or len(seq.token_ids) != seq.prompt_len:
         return None  # completion 0 itself, or a resumed completion with outputs of its own
     parent = seq.request.seqs[0]
-    if (parent.status is not SequenceStatus.RUNNING or parent.num_computed < seq.prompt_len
-            or parent.started_step == step_id):
+    if (
+        parent.status is not SequenceStatus.RUNNING
+        or parent.num_computed < seq.prompt_len
+        or parent.started_step == step_id
+    ):
         # A parent (re)started in this very plan may still be filling its blocks by copy or swap-in.
         return None
     full, slots = divmod(seq.prompt_len - 1, block_size)
@@ -55,16 +58,19 @@ def admission_order(waiting: list[Sequence], tree: PrefixTree, config: Scheduler
     A sequence overtaken `cache_aware_max_skips` times goes first within its priority
     (the starvation bound); beyond the window the queue stays FCFS.
     """
-    window = waiting[:config.cache_aware_window]
+    window = waiting[: config.cache_aware_window]
     max_skips = config.cache_aware_max_skips
 
     def rank(seq: Sequence) -> tuple:
         starving = seq.skips >= max_skips
-        hit = 0 if starving else tree.match(seq.request.namespace, seq.token_ids,
-                                            len(seq.token_ids) - 1, count=False).num_tokens
+        hit = (
+            0
+            if starving
+            else tree.match(seq.request.namespace, seq.token_ids, len(seq.token_ids) - 1, count=False).num_tokens
+        )
         return (seq.sort_key[0], not starving, -hit, seq.sort_key)
 
-    return sorted(window, key=rank) + waiting[config.cache_aware_window:]
+    return sorted(window, key=rank) + waiting[config.cache_aware_window :]
 
 
 def count_skips(ranked: list[Sequence], admitted: list[Sequence], window: int) -> None:

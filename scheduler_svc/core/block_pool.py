@@ -70,8 +70,8 @@ class BlockPool:
             return None
         refs = self.ref_counts
         if count <= len(free):
-            blocks = free[len(free) - count:]
-            del free[len(free) - count:]
+            blocks = free[len(free) - count :]
+            del free[len(free) - count :]
         else:
             blocks = free[:]
             free.clear()
@@ -159,8 +159,8 @@ class CpuBlockPool:
     def allocate(self, count: int) -> list[int] | None:
         if count > len(self._free):
             return None
-        blocks = self._free[len(self._free) - count:]
-        del self._free[len(self._free) - count:]
+        blocks = self._free[len(self._free) - count :]
+        del self._free[len(self._free) - count :]
         return blocks
 
     def release(self, blocks: Iterable[int]) -> None:

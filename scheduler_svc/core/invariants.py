@@ -41,13 +41,19 @@ def _check_pool(view: SchedulerView) -> None:
     _require(len(free) == len(set(free)), f"a block appears twice in the free list: {sorted(free)}")
     _require(not set(free) & set(cached), f"blocks both free and cached: {sorted(set(free) & set(cached))}")
     for block in free:
-        _require(pool.ref_counts[block] == 0 and not pool.is_cached(block),
-                 f"free block {block} has ref count {pool.ref_counts[block]} or is still cached")
+        _require(
+            pool.ref_counts[block] == 0 and not pool.is_cached(block),
+            f"free block {block} has ref count {pool.ref_counts[block]} or is still cached",
+        )
     for block in cached:
-        _require(pool.ref_counts[block] == 0 and pool.is_cached(block),
-                 f"evictable block {block} has ref count {pool.ref_counts[block]} or is not in the tree")
-    _require(len(free) + len(cached) + referenced == pool.num_blocks,
-             f"free {len(free)} + cached {len(cached)} + referenced {referenced} != total {pool.num_blocks}")
+        _require(
+            pool.ref_counts[block] == 0 and pool.is_cached(block),
+            f"evictable block {block} has ref count {pool.ref_counts[block]} or is not in the tree",
+        )
+    _require(
+        len(free) + len(cached) + referenced == pool.num_blocks,
+        f"free {len(free)} + cached {len(cached)} + referenced {referenced} != total {pool.num_blocks}",
+    )
     _require(not view.pinned, f"blocks still pinned outside schedule(): {list(view.pinned)}")
 
 
@@ -59,8 +65,10 @@ def _check_ref_counts(view: SchedulerView) -> None:
         _require(len(table) == len(set(table)), f"seq {seq.seq_id} holds a block twice: {table}")
         holders.update(table)
     for block in range(pool.num_blocks):
-        _require(pool.ref_counts[block] == holders[block],
-                 f"block {block}: ref count {pool.ref_counts[block]} but {holders[block]} live block tables hold it")
+        _require(
+            pool.ref_counts[block] == holders[block],
+            f"block {block}: ref count {pool.ref_counts[block]} but {holders[block]} live block tables hold it",
+        )
 
 
 def _check_tree(view: SchedulerView) -> None:
@@ -74,16 +82,19 @@ def _check_tree(view: SchedulerView) -> None:
         _require(tree.node_of(node.block) is node, f"block {node.block} maps to another node")
         _require(tree.is_attached(node), f"tree node for block {node.block} is detached from its namespace root")
         _require(0 < len(node.key) <= bs, f"node for block {node.block} has a key of {len(node.key)} tokens")
-        _require(len(node.key) == bs or not node.children,
-                 f"partial tail node for block {node.block} has children")
+        _require(len(node.key) == bs or not node.children, f"partial tail node for block {node.block} has children")
         parent = node.parent
         if pool.ref_counts[node.block] > 0 and parent is not None and parent.parent is not None:
-            _require(pool.ref_counts[parent.block] > 0,
-                     f"block {node.block} is referenced but its parent block {parent.block} is not")
+            _require(
+                pool.ref_counts[parent.block] > 0,
+                f"block {node.block} is referenced but its parent block {parent.block} is not",
+            )
         if node.block in lru_position:
             for child in node.children.values():
-                _require(lru_position.get(child.block, -1) < lru_position[node.block],
-                         f"block {node.block} would be evicted before its child {child.block}")
+                _require(
+                    lru_position.get(child.block, -1) < lru_position[node.block],
+                    f"block {node.block} would be evicted before its child {child.block}",
+                )
     for seq in view.running:
         if seq.num_tree_blocks == 0:
             _require(seq.tree_node is None, f"seq {seq.seq_id} has a tree node but no tree blocks")
@@ -111,8 +122,10 @@ def _check_queues(view: SchedulerView) -> None:
     live = 0
     for request_id, request in view.requests.items():
         unfinished = [seq for seq in request.seqs if not seq.is_finished]
-        _require(request.num_unfinished == len(unfinished) > 0,
-                 f"request {request_id}: num_unfinished {request.num_unfinished}, actually {len(unfinished)}")
+        _require(
+            request.num_unfinished == len(unfinished) > 0,
+            f"request {request_id}: num_unfinished {request.num_unfinished}, actually {len(unfinished)}",
+        )
         for seq in unfinished:
             live += 1
             _require(id(seq) in members, f"seq {seq.seq_id} ({seq.status.value}) is in no queue")
@@ -120,12 +133,16 @@ def _check_queues(view: SchedulerView) -> None:
             _require(queue_of[id(seq)] is expected, f"seq {seq.seq_id} is {seq.status.value} but queued elsewhere")
             if seq.status is SequenceStatus.RUNNING:
                 _require(seq.known, f"running seq {seq.seq_id} is unknown to the executor")
-                _require(seq.num_computed < len(seq.token_ids),
-                         f"running seq {seq.seq_id} has computed all its {len(seq.token_ids)} tokens")
+                _require(
+                    seq.num_computed < len(seq.token_ids),
+                    f"running seq {seq.seq_id} has computed all its {len(seq.token_ids)} tokens",
+                )
                 blocks = len(seq.block_table)
-                _require(-(-seq.num_computed // bs) <= blocks <= -(-len(seq.token_ids) // bs),
-                         f"running seq {seq.seq_id}: {blocks} blocks for {seq.num_computed} computed "
-                         f"of {len(seq.token_ids)} tokens")
+                _require(
+                    -(-seq.num_computed // bs) <= blocks <= -(-len(seq.token_ids) // bs),
+                    f"running seq {seq.seq_id}: {blocks} blocks for {seq.num_computed} computed "
+                    f"of {len(seq.token_ids)} tokens",
+                )
             else:
                 _require(not seq.block_table, f"{seq.status.value} seq {seq.seq_id} still holds device blocks")
                 _require(not seq.known, f"{seq.status.value} seq {seq.seq_id} is still known to the executor")
@@ -140,11 +157,15 @@ def _check_swap_space(view: SchedulerView) -> None:
     used = [block for seq in view.swapped for block in seq.cpu_table]
     _require(len(free) == len(set(free)), "a CPU block appears twice in the CPU free list")
     _require(len(used) == len(set(used)) and not set(used) & set(free), "a CPU block is owned twice")
-    _require(len(free) + len(used) == cpu.num_blocks,
-             f"CPU blocks: free {len(free)} + swapped {len(used)} != total {cpu.num_blocks}")
+    _require(
+        len(free) + len(used) == cpu.num_blocks,
+        f"CPU blocks: free {len(free)} + swapped {len(used)} != total {cpu.num_blocks}",
+    )
     for seq in view.swapped:
-        _require(len(seq.cpu_table) == -(-seq.num_computed // bs),
-                 f"swapped seq {seq.seq_id}: {len(seq.cpu_table)} CPU blocks for {seq.num_computed} tokens")
+        _require(
+            len(seq.cpu_table) == -(-seq.num_computed // bs),
+            f"swapped seq {seq.seq_id}: {len(seq.cpu_table)} CPU blocks for {seq.num_computed} tokens",
+        )
 
 
 def dump(view: SchedulerView) -> str:
@@ -159,14 +180,19 @@ def dump(view: SchedulerView) -> str:
         f"pending drops: {list(view.pending_drops)}",
     ]
     for request in view.requests.values():
-        lines.append(f"request {request.request_id!r} prio={request.priority} ns={request.namespace!r} "
-                     f"prompt={len(request.prompt_token_ids)} n={len(request.seqs)}")
+        lines.append(
+            f"request {request.request_id!r} prio={request.priority} ns={request.namespace!r} "
+            f"prompt={len(request.prompt_token_ids)} n={len(request.seqs)}"
+        )
         for seq in request.seqs:
-            table = " ".join(f"{block}(rc={refs[block]}{',tree' if pool.is_cached(block) else ''})"
-                             for block in seq.block_table)
-            lines.append(f"  seq {seq.seq_id} #{seq.index} {seq.status.value:9} computed {seq.num_computed}/"
-                         f"{len(seq.token_ids)} tree_blocks {seq.num_tree_blocks}"
-                         f"{' frozen' if seq.cache_frozen else ''}  blocks [{table}]"
-                         + (f"  cpu {seq.cpu_table}" if seq.cpu_table else ""))
+            table = " ".join(
+                f"{block}(rc={refs[block]}{',tree' if pool.is_cached(block) else ''})" for block in seq.block_table
+            )
+            lines.append(
+                f"  seq {seq.seq_id} #{seq.index} {seq.status.value:9} computed {seq.num_computed}/"
+                f"{len(seq.token_ids)} tree_blocks {seq.num_tree_blocks}"
+                f"{' frozen' if seq.cache_frozen else ''}  blocks [{table}]"
+                + (f"  cpu {seq.cpu_table}" if seq.cpu_table else "")
+            )
     lines.append(f"evictable (LRU first): {pool.cached_blocks_lru()}")
     return "\n".join(lines)

@@ -35,8 +35,13 @@ def plan_kv(geometry: KvGeometry, kv_memory_bytes: int, block_size: int, dtype: 
     blocks_per_seq = -(-avg_context // block_size)
     tail_waste = block_size / 2
     return KvPlan(
-        bytes_per_token=per_token, block_bytes=block_bytes, num_blocks=num_blocks,
-        token_capacity=num_blocks * block_size, max_concurrency=num_blocks // blocks_per_seq,
+        bytes_per_token=per_token,
+        block_bytes=block_bytes,
+        num_blocks=num_blocks,
+        token_capacity=num_blocks * block_size,
+        max_concurrency=num_blocks // blocks_per_seq,
         fragmentation_pct=100.0 * tail_waste / (avg_context + tail_waste),
-        block_size=block_size, avg_context=avg_context, kv_memory_bytes=kv_memory_bytes,
+        block_size=block_size,
+        avg_context=avg_context,
+        kv_memory_bytes=kv_memory_bytes,
     )

@@ -26,8 +26,9 @@ class KvManager:
 
     __slots__ = ("_pinned", "block_size", "caching", "cpu", "pool", "tree")
 
-    def __init__(self, num_blocks: int, block_size: int, num_cpu_blocks: int, caching: bool,
-                 previous: KvManager | None = None) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, num_cpu_blocks: int, caching: bool, previous: KvManager | None = None
+    ) -> None:
         """`previous` carries the prefix-cache counters across an executor reset."""
         self.block_size = block_size
         self.caching = caching
@@ -110,7 +111,7 @@ class KvManager:
         tokens, table, node = seq.token_ids, seq.block_table, seq.tree_node
         namespace = seq.request.namespace
         for index in range(seq.num_tree_blocks, seq.num_computed // bs):
-            child = self.tree.insert(namespace, node, tuple(tokens[index * bs:(index + 1) * bs]), table[index])
+            child = self.tree.insert(namespace, node, tuple(tokens[index * bs : (index + 1) * bs]), table[index])
             if child is None:  # same tokens already cached in another block: this chain stays private
                 seq.cache_frozen = True
                 break
@@ -126,7 +127,7 @@ class KvManager:
         if self.caching and not seq.cache_frozen:
             full, tail = divmod(seq.num_computed, self.block_size)
             if tail and seq.num_tree_blocks == full and full < len(table):
-                key = tuple(seq.token_ids[full * self.block_size:seq.num_computed])
+                key = tuple(seq.token_ids[full * self.block_size : seq.num_computed])
                 self.tree.insert(seq.request.namespace, seq.tree_node, key, table[full])
         self.pool.release_table(table)
         seq.block_table = []

@@ -98,7 +98,7 @@ class PrefixTree:
         pos = 0
         children = node.children
         while pos + bs <= max_tokens and children:
-            child = children.get(tuple(token_ids[pos:pos + bs]))
+            child = children.get(tuple(token_ids[pos : pos + bs]))
             if child is None:
                 break
             blocks.append(child.block)
@@ -107,7 +107,7 @@ class PrefixTree:
             pos += bs
         partial_block, partial_slots = None, 0
         if pos < max_tokens and children:
-            rest = token_ids[pos:min(pos + bs, max_tokens)]
+            rest = token_ids[pos : min(pos + bs, max_tokens)]
             first = rest[0]
             for key, child in children.items():
                 if key[0] != first:
@@ -154,8 +154,10 @@ class PrefixTree:
     def _on_evict(self, block: int) -> None:
         node = self._node_of_block.pop(block)
         if node.children:
-            raise AssertionError(f"evicting block {block} whose node still has "
-                                 f"{len(node.children)} children: eviction must take leaves only")
+            raise AssertionError(
+                f"evicting block {block} whose node still has "
+                f"{len(node.children)} children: eviction must take leaves only"
+            )
         parent = node.parent
         assert parent is not None
         del parent.children[node.key]

@@ -17,7 +17,7 @@ import structlog
 
 from protos.sampling import InvalidFieldError, SamplingParams
 from protos.step import StepResult
-from protos.stop_rules import FinishReason, stop_reason
+from protos.stop_rules import FinishReason, stop_reason, stop_token_ids
 from scheduler_svc.core.kv_manager import KvManager
 from scheduler_svc.core.outputs import SampledLogprob, SequenceOutput
 from scheduler_svc.core.request import (
@@ -51,8 +51,16 @@ class Scheduler(StepBuilder):
 
     # --- requests --------------------------------------------------------------------
 
-    def add_request(self, request_id: str, prompt_token_ids: SequenceOf[int], sampling: SamplingParams, *,
-                    priority: int = 0, namespace: str = "", arrival_time: float | None = None) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: SequenceOf[int],
+        sampling: SamplingParams,
+        *,
+        priority: int = 0,
+        namespace: str = "",
+        arrival_time: float | None = None,
+    ) -> None:
         """Queue a request; raise RequestRejected if it could never fit the KV capacity.
 
         Lower `priority` is served first; FCFS within a priority. Requests in different
@@ -68,16 +76,20 @@ class Scheduler(StepBuilder):
         arrival = self._clock() if arrival_time is None else arrival_time
         seed = resolve_seed(sampling.seed)
         request = Request(request_id, prompt, sampling, priority, namespace, arrival, self._next_order, seed)
-        stop_ids = set(sampling.stop_token_ids)
-        if not sampling.ignore_eos:
-            stop_ids |= self._eos
-        request.stop_ids = frozenset(stop_ids)
+        request.stop_ids = stop_token_ids(sampling, self._eos)
         request.max_output_tokens = min(sampling.max_tokens, self.config.max_model_len - len(prompt))
         self._next_order += 1
         for index in range(sampling.n):
             self._next_seq_id += 1
-            seq = Sequence(self._next_seq_id, request, index, list(prompt), len(prompt),
-                           derive_seed(seed, index), (priority, arrival, request.order, index))
+            seq = Sequence(
+                self._next_seq_id,
+                request,
+                index,
+                list(prompt),
+                len(prompt),
+                derive_seed(seed, index),
+                (priority, arrival, request.order, index),
+            )
             request.seqs.append(seq)
             bisect.insort(self._waiting, seq, key=QUEUE_ORDER)
         request.num_unfinished = sampling.n
@@ -87,17 +99,24 @@ class Scheduler(StepBuilder):
         """Raise RequestRejected naming "prompt" or "max_tokens" if the request can never fit this pool."""
         cfg = self.config
         if len(prompt) >= cfg.max_model_len:
-            raise RequestRejected("prompt", f"{len(prompt)} tokens leave no room for output "
-                                            f"within max_model_len={cfg.max_model_len}")
+            raise RequestRejected(
+                "prompt", f"{len(prompt)} tokens leave no room for output within max_model_len={cfg.max_model_len}"
+            )
         total = len(prompt) + sampling.max_tokens
         if total > cfg.max_model_len:
-            raise RequestRejected("max_tokens", f"prompt ({len(prompt)} tokens) + max_tokens "
-                                                f"({sampling.max_tokens}) exceeds max_model_len={cfg.max_model_len}")
+            raise RequestRejected(
+                "max_tokens",
+                f"prompt ({len(prompt)} tokens) + max_tokens "
+                f"({sampling.max_tokens}) exceeds max_model_len={cfg.max_model_len}",
+            )
         # The last sampled token is never computed, so the KV holds at most total - 1 tokens.
         blocks = -(-(total - 1) // self._bs)
         if blocks > self._kv.pool.num_blocks:
-            raise RequestRejected("max_tokens", f"prompt + max_tokens ({total} tokens) needs {blocks} KV blocks "
-                                                f"but the cache holds only {self._kv.pool.num_blocks}")
+            raise RequestRejected(
+                "max_tokens",
+                f"prompt + max_tokens ({total} tokens) needs {blocks} KV blocks "
+                f"but the cache holds only {self._kv.pool.num_blocks}",
+            )
 
     # --- results ---------------------------------------------------------------------
 
@@ -105,8 +124,11 @@ class Scheduler(StepBuilder):
         """Apply the executor's result for the last plan: advance, append tokens, stop, emit outputs."""
         inflight = self._inflight
         if inflight is None or result.step_id != inflight.step_id:
-            log.warning("ignoring a result for a step not in flight", step_id=result.step_id,
-                        in_flight=inflight.step_id if inflight else None)
+            log.warning(
+                "ignoring a result for a step not in flight",
+                step_id=result.step_id,
+                in_flight=inflight.step_id if inflight else None,
+            )
             return []
         outputs: list[SequenceOutput] = []
         self._inflight = None
@@ -131,8 +153,11 @@ class Scheduler(StepBuilder):
             request = seq.request
             sampled = get_sampled(seq.seq_id)
             if sampled is None:
-                log.error("executor returned no token for a sampling sequence", seq_id=seq.seq_id,
-                          request_id=request.request_id)
+                log.error(
+                    "executor returned no token for a sampling sequence",
+                    seq_id=seq.seq_id,
+                    request_id=request.request_id,
+                )
                 self._finish(seq, FinishReason.ERROR, remove=False)
                 any_finished = True
                 add_output(self._output(seq, [], None, FinishReason.ERROR))
@@ -143,8 +168,9 @@ class Scheduler(StepBuilder):
             num_output = len(tokens) - seq.prompt_len
             reason = None
             if token in request.stop_ids or num_output >= request.max_output_tokens:
-                reason = stop_reason(request.sampling, token, num_output, len(tokens), self._eos,
-                                     self.config.max_model_len)
+                reason = stop_reason(
+                    request.sampling, token, num_output, len(tokens), self._eos, self.config.max_model_len
+                )
             if request.ttft_s is None:
                 request.ttft_s = now - request.arrival_time
             if not request.prompt_done and seq.index == 0:
@@ -156,23 +182,45 @@ class Scheduler(StepBuilder):
             if reason is not None:
                 self._finish(seq, reason, remove=False)
                 any_finished = True
-            add_output(SequenceOutput(request.request_id, seq.index, [token], logprobs, reason, seq.prompt_len,
-                                      request.num_cached_tokens, num_output, request.queue_time_s, request.ttft_s))
+            add_output(
+                SequenceOutput(
+                    request.request_id,
+                    seq.index,
+                    [token],
+                    logprobs,
+                    reason,
+                    seq.prompt_len,
+                    request.num_cached_tokens,
+                    num_output,
+                    request.queue_time_s,
+                    request.ttft_s,
+                )
+            )
         if any_finished:
             self._running = [s for s in self._running if s.status is _RUNNING]
         if self.config.debug_invariants:
             self.check_invariants()
         return outputs
 
-    def _output(self, seq: Sequence, tokens: list[int], logprobs: list[SampledLogprob] | None,
-                reason: FinishReason | None) -> SequenceOutput:
+    def _output(
+        self, seq: Sequence, tokens: list[int], logprobs: list[SampledLogprob] | None, reason: FinishReason | None
+    ) -> SequenceOutput:
         """An output outside the update() fast path (abort, finish, errors)."""
         request = seq.request
         if logprobs is None and request.sampling.logprobs is not None:
             logprobs = []
-        return SequenceOutput(request.request_id, seq.index, tokens, logprobs, reason, seq.prompt_len,
-                              request.num_cached_tokens, len(seq.token_ids) - seq.prompt_len,
-                              request.queue_time_s, request.ttft_s)
+        return SequenceOutput(
+            request.request_id,
+            seq.index,
+            tokens,
+            logprobs,
+            reason,
+            seq.prompt_len,
+            request.num_cached_tokens,
+            len(seq.token_ids) - seq.prompt_len,
+            request.queue_time_s,
+            request.ttft_s,
+        )
 
     # --- ending sequences ------------------------------------------------------------
 
@@ -212,8 +260,9 @@ class Scheduler(StepBuilder):
                 outputs.append(self._output(seq, [], None, reason))
         return outputs
 
-    def finish_sequence(self, request_id: str, index: int,
-                        reason: FinishReason = FinishReason.STOP) -> SequenceOutput | None:
+    def finish_sequence(
+        self, request_id: str, index: int, reason: FinishReason = FinishReason.STOP
+    ) -> SequenceOutput | None:
         """Stop-string hook: end completion `index` now (None if unknown or already finished)."""
         request = self._requests.get(request_id)
         if request is None or not 0 <= index < len(request.seqs) or request.seqs[index].is_finished:
@@ -252,8 +301,9 @@ class Scheduler(StepBuilder):
         if num_blocks is not None:
             self.config.num_blocks = num_blocks
         cfg = self.config
-        self._kv = KvManager(cfg.num_blocks, cfg.block_size, cfg.num_cpu_blocks, cfg.enable_prefix_caching,
-                             previous=self._kv)
+        self._kv = KvManager(
+            cfg.num_blocks, cfg.block_size, cfg.num_cpu_blocks, cfg.enable_prefix_caching, previous=self._kv
+        )
         outputs = []
         for request in list(self._requests.values()):
             try:
@@ -261,6 +311,7 @@ class Scheduler(StepBuilder):
             except RequestRejected as exc:
                 log.warning("request no longer fits the new executor", request_id=request.request_id, reason=str(exc))
                 outputs.extend(self.abort(request.request_id, FinishReason.ERROR))
-        log.info("scheduler re-synced for a new executor", num_blocks=self.config.num_blocks,
-                 requeued=len(self._waiting))
+        log.info(
+            "scheduler re-synced for a new executor", num_blocks=self.config.num_blocks, requeued=len(self._waiting)
+        )
         return outputs

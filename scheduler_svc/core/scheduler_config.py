@@ -23,28 +23,48 @@ class SchedulerConfig:
     num_cpu_blocks: int = 0
     """CPU swap space in blocks; 0 makes swap preemption fall back to recompute."""
     max_model_len: int = 2048
-    max_num_batched_tokens: int = field(default=defaults.MAX_NUM_BATCHED_TOKENS,
-                                        metadata={"help": "token budget per step"})
+    max_num_batched_tokens: int = field(
+        default=defaults.MAX_NUM_BATCHED_TOKENS, metadata={"help": "token budget per step"}
+    )
     max_num_seqs: int = field(default=defaults.MAX_NUM_SEQS, metadata={"help": "sequences per step"})
-    preemption_mode: str = field(default="recompute", metadata={
-        "help": "how running sequences give up memory under pressure", "choices": PREEMPTION_MODES})
-    enable_prefix_caching: bool = field(default=True, metadata={
-        "help": "the radix prefix cache (requests sharing a prompt prefix reuse its KV blocks)"})
-    cache_aware_order: bool = field(default=False, metadata={
-        "help": "admit the waiting request with the longest prefix-cache hit first (within a priority)"})
+    preemption_mode: str = field(
+        default="recompute",
+        metadata={"help": "how running sequences give up memory under pressure", "choices": PREEMPTION_MODES},
+    )
+    enable_prefix_caching: bool = field(
+        default=True, metadata={"help": "the prefix cache (requests sharing a prompt prefix reuse its KV blocks)"}
+    )
+    cache_aware_order: bool = field(
+        default=False,
+        metadata={"help": "admit the waiting request with the longest prefix-cache hit first (within a priority)"},
+    )
     eos_token_ids: tuple[int, ...] = ()
-    debug_invariants: bool = field(default=False, metadata={
-        "help": "run check_invariants() after every schedule()/update() (slow; for tests and debugging)"})
-    cache_aware_window: int = field(default=32, metadata={
-        "help": "how many waiting sequences the cache-aware order looks at per step (bounds its cost)"})
-    cache_aware_max_skips: int = field(default=8, metadata={
-        "help": "starvation bound of the cache-aware order: a sequence overtaken this many times is "
-                "admitted next, in FCFS order"})
+    debug_invariants: bool = field(
+        default=False,
+        metadata={"help": "run check_invariants() after every schedule()/update() (slow; for tests and debugging)"},
+    )
+    cache_aware_window: int = field(
+        default=32,
+        metadata={"help": "how many waiting sequences the cache-aware order looks at per step (bounds its cost)"},
+    )
+    cache_aware_max_skips: int = field(
+        default=8,
+        metadata={
+            "help": "starvation bound of the cache-aware order: a sequence overtaken this many times is "
+            "admitted next, in FCFS order"
+        },
+    )
 
     def __post_init__(self) -> None:
         self.eos_token_ids = tuple(self.eos_token_ids)
-        positive = ("num_blocks", "block_size", "max_model_len", "max_num_batched_tokens",
-                    "max_num_seqs", "cache_aware_window")
+        positive = (
+            "num_blocks",
+            "block_size",
+            "max_model_len",
+            "max_num_batched_tokens",
+            "max_num_seqs",
+            "cache_aware_window",
+        )
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"SchedulerConfig.{name} must be at least 1, got {getattr(self, name)}")
@@ -53,5 +73,6 @@ class SchedulerConfig:
         if self.cache_aware_max_skips < 0:
             raise ValueError("SchedulerConfig.cache_aware_max_skips must be >= 0")
         if self.preemption_mode not in PREEMPTION_MODES:
-            raise ValueError(f"SchedulerConfig.preemption_mode must be one of {PREEMPTION_MODES}, "
-                             f"got {self.preemption_mode!r}")
+            raise ValueError(
+                f"SchedulerConfig.preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}"
+            )

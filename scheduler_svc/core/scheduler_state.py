@@ -49,8 +49,7 @@ class SchedulerState:
         self._step_id = 0
         self._num_steps = 0
         self._num_preemptions = 0
-        self._kv = KvManager(config.num_blocks, config.block_size, config.num_cpu_blocks,
-                             config.enable_prefix_caching)
+        self._kv = KvManager(config.num_blocks, config.block_size, config.num_cpu_blocks, config.enable_prefix_caching)
 
     def has_unfinished(self) -> bool:
         return bool(self._requests)
@@ -59,23 +58,39 @@ class SchedulerState:
         """A snapshot of the queues and requests, with the live pool and tree (O(sequences + requests))."""
         kv = self._kv
         return SchedulerView(
-            step_id=self._step_id, inflight_step_id=self._inflight.step_id if self._inflight else None,
-            block_size=self._bs, max_num_seqs=self.config.max_num_seqs,
-            waiting=tuple(self._waiting), running=tuple(self._running), swapped=tuple(self._swapped),
-            requests=MappingProxyType(dict(self._requests)), pool=kv.pool, tree=kv.tree, cpu=kv.cpu,
-            pinned=kv.pinned, pending_drops=tuple(self._pending_drops),
+            step_id=self._step_id,
+            inflight_step_id=self._inflight.step_id if self._inflight else None,
+            block_size=self._bs,
+            max_num_seqs=self.config.max_num_seqs,
+            waiting=tuple(self._waiting),
+            running=tuple(self._running),
+            swapped=tuple(self._swapped),
+            requests=MappingProxyType(dict(self._requests)),
+            pool=kv.pool,
+            tree=kv.tree,
+            cpu=kv.cpu,
+            pinned=kv.pinned,
+            pending_drops=tuple(self._pending_drops),
         )
 
     def stats(self) -> SchedulerStats:
         pool, cpu, tree = self._kv.pool, self._kv.cpu, self._kv.tree
         referenced = pool.num_referenced
         return SchedulerStats(
-            num_waiting=len(self._waiting), num_running=len(self._running), num_swapped=len(self._swapped),
-            num_blocks=pool.num_blocks, blocks_free=pool.num_free, blocks_cached=pool.num_cached,
-            blocks_referenced=referenced, kv_usage=referenced / pool.num_blocks,
-            prefix_queried_tokens=tree.queried_tokens, prefix_hit_tokens=tree.hit_tokens,
-            num_preemptions=self._num_preemptions, num_cpu_blocks=cpu.num_blocks,
-            cpu_blocks_used=cpu.num_blocks - cpu.num_free, num_steps=self._num_steps,
+            num_waiting=len(self._waiting),
+            num_running=len(self._running),
+            num_swapped=len(self._swapped),
+            num_blocks=pool.num_blocks,
+            blocks_free=pool.num_free,
+            blocks_cached=pool.num_cached,
+            blocks_referenced=referenced,
+            kv_usage=referenced / pool.num_blocks,
+            prefix_queried_tokens=tree.queried_tokens,
+            prefix_hit_tokens=tree.hit_tokens,
+            num_preemptions=self._num_preemptions,
+            num_cpu_blocks=cpu.num_blocks,
+            cpu_blocks_used=cpu.num_blocks - cpu.num_free,
+            num_steps=self._num_steps,
             num_requests=len(self._requests),
         )
 

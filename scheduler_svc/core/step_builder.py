@@ -104,8 +104,7 @@ class StepBuilder(SchedulerState):
                     continue
                 table.extend(new_blocks)
             budget -= count
-            add_cached(KnownSequence(seq.seq_id, tokens[seq.sent_tokens:], computed, count,
-                                      table[seq.sent_blocks:]))
+            add_cached(KnownSequence(seq.seq_id, tokens[seq.sent_tokens :], computed, count, table[seq.sent_blocks :]))
             seq.sent_tokens = num_tokens
             seq.sent_blocks = len(table)
             add_scheduled((seq, count, computed + count == num_tokens))
@@ -139,8 +138,11 @@ class StepBuilder(SchedulerState):
         if not self._waiting:
             return
         cfg = self.config
-        ranked = admission.admission_order(self._waiting, self._kv.tree, cfg) if (
-            cfg.cache_aware_order and self._kv.caching) else self._waiting
+        ranked = (
+            admission.admission_order(self._waiting, self._kv.tree, cfg)
+            if (cfg.cache_aware_order and self._kv.caching)
+            else self._waiting
+        )
         admitted: list[Sequence] = []
         for seq in ranked:
             if budget <= 0 or len(self._running) >= cfg.max_num_seqs:
@@ -170,8 +172,9 @@ class StepBuilder(SchedulerState):
         self._start_running(seq, count, plan, scheduled)
         return count
 
-    def _start_running(self, seq: Sequence, count: int, plan: StepPlan,
-                       scheduled: list[tuple[Sequence, int, bool]]) -> None:
+    def _start_running(
+        self, seq: Sequence, count: int, plan: StepPlan, scheduled: list[tuple[Sequence, int, bool]]
+    ) -> None:
         """Send `seq` to the executor as a NewSequence and put it in the running list."""
         request = seq.request
         if request.queue_time_s is None:
@@ -180,8 +183,18 @@ class StepBuilder(SchedulerState):
         seq.started_step = self._step_id
         bisect.insort(self._running, seq, key=QUEUE_ORDER)
         num_tokens = len(seq.token_ids)
-        plan.new_seqs.append(NewSequence(seq.seq_id, list(seq.token_ids), seq.prompt_len, seq.num_computed, count,
-                                         list(seq.block_table), request.sampling, seq.seed))
+        plan.new_seqs.append(
+            NewSequence(
+                seq.seq_id,
+                list(seq.token_ids),
+                seq.prompt_len,
+                seq.num_computed,
+                count,
+                list(seq.block_table),
+                request.sampling,
+                seq.seed,
+            )
+        )
         seq.known = True
         seq.sent_tokens = num_tokens
         seq.sent_blocks = len(seq.block_table)

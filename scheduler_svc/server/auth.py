@@ -81,11 +81,10 @@ def bearer_token(metadata: Iterable[tuple[str, str | bytes]] | None) -> str | No
     for key, value in metadata or ():
         if key.lower() != AUTH_METADATA_KEY:
             continue
-        if isinstance(value, bytes):
-            value = value.decode("utf-8", errors="replace")
-        if value[:len(BEARER_PREFIX)].lower() != BEARER_PREFIX:
+        text = value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
+        if text[: len(BEARER_PREFIX)].lower() != BEARER_PREFIX:
             return None
-        return value[len(BEARER_PREFIX):].strip() or None
+        return text[len(BEARER_PREFIX) :].strip() or None
     return None
 
 

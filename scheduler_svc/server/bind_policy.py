@@ -49,13 +49,20 @@ def check_bind(security: BindSecurity) -> None:
         return
     if not security.auth:
         if security.allow_insecure_remote:
-            log.warning("insecure_remote_listener", host=security.host,
-                        reason="no authentication on a non-loopback address (--allow-insecure-remote)")
+            log.warning(
+                "insecure_remote_listener",
+                host=security.host,
+                reason="no authentication on a non-loopback address (--allow-insecure-remote)",
+            )
             return
         raise InsecureBindError(
             f"refusing to listen on {security.host!r} without authentication: anyone who can reach it could "
             "use the server. Give --auth-token-file (and --tls-cert/--tls-key), listen on 127.0.0.1, or pass "
-            "--allow-insecure-remote if something in front of kvserve authenticates callers.")
+            "--allow-insecure-remote if something in front of kvserve authenticates callers."
+        )
     if not security.tls:
-        log.warning("plaintext_tokens", host=security.host,
-                    reason="bearer tokens cross the network unencrypted; add --tls-cert/--tls-key")
+        log.warning(
+            "plaintext_tokens",
+            host=security.host,
+            reason="bearer tokens cross the network unencrypted; add --tls-cert/--tls-key",
+        )

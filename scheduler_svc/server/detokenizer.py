@@ -45,13 +45,13 @@ class IncrementalDetokenizer:
     def _release(self, *, final: bool) -> str:
         if self._read_offset >= len(self._ids):
             return ""
-        prefix_text = self._decoder.decode(self._ids[self._prefix_offset:self._read_offset])
-        full_text = self._decoder.decode(self._ids[self._prefix_offset:])
+        prefix_text = self._decoder.decode(self._ids[self._prefix_offset : self._read_offset])
+        full_text = self._decoder.decode(self._ids[self._prefix_offset :])
         if len(full_text) <= len(prefix_text) and not final:
             return ""
         if full_text.endswith(_REPLACEMENT) and not final:
             return ""  # a character is still split across tokens: wait for its remaining bytes
-        delta = full_text[len(prefix_text):]
+        delta = full_text[len(prefix_text) :]
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._ids)
         return delta
@@ -82,8 +82,8 @@ class StopStringMatcher:
             self._held = ""
             return text[:first_index]
         keep = self._partial_suffix_len(text)
-        self._held = text[len(text) - keep:] if keep else ""
-        return text[:len(text) - keep]
+        self._held = text[len(text) - keep :] if keep else ""
+        return text[: len(text) - keep]
 
     def flush(self) -> str:
         """The completion ended without a stop string: release what was held back."""

@@ -28,14 +28,14 @@ import structlog
 
 from protos.sampling import InvalidFieldError
 from protos.step import ExecutorInfo, StepPlan
+from protos.stop_rules import FinishReason
+from scheduler_svc.core.outputs import SchedulerStats, SequenceOutput
+from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.server.executor_link import ExecutorLink, ExecutorLost, ExecutorStepError
 from scheduler_svc.server.metrics import ServerMetrics
-from scheduler_svc.core.outputs import SchedulerStats, SequenceOutput
-from protos.stop_rules import FinishReason
 from scheduler_svc.server.request_delivery import ActiveRequest
-from scheduler_svc.server.request_stream import FailureKind, RequestFailed, RequestStream
 from scheduler_svc.server.request_parsing import ValidatedRequest
-from scheduler_svc.core.scheduler import Scheduler
+from scheduler_svc.server.request_stream import FailureKind, RequestFailed, RequestStream
 from scheduler_svc.server.server_config import ServerConfig
 from scheduler_svc.server.tokenizer import Tokenizer
 
@@ -64,9 +64,17 @@ class EngineStats:
 class Engine:
     """Owns the Scheduler; API handlers call `submit`/`abort`, `run` is the loop."""
 
-    def __init__(self, scheduler: Scheduler, link: ExecutorLink, tokenizer: Tokenizer, config: ServerConfig,
-                 *, on_state_change: Callable[[ExecutorState], None] | None = None,
-                 metrics: ServerMetrics | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        link: ExecutorLink,
+        tokenizer: Tokenizer,
+        config: ServerConfig,
+        *,
+        on_state_change: Callable[[ExecutorState], None] | None = None,
+        metrics: ServerMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._scheduler = scheduler
         self._link = link
         self._tokenizer = tokenizer
@@ -106,19 +114,37 @@ class Engine:
             raise InvalidFieldError("request_id", "a request with this id is already in flight")
         num_prompt = len(request.prompt_token_ids)
         if self._queued_requests >= self._config.max_queued_requests:
-            raise RequestFailed(FailureKind.RESOURCE_EXHAUSTED,
-                                f"queue full: {self._queued_requests} requests are waiting; retry later")
+            raise RequestFailed(
+                FailureKind.RESOURCE_EXHAUSTED, f"queue full: {self._queued_requests} requests are waiting; retry later"
+            )
         if self._queued_prompt_tokens + num_prompt > self._config.max_queued_prompt_tokens:
-            raise RequestFailed(FailureKind.RESOURCE_EXHAUSTED,
-                                f"queue full: {self._queued_prompt_tokens} prompt tokens are waiting; retry later")
+            raise RequestFailed(
+                FailureKind.RESOURCE_EXHAUSTED,
+                f"queue full: {self._queued_prompt_tokens} prompt tokens are waiting; retry later",
+            )
         arrival = self._clock()
-        self._scheduler.add_request(request.request_id, request.prompt_token_ids, request.sampling,
-                                    priority=request.priority, namespace=namespace, arrival_time=arrival)
+        self._scheduler.add_request(
+            request.request_id,
+            request.prompt_token_ids,
+            request.sampling,
+            priority=request.priority,
+            namespace=namespace,
+            arrival_time=arrival,
+        )
         context = list(request.prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:])
         stream = RequestStream(request.request_id, self._config.stream_buffer_chunks)
         self._requests[request.request_id] = ActiveRequest.create(
-            request.request_id, stream, self._tokenizer, request.sampling.stop, context, request.sampling.n,
-            num_prompt, arrival, self._clock, self._metrics)
+            request.request_id,
+            stream,
+            self._tokenizer,
+            request.sampling.stop,
+            context,
+            request.sampling.n,
+            num_prompt,
+            arrival,
+            self._clock,
+            self._metrics,
+        )
         self._queued_requests += 1
         self._queued_prompt_tokens += num_prompt
         self._wakeup.set()
@@ -133,8 +159,12 @@ class Engine:
         return True
 
     def stats(self) -> EngineStats:
-        return EngineStats(scheduler=self._scheduler.stats(), executor_state=self.state, steps=self._steps,
-                           active_requests=len(self._requests))
+        return EngineStats(
+            scheduler=self._scheduler.stats(),
+            executor_state=self.state,
+            steps=self._steps,
+            active_requests=len(self._requests),
+        )
 
     @property
     def num_active(self) -> int:
@@ -275,7 +305,8 @@ class Engine:
     def _observe_step(self, plan: StepPlan, outputs: list[SequenceOutput], duration_s: float) -> None:
         """Prefill tokens: new sequences and multi-token chunks; generation tokens: what came back."""
         prompt_tokens = sum(s.num_scheduled_tokens for s in plan.new_seqs) + sum(
-            s.num_scheduled_tokens for s in plan.known_seqs if s.num_scheduled_tokens > 1)
+            s.num_scheduled_tokens for s in plan.known_seqs if s.num_scheduled_tokens > 1
+        )
         generated = sum(len(o.new_token_ids) for o in outputs if o.finish_reason is not FinishReason.ABORT)
         self._metrics.observe_step(duration_s, self._scheduler.stats(), prompt_tokens, generated)
 
@@ -305,7 +336,7 @@ class Engine:
                 info = await self._link.wait_for_executor(timeout_s=_EXECUTOR_POLL_S)
                 if self._link.connected:
                     break
-            except (TimeoutError, asyncio.TimeoutError):
+            except TimeoutError:
                 continue
         if info is not None:
             self._resync(info)
@@ -321,8 +352,10 @@ class Engine:
             active.executor_losses += 1
             if active.executor_losses < limit:
                 continue
-            message = (f"the executor was lost {active.executor_losses} times while this request was in flight "
-                       f"(last: {why}); not retrying it")
+            message = (
+                f"the executor was lost {active.executor_losses} times while this request was in flight "
+                f"(last: {why}); not retrying it"
+            )
             active.log.warning("request_failed_after_executor_losses", losses=active.executor_losses)
             self._scheduler.abort(active.request_id, FinishReason.ERROR)
             active.stream.fail(RequestFailed(FailureKind.UNAVAILABLE, message))
@@ -336,8 +369,12 @@ class Engine:
         self._unavailable_reason = None
         if self._metrics is not None:
             self._metrics.inc_executor_restarts()
-        log.info("executor_resynced", num_blocks=info.num_blocks, generation=self._link.generation,
-                 active_requests=len(self._requests))
+        log.info(
+            "executor_resynced",
+            num_blocks=info.num_blocks,
+            generation=self._link.generation,
+            active_requests=len(self._requests),
+        )
         self._set_state(ExecutorState.READY)
         self._wakeup.set()
 

@@ -25,12 +25,11 @@ from dataclasses import dataclass
 
 import structlog
 
-from protos import defaults
+from protos import defaults, step_codec
+from protos.kvserve.v1 import executor_link_pb2 as pb
 from protos.link_curve import CurveKeys
 from protos.link_endpoint import check_endpoint
 from protos.step import ExecutorInfo, StepPlan, StepResult
-from protos import step_codec
-from protos.kvserve.v1 import executor_link_pb2 as pb
 from scheduler_svc.server.link_socket import RouterSocket, Sent
 
 log = structlog.get_logger(__name__)
@@ -194,7 +193,7 @@ class ExecutorLink:
                 await asyncio.wait_for(asyncio.shield(self._goodbye), 0.2)
                 log.info("executor acknowledged shutdown", pid=peer.pid)
                 return
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 continue
         log.warning("executor did not acknowledge shutdown", pid=peer.pid)
 
@@ -209,7 +208,7 @@ class ExecutorLink:
                     frames = await sock.recv()
                     try:
                         self._handle_frames(frames)
-                    except Exception:  # noqa: BLE001 - one bad message must not stop the link
+                    except Exception:
                         log.exception("failed to handle a link message")
             self._check_deadlines()
 
@@ -230,7 +229,7 @@ class ExecutorLink:
         identity = frames[0].bytes
         try:
             message = pb.ExecutorMessage.FromString(frames[1].buffer)
-        except Exception:  # noqa: BLE001 - any parse error means a bad peer, not a bad scheduler
+        except Exception:
             log.warning("dropping undecodable link message", bytes=len(frames[1].buffer))
             return
         kind = message.WhichOneof("kind")
@@ -249,8 +248,9 @@ class ExecutorLink:
             if err.step_id in self._pending:
                 self._fail_step(err.step_id, ExecutorStepError(err.step_id, err.message, err.error_type))
             else:
-                log.warning("executor reported an error", step_id=err.step_id, error=err.message,
-                            error_type=err.error_type)
+                log.warning(
+                    "executor reported an error", step_id=err.step_id, error=err.message, error_type=err.error_type
+                )
         elif kind == "goodbye":  # it answers our Shutdown, or leaves on its own (SIGTERM)
             if self._goodbye is not None and not self._goodbye.done():
                 self._goodbye.set_result(None)
@@ -267,20 +267,36 @@ class ExecutorLink:
             self._send_nowait(current, self._ack(current))  # a resend: our ack was not seen yet
             return
         if handshake.protocol_version != step_codec.PROTOCOL_VERSION:
-            log.error("executor speaks another link protocol version; ignoring it",
-                      theirs=handshake.protocol_version, ours=step_codec.PROTOCOL_VERSION, pid=handshake.pid)
+            log.error(
+                "executor speaks another link protocol version; ignoring it",
+                theirs=handshake.protocol_version,
+                ours=step_codec.PROTOCOL_VERSION,
+                pid=handshake.pid,
+            )
             return
         if current is not None:
             self._lose(f"replaced by a new executor registration (pid {handshake.pid})", notify=False)
         self._generation += 1
-        peer = _Peer(identity=identity, session_id=handshake.session_id, pid=handshake.pid,
-                     info=step_codec.decode_info(handshake.info), generation=self._generation,
-                     last_heard=time.monotonic())
+        peer = _Peer(
+            identity=identity,
+            session_id=handshake.session_id,
+            pid=handshake.pid,
+            info=step_codec.decode_info(handshake.info),
+            generation=self._generation,
+            last_heard=time.monotonic(),
+        )
         self._peer = peer
         self._connected.set()
         self._send_nowait(peer, self._ack(peer))
-        log.info("executor registered", generation=peer.generation, pid=peer.pid, model_id=peer.info.model_id,
-                 num_blocks=peer.info.num_blocks, block_size=peer.info.block_size, kind=peer.info.executor_kind)
+        log.info(
+            "executor registered",
+            generation=peer.generation,
+            pid=peer.pid,
+            model_id=peer.info.model_id,
+            num_blocks=peer.info.num_blocks,
+            block_size=peer.info.block_size,
+            kind=peer.info.executor_kind,
+        )
         self._notify(True)
 
     def _ack(self, peer: _Peer) -> bytes:
@@ -320,9 +336,12 @@ class ExecutorLink:
             for step_id, (_, started) in list(self._pending.items()):
                 if now - started > self.step_timeout_s:
                     # Heartbeats flow but the compute is stuck: stop it, it is no use to us.
-                    self._send_nowait(peer, pb.SchedulerMessage(
-                        shutdown=pb.Shutdown(reason=f"step {step_id} exceeded {self.step_timeout_s}s")
-                    ).SerializeToString())
+                    self._send_nowait(
+                        peer,
+                        pb.SchedulerMessage(
+                            shutdown=pb.Shutdown(reason=f"step {step_id} exceeded {self.step_timeout_s}s")
+                        ).SerializeToString(),
+                    )
                     self._lose(f"step {step_id} got no answer within {self.step_timeout_s}s")
                     return
 
@@ -349,7 +368,7 @@ class ExecutorLink:
         if self._on_change is not None:
             try:
                 self._on_change(connected)
-            except Exception:  # noqa: BLE001 - a listener bug must not break the link
+            except Exception:
                 log.exception("executor link on_change callback failed")
 
     async def _heartbeat_loop(self) -> None:

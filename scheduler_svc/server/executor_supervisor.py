@@ -34,8 +34,16 @@ def executor_command(args: Sequence[str]) -> list[str]:
 class ExecutorSupervisor:
     """Start, watch, restart (with exponential backoff) and finally stop the executor child."""
 
-    def __init__(self, argv: Sequence[str], *, restart: bool = True, backoff_initial_s: float = 0.5,
-                 backoff_max_s: float = 10.0, stop_timeout_s: float = 10.0, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        restart: bool = True,
+        backoff_initial_s: float = 0.5,
+        backoff_max_s: float = 10.0,
+        stop_timeout_s: float = 10.0,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self._argv = list(argv)
         self._restart = restart
         self._backoff_initial_s = backoff_initial_s
@@ -59,7 +67,8 @@ class ExecutorSupervisor:
 
     async def _launch(self) -> None:
         self._process = await asyncio.create_subprocess_exec(
-            *with_parent_death_signal(self._argv), start_new_session=True, env=self._env)
+            *with_parent_death_signal(self._argv), start_new_session=True, env=self._env
+        )
         log.info("executor_started", pid=self._process.pid, restarts=self.restarts)
 
     async def _watch(self) -> None:
@@ -87,8 +96,13 @@ class ExecutorSupervisor:
         """SIGKILL child `pid` if it is still the running one (the link declared it lost, but it
         may be alive and hung); the watcher then restarts it. A child started since is spared."""
         process = self._process
-        if pid is not None and process is not None and process.pid == pid and process.returncode is None \
-                and not self._stopping:
+        if (
+            pid is not None
+            and process is not None
+            and process.pid == pid
+            and process.returncode is None
+            and not self._stopping
+        ):
             log.warning("executor_kill_lost", pid=pid)
             _signal_group(pid, signal.SIGKILL)
 
@@ -100,7 +114,7 @@ class ExecutorSupervisor:
             _signal_group(process.pid, signal.SIGTERM)
             try:
                 await asyncio.wait_for(process.wait(), self._stop_timeout_s)
-            except (TimeoutError, asyncio.TimeoutError):
+            except TimeoutError:
                 log.warning("executor_kill", pid=process.pid)
                 _signal_group(process.pid, signal.SIGKILL)
                 await process.wait()

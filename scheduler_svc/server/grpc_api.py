@@ -22,16 +22,16 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from protos.sampling import InvalidFieldError
 from protos.step import ExecutorInfo
-from protos.kvserve.v1 import api_pb2, api_pb2_grpc
-from scheduler_svc.server.engine import Engine, ExecutorState
-from scheduler_svc.server.auth import TokenTable
-from scheduler_svc.server.namespaces import ANONYMOUS_TENANT, prefix_namespace, tenant_from_metadata
-from scheduler_svc.core.request import RequestRejected
 from protos.stop_rules import FinishReason
-from scheduler_svc.server.request_stream import CompletionChunk, FailureKind, RequestFailed
+from scheduler_svc.core.request import RequestRejected
+from scheduler_svc.server.auth import TokenTable
+from scheduler_svc.server.engine import Engine, ExecutorState
+from scheduler_svc.server.namespaces import ANONYMOUS_TENANT, prefix_namespace, tenant_from_metadata
 from scheduler_svc.server.request_parsing import ModelLimits, encode_chat, encode_text, parse_generate
+from scheduler_svc.server.request_stream import CompletionChunk, FailureKind, RequestFailed
 from scheduler_svc.server.server_config import ServerConfig
 from scheduler_svc.server.tokenizer import Tokenizer
 
@@ -97,8 +97,9 @@ class KVServeServicer(api_pb2_grpc.KVServeServicer):
             raise RequestFailed(FailureKind.UNAVAILABLE, "no executor has registered yet")
         return self.model
 
-    async def Generate(self, request: api_pb2.GenerateRequest,
-                       context: grpc.aio.ServicerContext) -> AsyncIterator[api_pb2.GenerateResponse]:
+    async def Generate(
+        self, request: api_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[api_pb2.GenerateResponse]:
         try:
             model = self._require_model()
             if _prompt_chars(request) > _INLINE_TOKENIZE_CHARS:
@@ -132,8 +133,9 @@ class KVServeServicer(api_pb2_grpc.KVServeServicer):
         scoped = scoped_request_id(self._tenant_of(context), request.request_id)
         return api_pb2.AbortResponse(found=self.model.engine.abort(scoped))
 
-    async def Tokenize(self, request: api_pb2.TokenizeRequest,
-                       context: grpc.aio.ServicerContext) -> api_pb2.TokenizeResponse:
+    async def Tokenize(
+        self, request: api_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
+    ) -> api_pb2.TokenizeResponse:
         try:
             model = self._require_model()
             kind = request.WhichOneof("input")
@@ -149,31 +151,51 @@ class KVServeServicer(api_pb2_grpc.KVServeServicer):
             await context.abort(_FAILURE_CODES[exc.kind], exc.message)
         return api_pb2.TokenizeResponse(token_ids=ids, tokens=model.tokenizer.tokens(ids))
 
-    async def ModelInfo(self, request: api_pb2.ModelInfoRequest,
-                        context: grpc.aio.ServicerContext) -> api_pb2.ModelInfoResponse:
+    async def ModelInfo(
+        self, request: api_pb2.ModelInfoRequest, context: grpc.aio.ServicerContext
+    ) -> api_pb2.ModelInfoResponse:
         if self.model is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no executor has registered yet")
         info, limits = self.model.info, self.model.limits
         return api_pb2.ModelInfoResponse(
-            model_id=info.model_id, vocab_size=limits.vocab_size, max_model_len=limits.max_model_len,
-            block_size=info.block_size, num_blocks=info.num_blocks, eos_token_ids=list(info.eos_token_ids),
-            executor_kind=info.executor_kind, device=info.device, dtype=info.dtype,
-            attention_backend=info.attention_backend, has_chat_template=self.model.tokenizer.has_chat_template)
+            model_id=info.model_id,
+            vocab_size=limits.vocab_size,
+            max_model_len=limits.max_model_len,
+            block_size=info.block_size,
+            num_blocks=info.num_blocks,
+            eos_token_ids=list(info.eos_token_ids),
+            executor_kind=info.executor_kind,
+            device=info.device,
+            dtype=info.dtype,
+            attention_backend=info.attention_backend,
+            has_chat_template=self.model.tokenizer.has_chat_template,
+        )
 
-    async def ServerStats(self, request: api_pb2.ServerStatsRequest,
-                          context: grpc.aio.ServicerContext) -> api_pb2.ServerStatsResponse:
+    async def ServerStats(
+        self, request: api_pb2.ServerStatsRequest, context: grpc.aio.ServicerContext
+    ) -> api_pb2.ServerStatsResponse:
         if self.model is None:
-            return api_pb2.ServerStatsResponse(executor_state=api_pb2.EXECUTOR_STATE_WAITING,
-                                               executor_restarts=self._restarts())
+            return api_pb2.ServerStatsResponse(
+                executor_state=api_pb2.EXECUTOR_STATE_WAITING, executor_restarts=self._restarts()
+            )
         stats = self.model.engine.stats()
         s = stats.scheduler
         return api_pb2.ServerStatsResponse(
-            num_blocks=s.num_blocks, blocks_free=s.blocks_free, blocks_cached=s.blocks_cached,
-            blocks_referenced=s.blocks_referenced, kv_usage=s.kv_usage, requests_waiting=s.num_waiting,
-            requests_running=s.num_running, requests_swapped=s.num_swapped,
-            prefix_queried_tokens=s.prefix_queried_tokens, prefix_hit_tokens=s.prefix_hit_tokens,
-            num_preemptions=s.num_preemptions, executor_state=_EXECUTOR_STATES[stats.executor_state],
-            executor_restarts=self._restarts(), steps=stats.steps)
+            num_blocks=s.num_blocks,
+            blocks_free=s.blocks_free,
+            blocks_cached=s.blocks_cached,
+            blocks_referenced=s.blocks_referenced,
+            kv_usage=s.kv_usage,
+            requests_waiting=s.num_waiting,
+            requests_running=s.num_running,
+            requests_swapped=s.num_swapped,
+            prefix_queried_tokens=s.prefix_queried_tokens,
+            prefix_hit_tokens=s.prefix_hit_tokens,
+            num_preemptions=s.num_preemptions,
+            executor_state=_EXECUTOR_STATES[stats.executor_state],
+            executor_restarts=self._restarts(),
+            steps=stats.steps,
+        )
 
 
 _INLINE_TOKENIZE_CHARS = 20_000
@@ -203,39 +225,57 @@ def _capacity_error(exc: RequestRejected) -> InvalidFieldError:
 
 
 def _chunk_to_proto(request_id: str, chunk: CompletionChunk) -> api_pb2.GenerateResponse:
-    response = api_pb2.GenerateResponse(request_id=request_id, index=chunk.index, token_ids=chunk.token_ids,
-                                        text=chunk.text)
+    response = api_pb2.GenerateResponse(
+        request_id=request_id, index=chunk.index, token_ids=chunk.token_ids, text=chunk.text
+    )
     for lp in chunk.logprobs:
-        response.logprobs.append(api_pb2.TokenLogprobs(
-            token_id=lp.token_id, logprob=lp.logprob,
-            top=[api_pb2.Logprob(token_id=t.token_id, logprob=t.logprob) for t in lp.top]))
+        response.logprobs.append(
+            api_pb2.TokenLogprobs(
+                token_id=lp.token_id,
+                logprob=lp.logprob,
+                top=[api_pb2.Logprob(token_id=t.token_id, logprob=t.logprob) for t in lp.top],
+            )
+        )
     if chunk.finish_reason is not None:
         response.finish_reason = _FINISH_REASONS[chunk.finish_reason]
     if chunk.usage is not None:
         u = chunk.usage
-        response.usage.CopyFrom(api_pb2.Usage(
-            prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens, cached_tokens=u.cached_tokens,
-            queue_time_s=u.queue_time_s, ttft_s=u.ttft_s, e2e_s=u.e2e_s))
+        response.usage.CopyFrom(
+            api_pb2.Usage(
+                prompt_tokens=u.prompt_tokens,
+                completion_tokens=u.completion_tokens,
+                cached_tokens=u.cached_tokens,
+                queue_time_s=u.queue_time_s,
+                ttft_s=u.ttft_s,
+                e2e_s=u.e2e_s,
+            )
+        )
     return response
 
 
 class ApiServer:
     """The grpc.aio server with KVServe, health and reflection; `serving` drives the health status."""
 
-    def __init__(self, config: ServerConfig, servicer: KVServeServicer, *,
-                 interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
-                 credentials: grpc.ServerCredentials | None = None) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        servicer: KVServeServicer,
+        *,
+        interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+        credentials: grpc.ServerCredentials | None = None,
+    ) -> None:
         self._config = config
         self.servicer = servicer
         self._credentials = credentials
-        options = [("grpc.max_receive_message_length", TRANSPORT_SIZE_FACTOR * config.max_request_bytes),
-                   ("grpc.so_reuseport", 0)]
+        options = [
+            ("grpc.max_receive_message_length", TRANSPORT_SIZE_FACTOR * config.max_request_bytes),
+            ("grpc.so_reuseport", 0),
+        ]
         self._server = grpc.aio.server(interceptors=list(interceptors), options=options)
         api_pb2_grpc.add_KVServeServicer_to_server(servicer, self._server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server)
+        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server)
         self.port: int | None = None
         self._state_tasks: set[asyncio.Task] = set()
 

@@ -28,12 +28,73 @@ from scheduler_svc.server.stats_logger import STATS_LOG_INTERVAL_S, StatsLogger
 
 PREFIX = "kvserve:"
 
-TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                  20.0, 40.0, 80.0, 160.0, 640.0)
-ITL_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
-                 10.0, 20.0, 80.0)
-REQUEST_BUCKETS_S = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-                     120.0, 240.0, 480.0, 960.0, 1920.0)
+TTFT_BUCKETS_S = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+)
+ITL_BUCKETS_S = (
+    0.001,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    80.0,
+)
+REQUEST_BUCKETS_S = (
+    0.1,
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+)
 STEP_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
@@ -45,36 +106,52 @@ def _reason_label(reason: Any) -> str:
 class ServerMetrics:
     """The metric set of one server, on its own registry; see the module docstring for the calls."""
 
-    def __init__(self, registry: CollectorRegistry | None = None, *,
-                 log_interval_s: float = STATS_LOG_INTERVAL_S) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, *, log_interval_s: float = STATS_LOG_INTERVAL_S
+    ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.stats_logger = StatsLogger(log_interval_s)
         r = self.registry
-        self.num_requests_running = Gauge(PREFIX + "num_requests_running", "Requests running on the executor.", registry=r)
-        self.num_requests_waiting = Gauge(PREFIX + "num_requests_waiting", "Requests waiting to be scheduled.", registry=r)
+        self.num_requests_running = Gauge(
+            PREFIX + "num_requests_running", "Requests running on the executor.", registry=r
+        )
+        self.num_requests_waiting = Gauge(
+            PREFIX + "num_requests_waiting", "Requests waiting to be scheduled.", registry=r
+        )
         self.num_requests_swapped = Gauge(PREFIX + "num_requests_swapped", "Requests swapped out to CPU.", registry=r)
-        self.kv_cache_usage_perc = Gauge(PREFIX + "kv_cache_usage_perc",
-                                         "Fraction of KV blocks referenced by live sequences (1 = 100%).", registry=r)
-        self.prefix_cache_queries = Counter(PREFIX + "prefix_cache_queries",
-                                            "Prompt tokens looked up in the prefix cache.", registry=r)
-        self.prefix_cache_hits = Counter(PREFIX + "prefix_cache_hits",
-                                         "Prompt tokens served from the prefix cache.", registry=r)
+        self.kv_cache_usage_perc = Gauge(
+            PREFIX + "kv_cache_usage_perc", "Fraction of KV blocks referenced by live sequences (1 = 100%).", registry=r
+        )
+        self.prefix_cache_queries = Counter(
+            PREFIX + "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", registry=r
+        )
+        self.prefix_cache_hits = Counter(
+            PREFIX + "prefix_cache_hits", "Prompt tokens served from the prefix cache.", registry=r
+        )
         self.num_preemptions = Counter(PREFIX + "num_preemptions", "Sequences preempted.", registry=r)
         self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prompt tokens computed (prefill).", registry=r)
         self.generation_tokens = Counter(PREFIX + "generation_tokens", "Tokens generated.", registry=r)
-        self.request_success = Counter(PREFIX + "request_success", "Finished requests by finish reason.",
-                                       ["finished_reason"], registry=r)
-        self.time_to_first_token = Histogram(PREFIX + "time_to_first_token_seconds", "Arrival to first token.",
-                                             buckets=TTFT_BUCKETS_S, registry=r)
-        self.inter_token_latency = Histogram(PREFIX + "inter_token_latency_seconds",
-                                             "Gap between consecutive tokens of a sequence.",
-                                             buckets=ITL_BUCKETS_S, registry=r)
-        self.e2e_request_latency = Histogram(PREFIX + "e2e_request_latency_seconds", "Arrival to finish.",
-                                             buckets=REQUEST_BUCKETS_S, registry=r)
-        self.request_queue_time = Histogram(PREFIX + "request_queue_time_seconds", "Arrival to first scheduled.",
-                                            buckets=REQUEST_BUCKETS_S, registry=r)
-        self.step_duration = Histogram(PREFIX + "step_duration_seconds", "Wall time of one engine step.",
-                                       buckets=STEP_BUCKETS_S, registry=r)
+        self.request_success = Counter(
+            PREFIX + "request_success", "Finished requests by finish reason.", ["finished_reason"], registry=r
+        )
+        self.time_to_first_token = Histogram(
+            PREFIX + "time_to_first_token_seconds", "Arrival to first token.", buckets=TTFT_BUCKETS_S, registry=r
+        )
+        self.inter_token_latency = Histogram(
+            PREFIX + "inter_token_latency_seconds",
+            "Gap between consecutive tokens of a sequence.",
+            buckets=ITL_BUCKETS_S,
+            registry=r,
+        )
+        self.e2e_request_latency = Histogram(
+            PREFIX + "e2e_request_latency_seconds", "Arrival to finish.", buckets=REQUEST_BUCKETS_S, registry=r
+        )
+        self.request_queue_time = Histogram(
+            PREFIX + "request_queue_time_seconds", "Arrival to first scheduled.", buckets=REQUEST_BUCKETS_S, registry=r
+        )
+        self.step_duration = Histogram(
+            PREFIX + "step_duration_seconds", "Wall time of one engine step.", buckets=STEP_BUCKETS_S, registry=r
+        )
         self.executor_up = Gauge(PREFIX + "executor_up", "1 when an executor is connected and ready.", registry=r)
         self.executor_restarts = Counter(PREFIX + "executor_restarts", "Executors replaced after a loss.", registry=r)
         self._seen = {"queried": 0, "hits": 0, "preemptions": 0}
@@ -83,8 +160,9 @@ class ServerMetrics:
 
     # --- engine calls ----------------------------------------------------------------
 
-    def observe_step(self, duration_s: float, stats: SchedulerStats, prompt_tokens: int,
-                     generation_tokens: int) -> None:
+    def observe_step(
+        self, duration_s: float, stats: SchedulerStats, prompt_tokens: int, generation_tokens: int
+    ) -> None:
         """After every engine step: gauges, token counters, step time, and the periodic log line."""
         self.step_duration.observe(duration_s)
         self.num_requests_running.set(stats.num_running)

@@ -54,13 +54,31 @@ class ActiveRequest:
     """Executor losses this request lived through; past the limit it fails instead of recomputing."""
 
     @classmethod
-    def create(cls, request_id: str, stream: RequestStream, decoder: Decoder, stop: tuple[str, ...],
-               prompt_tail: list[int], n: int, num_prompt_tokens: int, arrival: float,
-               clock: Callable[[], float], metrics: ServerMetrics | None) -> ActiveRequest:
+    def create(
+        cls,
+        request_id: str,
+        stream: RequestStream,
+        decoder: Decoder,
+        stop: tuple[str, ...],
+        prompt_tail: list[int],
+        n: int,
+        num_prompt_tokens: int,
+        arrival: float,
+        clock: Callable[[], float],
+        metrics: ServerMetrics | None,
+    ) -> ActiveRequest:
         completions = [Completion(CompletionText(decoder, stop, prompt_tail)) for _ in range(n)]
-        return cls(request_id=request_id, stream=stream, completions=completions, num_prompt_tokens=num_prompt_tokens,
-                   arrival=arrival, clock=clock, metrics=metrics, log=log.bind(request_id=request_id),
-                   usage=[None] * n)
+        return cls(
+            request_id=request_id,
+            stream=stream,
+            completions=completions,
+            num_prompt_tokens=num_prompt_tokens,
+            arrival=arrival,
+            clock=clock,
+            metrics=metrics,
+            log=log.bind(request_id=request_id),
+            usage=[None] * n,
+        )
 
     @property
     def all_finished(self) -> bool:
@@ -90,9 +108,14 @@ class ActiveRequest:
             text += completion.text.finish()
             completion.finished = True
             completion.finish_reason = finish
-            usage = Usage(prompt_tokens=output.num_prompt_tokens, completion_tokens=output.num_output_tokens,
-                          cached_tokens=output.num_cached_tokens, queue_time_s=output.queue_time_s or 0.0,
-                          ttft_s=output.ttft_s or 0.0, e2e_s=self.clock() - self.arrival)
+            usage = Usage(
+                prompt_tokens=output.num_prompt_tokens,
+                completion_tokens=output.num_output_tokens,
+                cached_tokens=output.num_cached_tokens,
+                queue_time_s=output.queue_time_s or 0.0,
+                ttft_s=output.ttft_s or 0.0,
+                e2e_s=self.clock() - self.arrival,
+            )
             self.usage[output.index] = usage
         if self.metrics is not None and token_ids:
             now = self.clock()
@@ -102,8 +125,16 @@ class ActiveRequest:
             else:
                 self.metrics.observe_token_gap(now - completion.last_token_time)
             completion.last_token_time = now
-        self.stream.put(CompletionChunk(index=output.index, token_ids=token_ids, text=text,
-                                        logprobs=list(output.logprobs or []), finish_reason=finish, usage=usage))
+        self.stream.put(
+            CompletionChunk(
+                index=output.index,
+                token_ids=token_ids,
+                text=text,
+                logprobs=list(output.logprobs or []),
+                finish_reason=finish,
+                usage=usage,
+            )
+        )
         return stopped
 
     def close(self, reason: FinishReason | None) -> None:
@@ -114,8 +145,11 @@ class ActiveRequest:
         duration_s = self.clock() - self.arrival
         if self.metrics is not None:
             for completion in self.completions:
-                self.metrics.observe_finished(completion.finish_reason or reason or FinishReason.ABORT, duration_s,
-                                              first.queue_time_s if first else None)
+                self.metrics.observe_finished(
+                    completion.finish_reason or reason or FinishReason.ABORT,
+                    duration_s,
+                    first.queue_time_s if first else None,
+                )
         self.log.info(
             "request_finished",
             prompt_tokens=self.num_prompt_tokens,
@@ -124,7 +158,8 @@ class ActiveRequest:
             queue_time_s=round(first.queue_time_s, 6) if first else None,
             ttft_s=round(min(u.ttft_s for u in usages), 6) if usages else None,
             duration_s=round(duration_s, 6),
-            finish_reason=",".join(sorted({(c.finish_reason or reason or FinishReason.ABORT).value
-                                           for c in self.completions})),
+            finish_reason=",".join(
+                sorted({(c.finish_reason or reason or FinishReason.ABORT).value for c in self.completions})
+            ),
             n=len(self.completions),
         )

@@ -15,8 +15,8 @@ import uuid
 from dataclasses import dataclass
 
 from protos import defaults
-from protos.sampling import InvalidFieldError, SamplingParams
 from protos.kvserve.v1 import api_pb2
+from protos.sampling import InvalidFieldError, SamplingParams
 from scheduler_svc.server.tokenizer import CHAT_ROLES, ChatMessage, ChatTemplateError, Tokenizer
 
 _SAMPLING_FLOATS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
@@ -50,8 +50,10 @@ def parse_generate(request: api_pb2.GenerateRequest, tokenizer: Tokenizer, limit
     if size > limits.max_request_bytes:
         # The prompt is what makes a request big, so name it; gRPC itself refuses far larger
         # messages (see grpc_api.TRANSPORT_SIZE_FACTOR) with RESOURCE_EXHAUSTED.
-        raise InvalidFieldError(request.WhichOneof("prompt") or "request",
-                                f"request of {size} bytes is over the {limits.max_request_bytes}-byte limit")
+        raise InvalidFieldError(
+            request.WhichOneof("prompt") or "request",
+            f"request of {size} bytes is over the {limits.max_request_bytes}-byte limit",
+        )
     request_id = validate_request_id(request.request_id)
     if len(request.cache_salt) > defaults.MAX_CACHE_SALT_CHARS:
         raise InvalidFieldError("cache_salt", f"at most {defaults.MAX_CACHE_SALT_CHARS} characters")
@@ -59,8 +61,13 @@ def parse_generate(request: api_pb2.GenerateRequest, tokenizer: Tokenizer, limit
         raise InvalidFieldError("priority", f"must be within ±{defaults.MAX_ABS_PRIORITY}, got {request.priority}")
     prompt = prompt_token_ids(request, tokenizer, limits)
     sampling = sampling_params(request.sampling, len(prompt), limits)
-    return ValidatedRequest(request_id=request_id, prompt_token_ids=tuple(prompt), sampling=sampling,
-                            priority=int(request.priority), cache_salt=request.cache_salt)
+    return ValidatedRequest(
+        request_id=request_id,
+        prompt_token_ids=tuple(prompt),
+        sampling=sampling,
+        priority=int(request.priority),
+        cache_salt=request.cache_salt,
+    )
 
 
 def validate_request_id(request_id: str) -> str:
@@ -89,8 +96,11 @@ def prompt_token_ids(request: api_pb2.GenerateRequest, tokenizer: Tokenizer, lim
     if not ids:
         raise InvalidFieldError(kind, "the prompt must not be empty")
     if len(ids) >= limits.max_model_len:
-        raise InvalidFieldError(kind, f"the prompt has {len(ids)} tokens; the context holds {limits.max_model_len} "
-                                      "and at least one must be left for the output")
+        raise InvalidFieldError(
+            kind,
+            f"the prompt has {len(ids)} tokens; the context holds {limits.max_model_len} "
+            "and at least one must be left for the output",
+        )
     return ids
 
 
@@ -111,8 +121,9 @@ def encode_chat(chat: api_pb2.ChatPrompt, tokenizer: Tokenizer, field: str) -> l
     total = 0
     for i, message in enumerate(messages):
         if message.role not in CHAT_ROLES:
-            raise InvalidFieldError(f"{field}.messages[{i}].role",
-                                    f"unknown role {message.role[:32]!r}; use one of {sorted(CHAT_ROLES)}")
+            raise InvalidFieldError(
+                f"{field}.messages[{i}].role", f"unknown role {message.role[:32]!r}; use one of {sorted(CHAT_ROLES)}"
+            )
         total += len(message.content)
     if total > defaults.MAX_PROMPT_CHARS:
         raise InvalidFieldError(f"{field}.messages", f"at most {defaults.MAX_PROMPT_CHARS} characters in all")
@@ -130,15 +141,23 @@ def sampling_params(pb: api_pb2.SamplingParams, prompt_len: int, limits: ModelLi
     if pb.HasField("max_tokens"):
         max_tokens = int(pb.max_tokens)
         if max_tokens > room:
-            raise InvalidFieldError("sampling.max_tokens", f"prompt ({prompt_len} tokens) + max_tokens "
-                                    f"({max_tokens}) exceeds the context of {limits.max_model_len} tokens")
+            raise InvalidFieldError(
+                "sampling.max_tokens",
+                f"prompt ({prompt_len} tokens) + max_tokens "
+                f"({max_tokens}) exceeds the context of {limits.max_model_len} tokens",
+            )
     else:
         max_tokens = min(_DEFAULT_MAX_TOKENS, room)
     stop_token_ids = tuple(int(t) for t in pb.stop_token_ids)
     if any(not 0 <= t < limits.vocab_size for t in stop_token_ids):
         raise InvalidFieldError("sampling.stop_token_ids", f"token ids must be in [0, {limits.vocab_size})")
-    params = SamplingParams(**given, max_tokens=max_tokens, stop_token_ids=stop_token_ids, stop=tuple(pb.stop),
-                            ignore_eos=bool(pb.ignore_eos))
+    params = SamplingParams(
+        **given,
+        max_tokens=max_tokens,
+        stop_token_ids=stop_token_ids,
+        stop=tuple(pb.stop),
+        ignore_eos=bool(pb.ignore_eos),
+    )
     try:
         params.validate()
     except InvalidFieldError as exc:

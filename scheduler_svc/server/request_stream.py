@@ -16,8 +16,8 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from scheduler_svc.core.outputs import SampledLogprob
 from protos.stop_rules import FinishReason
+from scheduler_svc.core.outputs import SampledLogprob
 
 
 class FailureKind(str, enum.Enum):

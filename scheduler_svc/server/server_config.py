@@ -34,54 +34,109 @@ class ServerConfig:
     # --- gRPC API
     host: str = field(default=defaults.GRPC_HOST, metadata=flag("address the gRPC API listens on", group=_API))
     port: int = field(default=defaults.GRPC_PORT, metadata=flag("gRPC port (0 picks a free one)", group=_API))
-    max_request_bytes: int = field(default=defaults.MAX_REQUEST_BYTES,
-                                   metadata=flag("largest accepted gRPC message", group=_API))
-    metrics_port: int | None = field(default=None, metadata=flag(
-        "serve Prometheus /metrics on this port, same host as the API (0 picks one); None: off", group=_API))
+    max_request_bytes: int = field(
+        default=defaults.MAX_REQUEST_BYTES, metadata=flag("largest accepted gRPC message", group=_API)
+    )
+    metrics_port: int | None = field(
+        default=None,
+        metadata=flag(
+            "serve Prometheus /metrics on this port, same host as the API (0 picks one); None: off", group=_API
+        ),
+    )
 
     # --- API security (scheduler_svc.server.auth, .tls, .bind_policy)
-    auth_token_file: str | None = field(default=None, metadata=flag(
-        "file of `TOKEN TENANT` lines; every API call then needs `authorization: Bearer TOKEN`",
-        group=_SECURITY))
+    auth_token_file: str | None = field(
+        default=None,
+        metadata=flag(
+            "file of `TOKEN TENANT` lines; every API call then needs `authorization: Bearer TOKEN`", group=_SECURITY
+        ),
+    )
     tls_cert: str | None = field(default=None, metadata=flag("PEM certificate chain for gRPC TLS", group=_SECURITY))
     tls_key: str | None = field(default=None, metadata=flag("PEM private key for gRPC TLS", group=_SECURITY))
-    tls_client_ca: str | None = field(default=None, metadata=flag(
-        "PEM CA bundle; clients must then present a certificate it signed", group=_SECURITY))
-    allow_insecure_remote: bool = field(default=False, metadata=flag(
-        "listen on a non-loopback --host without --auth-token-file (something in front authenticates)",
-        group=_SECURITY))
+    tls_client_ca: str | None = field(
+        default=None, metadata=flag("PEM CA bundle; clients must then present a certificate it signed", group=_SECURITY)
+    )
+    allow_insecure_remote: bool = field(
+        default=False,
+        metadata=flag(
+            "listen on a non-loopback --host without --auth-token-file (something in front authenticates)",
+            group=_SECURITY,
+        ),
+    )
 
     # --- executor link
-    link: str = field(default="", metadata=flag(
-        "ZeroMQ endpoint the scheduler binds and the executor connects to (tcp://HOST:PORT or ipc://PATH); "
-        "empty: an ipc socket in a private runtime dir", metavar="ENDPOINT", group=_LINK))
-    allow_remote_link: bool = field(default=False, metadata=flag(
-        "allow a non-loopback tcp link endpoint (a private network you chose)", group=_LINK))
-    curve_secret_key: str | None = field(default=None, metadata=flag(
-        "this scheduler's CURVE certificate (NAME.key_secret); encrypts and authenticates a tcp link "
-        "(executors then need --curve-server-key with its public NAME.key)", metavar="FILE", group=_LINK))
-    curve_executor_keys: tuple[str, ...] = field(default=(), metadata=flag(
-        "public certificate (NAME.key) of an executor allowed to register; repeat for several; "
-        "none: any executor holding our public key", name="--curve-executor-key", metavar="FILE", group=_LINK))
-    heartbeat_interval_s: float = field(default=defaults.LINK_HEARTBEAT_INTERVAL_S, metadata=flag(
-        "heartbeat period on the executor link", group=_LINK))
-    executor_dead_after_s: float = field(default=defaults.EXECUTOR_DEAD_AFTER_S, metadata=flag(
-        "an executor silent this long is declared lost", group=_LINK))
-    step_timeout_s: float | None = field(default=defaults.STEP_TIMEOUT_S, metadata=flag(
-        "a step unanswered this long (heartbeats alive) loses the executor", group=_LINK))
-    executor_start_timeout_s: float | None = field(default=None, metadata=flag(
-        "seconds to wait for the first executor at start-up; None: forever",
-        name="--executor-start-timeout", group=_LINK))
-    executor_restart_timeout_s: float = field(default=defaults.EXECUTOR_RESTART_TIMEOUT_S, metadata=flag(
-        "seconds a lost executor may take to come back before requests fail UNAVAILABLE",
-        name="--executor-restart-timeout", group=_LINK))
-    executor_losses_per_request: int = field(default=defaults.EXECUTOR_LOSSES_PER_REQUEST, metadata=flag(
-        "a request in flight through this many executor losses fails UNAVAILABLE instead of being "
-        "recomputed again (poison-request guard)", group=_LINK))
+    link: str = field(
+        default="",
+        metadata=flag(
+            "ZeroMQ endpoint the scheduler binds and the executor connects to (tcp://HOST:PORT or ipc://PATH); "
+            "empty: an ipc socket in a private runtime dir",
+            metavar="ENDPOINT",
+            group=_LINK,
+        ),
+    )
+    allow_remote_link: bool = field(
+        default=False,
+        metadata=flag("allow a non-loopback tcp link endpoint (a private network you chose)", group=_LINK),
+    )
+    curve_secret_key: str | None = field(
+        default=None,
+        metadata=flag(
+            "this scheduler's CURVE certificate (NAME.key_secret); encrypts and authenticates a tcp link "
+            "(executors then need --curve-server-key with its public NAME.key)",
+            metavar="FILE",
+            group=_LINK,
+        ),
+    )
+    curve_executor_keys: tuple[str, ...] = field(
+        default=(),
+        metadata=flag(
+            "public certificate (NAME.key) of an executor allowed to register; repeat for several; "
+            "none: any executor holding our public key",
+            name="--curve-executor-key",
+            metavar="FILE",
+            group=_LINK,
+        ),
+    )
+    heartbeat_interval_s: float = field(
+        default=defaults.LINK_HEARTBEAT_INTERVAL_S, metadata=flag("heartbeat period on the executor link", group=_LINK)
+    )
+    executor_dead_after_s: float = field(
+        default=defaults.EXECUTOR_DEAD_AFTER_S,
+        metadata=flag("an executor silent this long is declared lost", group=_LINK),
+    )
+    step_timeout_s: float | None = field(
+        default=defaults.STEP_TIMEOUT_S,
+        metadata=flag("a step unanswered this long (heartbeats alive) loses the executor", group=_LINK),
+    )
+    executor_start_timeout_s: float | None = field(
+        default=None,
+        metadata=flag(
+            "seconds to wait for the first executor at start-up; None: forever",
+            name="--executor-start-timeout",
+            group=_LINK,
+        ),
+    )
+    executor_restart_timeout_s: float = field(
+        default=defaults.EXECUTOR_RESTART_TIMEOUT_S,
+        metadata=flag(
+            "seconds a lost executor may take to come back before requests fail UNAVAILABLE",
+            name="--executor-restart-timeout",
+            group=_LINK,
+        ),
+    )
+    executor_losses_per_request: int = field(
+        default=defaults.EXECUTOR_LOSSES_PER_REQUEST,
+        metadata=flag(
+            "a request in flight through this many executor losses fails UNAVAILABLE instead of being "
+            "recomputed again (poison-request guard)",
+            group=_LINK,
+        ),
+    )
 
     # --- scheduling (the SchedulerConfig policy; the executor's handshake sizes the rest)
-    max_model_len: int | None = field(default=None, metadata=flag(
-        "cap on the context length; None: the executor's max_model_len", group=_SCHEDULING))
+    max_model_len: int | None = field(
+        default=None, metadata=flag("cap on the context length; None: the executor's max_model_len", group=_SCHEDULING)
+    )
     max_num_batched_tokens: int = _policy("max_num_batched_tokens")
     max_num_seqs: int = _policy("max_num_seqs")
     preemption_mode: str = _policy("preemption_mode")
@@ -92,23 +147,31 @@ class ServerConfig:
     debug_invariants: bool = _policy("debug_invariants")
 
     # --- admission and streaming
-    max_queued_requests: int = field(default=defaults.MAX_QUEUED_REQUESTS, metadata=flag(
-        "queued requests before RESOURCE_EXHAUSTED", group=_QUEUE))
-    max_queued_prompt_tokens: int = field(default=defaults.MAX_QUEUED_PROMPT_TOKENS, metadata=flag(
-        "queued prompt tokens before RESOURCE_EXHAUSTED", group=_QUEUE))
-    stream_buffer_chunks: int = field(default=defaults.STREAM_BUFFER_CHUNKS, metadata=flag(
-        "chunks buffered per stream before a slow reader's chunks are merged", group=_QUEUE))
+    max_queued_requests: int = field(
+        default=defaults.MAX_QUEUED_REQUESTS, metadata=flag("queued requests before RESOURCE_EXHAUSTED", group=_QUEUE)
+    )
+    max_queued_prompt_tokens: int = field(
+        default=defaults.MAX_QUEUED_PROMPT_TOKENS,
+        metadata=flag("queued prompt tokens before RESOURCE_EXHAUSTED", group=_QUEUE),
+    )
+    stream_buffer_chunks: int = field(
+        default=defaults.STREAM_BUFFER_CHUNKS,
+        metadata=flag("chunks buffered per stream before a slow reader's chunks are merged", group=_QUEUE),
+    )
 
     # --- shutdown
-    drain_grace_s: float = field(default=defaults.DRAIN_GRACE_S, metadata=flag(
-        "on SIGTERM, seconds in-flight requests get to finish", group=_QUEUE))
+    drain_grace_s: float = field(
+        default=defaults.DRAIN_GRACE_S,
+        metadata=flag("on SIGTERM, seconds in-flight requests get to finish", group=_QUEUE),
+    )
 
     def scheduling_policy(self) -> dict[str, Any]:
         """The `SchedulerConfig` fields this config sets, by name (for `SchedulerConfig(**...)`)."""
         return {name: getattr(self, name) for name in SCHEDULING_POLICY}
 
 
-SCHEDULING_POLICY = tuple(f.name for f in fields(ServerConfig) if f.name in _SCHEDULER_FIELDS
-                          and f.name != "max_model_len")
+SCHEDULING_POLICY = tuple(
+    f.name for f in fields(ServerConfig) if f.name in _SCHEDULER_FIELDS and f.name != "max_model_len"
+)
 """The fields ServerConfig shares with SchedulerConfig, less max_model_len: the server's is only
 a cap on the executor's, applied in service.build_scheduler."""

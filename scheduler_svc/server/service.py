@@ -15,22 +15,21 @@ import sys
 from dataclasses import dataclass
 
 import grpc
-
 import structlog
 
 from protos.link_curve import CurveKeys, load_keys
 from protos.link_endpoint import private_ipc_endpoint
 from protos.step import ExecutorInfo
-from scheduler_svc.server.grpc_api import ApiServer, KVServeServicer, ServingModel
+from scheduler_svc.core.scheduler import Scheduler
+from scheduler_svc.core.scheduler_config import SchedulerConfig
 from scheduler_svc.server.auth import BearerAuthInterceptor, TokenFileError, TokenTable, load_token_file
 from scheduler_svc.server.bind_policy import BindSecurity, InsecureBindError, check_bind
 from scheduler_svc.server.engine import Engine
 from scheduler_svc.server.executor_link import ExecutorLink
 from scheduler_svc.server.executor_supervisor import ExecutorSupervisor
+from scheduler_svc.server.grpc_api import ApiServer, KVServeServicer, ServingModel
 from scheduler_svc.server.metrics import ServerMetrics
 from scheduler_svc.server.request_parsing import ModelLimits
-from scheduler_svc.core.scheduler import Scheduler
-from scheduler_svc.core.scheduler_config import SchedulerConfig
 from scheduler_svc.server.server_config import ServerConfig
 from scheduler_svc.server.tls import TlsConfigError, server_credentials, tls_files
 from scheduler_svc.server.tokenizer import Tokenizer
@@ -56,11 +55,20 @@ class ApiSecurity:
 def load_api_security(config: ServerConfig) -> ApiSecurity:
     """Check the bind policy and read token and TLS files, before anything listens or starts."""
     files = tls_files(config.tls_cert, config.tls_key, config.tls_client_ca)
-    check_bind(BindSecurity(host=config.host, auth=config.auth_token_file is not None, tls=files is not None,
-                            allow_insecure_remote=config.allow_insecure_remote))
+    check_bind(
+        BindSecurity(
+            host=config.host,
+            auth=config.auth_token_file is not None,
+            tls=files is not None,
+            allow_insecure_remote=config.allow_insecure_remote,
+        )
+    )
     tokens = load_token_file(config.auth_token_file) if config.auth_token_file is not None else None
-    return ApiSecurity(tokens=tokens, credentials=server_credentials(files) if files is not None else None,
-                       curve_keys=link_curve_keys(config))
+    return ApiSecurity(
+        tokens=tokens,
+        credentials=server_credentials(files) if files is not None else None,
+        curve_keys=link_curve_keys(config),
+    )
 
 
 def link_curve_keys(config: ServerConfig) -> CurveKeys | None:
@@ -83,13 +91,21 @@ def resolve_link_endpoint(config: ServerConfig) -> str:
 def build_scheduler(config: ServerConfig, info: ExecutorInfo) -> Scheduler:
     """The executor's handshake sizes the Scheduler; the server's policy fields set the rest."""
     max_model_len = min(info.max_model_len, config.max_model_len or info.max_model_len)
-    return Scheduler(SchedulerConfig(
-        num_blocks=info.num_blocks, block_size=info.block_size, num_cpu_blocks=info.num_cpu_blocks,
-        max_model_len=max_model_len, eos_token_ids=tuple(info.eos_token_ids), **config.scheduling_policy()))
+    return Scheduler(
+        SchedulerConfig(
+            num_blocks=info.num_blocks,
+            block_size=info.block_size,
+            num_cpu_blocks=info.num_cpu_blocks,
+            max_model_len=max_model_len,
+            eos_token_ids=tuple(info.eos_token_ids),
+            **config.scheduling_policy(),
+        )
+    )
 
 
-async def run_service(config: ServerConfig, *, endpoint: str | None = None,
-                      supervisor: ExecutorSupervisor | None = None) -> int:
+async def run_service(
+    config: ServerConfig, *, endpoint: str | None = None, supervisor: ExecutorSupervisor | None = None
+) -> int:
     """Serve until SIGTERM/SIGINT; returns the process exit code (2: bad security options)."""
     try:
         security = load_api_security(config)
@@ -109,10 +125,15 @@ async def run_service(config: ServerConfig, *, endpoint: str | None = None,
         if engine is not None:
             engine.on_link_change(connected)
 
-    link = ExecutorLink(endpoint, heartbeat_interval_s=config.heartbeat_interval_s,
-                        dead_after_s=config.executor_dead_after_s, step_timeout_s=config.step_timeout_s,
-                        allow_remote=config.allow_remote_link, curve_keys=security.curve_keys,
-                        on_change=on_link_change)
+    link = ExecutorLink(
+        endpoint,
+        heartbeat_interval_s=config.heartbeat_interval_s,
+        dead_after_s=config.executor_dead_after_s,
+        step_timeout_s=config.step_timeout_s,
+        allow_remote=config.allow_remote_link,
+        curve_keys=security.curve_keys,
+        on_change=on_link_change,
+    )
     await link.start()
     restarts = (lambda: supervisor.restarts) if supervisor else (lambda: max(0, link.generation - 1))
     servicer = KVServeServicer(restarts=restarts, tokens=security.tokens)
@@ -139,17 +160,26 @@ async def run_service(config: ServerConfig, *, endpoint: str | None = None,
         tokenizer = Tokenizer.from_dir(info.tokenizer_path)
         scheduler = build_scheduler(config, info)
         engine = Engine(scheduler, link, tokenizer, config, on_state_change=api.on_executor_state, metrics=metrics)
-        limits = ModelLimits(max_model_len=min(info.max_model_len, config.max_model_len or info.max_model_len),
-                             vocab_size=info.vocab_size, max_request_bytes=config.max_request_bytes)
+        limits = ModelLimits(
+            max_model_len=min(info.max_model_len, config.max_model_len or info.max_model_len),
+            vocab_size=info.vocab_size,
+            max_request_bytes=config.max_request_bytes,
+        )
         servicer.model = ServingModel(engine=engine, tokenizer=tokenizer, info=info, limits=limits)
         engine_task = loop.create_task(engine.run())
         await api.set_serving(True)
-        log.info("serving", model_id=info.model_id, executor=info.executor_kind, num_blocks=info.num_blocks,
-                 max_model_len=limits.max_model_len, auth=security.tokens is not None,
-                 tls=security.credentials is not None, link_curve=security.curve_keys is not None,
-                 debug_invariants=config.debug_invariants)
-        print(f"kvserve: serving {info.model_id} on {config.host}:{port} (executor {info.executor_kind})",
-              flush=True)
+        log.info(
+            "serving",
+            model_id=info.model_id,
+            executor=info.executor_kind,
+            num_blocks=info.num_blocks,
+            max_model_len=limits.max_model_len,
+            auth=security.tokens is not None,
+            tls=security.credentials is not None,
+            link_curve=security.curve_keys is not None,
+            debug_invariants=config.debug_invariants,
+        )
+        print(f"kvserve: serving {info.model_id} on {config.host}:{port} (executor {info.executor_kind})", flush=True)
         stop_wait = loop.create_task(shutdown.wait())
         await asyncio.wait({stop_wait, engine_task}, return_when=asyncio.FIRST_COMPLETED)
         stop_wait.cancel()
@@ -179,8 +209,9 @@ async def run_service(config: ServerConfig, *, endpoint: str | None = None,
         log.info("stopped")
 
 
-async def _first_executor(link: ExecutorLink, supervisor: ExecutorSupervisor | None, shutdown: asyncio.Event,
-                          timeout_s: float | None) -> ExecutorInfo | None:
+async def _first_executor(
+    link: ExecutorLink, supervisor: ExecutorSupervisor | None, shutdown: asyncio.Event, timeout_s: float | None
+) -> ExecutorInfo | None:
     """Wait for the first handshake; None if asked to shut down first."""
     loop = asyncio.get_running_loop()
     waits: dict[asyncio.Task, str] = {
@@ -196,14 +227,20 @@ async def _first_executor(link: ExecutorLink, supervisor: ExecutorSupervisor | N
         if kind == "executor":
             try:
                 info = first.result()
-            except (TimeoutError, asyncio.TimeoutError):
+            except TimeoutError:
                 raise ExecutorStartError(f"no executor registered within {timeout_s:g} s") from None
-            log.info("executor_registered", model_id=info.model_id, num_blocks=info.num_blocks,
-                     block_size=info.block_size, kind=info.executor_kind)
+            log.info(
+                "executor_registered",
+                model_id=info.model_id,
+                num_blocks=info.num_blocks,
+                block_size=info.block_size,
+                kind=info.executor_kind,
+            )
             return info
         if kind == "exited":
-            raise ExecutorStartError(f"the executor exited with code {first.result()} before registering; "
-                                     "see its log lines above")
+            raise ExecutorStartError(
+                f"the executor exited with code {first.result()} before registering; see its log lines above"
+            )
         return None
     finally:
         for task in waits:

@@ -26,8 +26,13 @@ STATS_LOG_INTERVAL_S = 5.0
 class StatsLogger:
     """Accumulates per-step token counts and logs one summary line per interval."""
 
-    def __init__(self, interval_s: float = STATS_LOG_INTERVAL_S, *, clock: Callable[[], float] = time.monotonic,
-                 logger: Any = None) -> None:
+    def __init__(
+        self,
+        interval_s: float = STATS_LOG_INTERVAL_S,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        logger: Any = None,
+    ) -> None:
         self.interval_s = interval_s
         self._clock = clock
         self._log = logger if logger is not None else log

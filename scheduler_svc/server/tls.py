@@ -27,8 +27,7 @@ class TlsFiles:
     client_ca: Path | None = None
 
 
-def tls_files(cert: str | Path | None, key: str | Path | None,
-              client_ca: str | Path | None = None) -> TlsFiles | None:
+def tls_files(cert: str | Path | None, key: str | Path | None, client_ca: str | Path | None = None) -> TlsFiles | None:
     """The configured files, None when TLS is off; half a configuration is an error."""
     if cert is None and key is None:
         if client_ca is not None:
@@ -44,8 +43,9 @@ def server_credentials(files: TlsFiles) -> grpc.ServerCredentials:
     cert = _read_pem(files.cert, "--tls-cert")
     key = _read_pem(files.key, "--tls-key")
     client_ca = _read_pem(files.client_ca, "--tls-client-ca") if files.client_ca is not None else None
-    return grpc.ssl_server_credentials([(key, cert)], root_certificates=client_ca,
-                                       require_client_auth=client_ca is not None)
+    return grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
+    )
 
 
 def _read_pem(path: Path, option: str) -> bytes:

@@ -34,8 +34,9 @@ class ChatMessage:
 class Tokenizer:
     """Encode prompts, render chat prompts, and decode token ids (special tokens hidden)."""
 
-    def __init__(self, fast: FastTokenizer, *, chat_template: str | None, bos_token: str = "",
-                 eos_token: str = "") -> None:
+    def __init__(
+        self, fast: FastTokenizer, *, chat_template: str | None, bos_token: str = "", eos_token: str = ""
+    ) -> None:
         self._fast = fast
         self.chat_template_source = chat_template
         self.bos_token = bos_token
@@ -62,8 +63,12 @@ class Tokenizer:
             template = (path / "chat_template.jinja").read_text(encoding="utf-8")
         elif isinstance(config.get("chat_template"), str):
             template = config["chat_template"]
-        return cls(fast, chat_template=template, bos_token=_token_text(config.get("bos_token")),
-                   eos_token=_token_text(config.get("eos_token")))
+        return cls(
+            fast,
+            chat_template=template,
+            bos_token=_token_text(config.get("bos_token")),
+            eos_token=_token_text(config.get("eos_token")),
+        )
 
     @property
     def vocab_size(self) -> int:

@@ -10,8 +10,13 @@ import pytest
 
 
 def run_kvserve(args: list[str], timeout_s: float) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvserve", *args], capture_output=True, text=True,
-                          timeout=timeout_s, cwd=Path(__file__).resolve().parents[2])
+    return subprocess.run(
+        [sys.executable, "-m", "kvserve", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=Path(__file__).resolve().parents[2],
+    )
 
 
 @pytest.fixture

@@ -6,9 +6,23 @@ import pytest
 
 from kvserve.bench.report import LATENCY_KEYS, RATIO_KEYS
 
-SUMMARY_KEYS = {"configuration", "workload", "num_requests", "num_failed", "duration_s", "request_throughput",
-                "output_throughput", "total_prompt_tokens", "total_output_tokens", "cached_tokens",
-                "prefix_cache_hit_rate", "server_prefix_hit_rate", "preemptions", "peak_running", *LATENCY_KEYS}
+SUMMARY_KEYS = {
+    "configuration",
+    "workload",
+    "num_requests",
+    "num_failed",
+    "duration_s",
+    "request_throughput",
+    "output_throughput",
+    "total_prompt_tokens",
+    "total_output_tokens",
+    "cached_tokens",
+    "prefix_cache_hit_rate",
+    "server_prefix_hit_rate",
+    "preemptions",
+    "peak_running",
+    *LATENCY_KEYS,
+}
 
 
 def _check_common(data, expected_pairs):
@@ -30,11 +44,33 @@ def _check_common(data, expected_pairs):
 
 def test_bench_serve_fake_executor_all_workloads(tmp_path, kvserve_cli):
     out, plot = tmp_path / "bench.json", tmp_path / "bench.png"
-    proc = kvserve_cli(["bench", "serve", "--workload", "all", "--num-requests", "6", "--concurrency", "3",
-                        "--max-tokens-cap", "6", "--start-server", "--executor", "fake",
-                        "--server-arg=--step-latency-ms=5",
-                        "--baselines", "no-cache", "prealloc", "--json", str(out), "--plot", str(plot),
-                        "--no-progress"], timeout_s=240)
+    proc = kvserve_cli(
+        [
+            "bench",
+            "serve",
+            "--workload",
+            "all",
+            "--num-requests",
+            "6",
+            "--concurrency",
+            "3",
+            "--max-tokens-cap",
+            "6",
+            "--start-server",
+            "--executor",
+            "fake",
+            "--server-arg=--step-latency-ms=5",
+            "--baselines",
+            "no-cache",
+            "prealloc",
+            "--json",
+            str(out),
+            "--plot",
+            str(plot),
+            "--no-progress",
+        ],
+        timeout_s=240,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads(out.read_text())
     kv = [("kvserve", w) for w in ("mixed", "shared-prefix", "multi-turn", "cold-warm/cold", "cold-warm/warm")]
@@ -63,10 +99,33 @@ def test_bench_serve_fake_executor_all_workloads(tmp_path, kvserve_cli):
 @pytest.mark.slow
 def test_bench_serve_real_model_with_hf_baseline(tmp_path, kvserve_cli, default_model_dir):
     out = tmp_path / "bench.json"
-    proc = kvserve_cli(["bench", "serve", "--workload", "mixed", "--num-requests", "4", "--concurrency", "4",
-                        "--max-tokens-cap", "8", "--start-server", "--executor", "torch", "--hf-batch-size", "4",
-                        "--server-arg=--kv-cache-gb=0.25", "--baselines", "hf", "prealloc",
-                        "--json", str(out), "--no-progress"], timeout_s=300)
+    proc = kvserve_cli(
+        [
+            "bench",
+            "serve",
+            "--workload",
+            "mixed",
+            "--num-requests",
+            "4",
+            "--concurrency",
+            "4",
+            "--max-tokens-cap",
+            "8",
+            "--start-server",
+            "--executor",
+            "torch",
+            "--hf-batch-size",
+            "4",
+            "--server-arg=--kv-cache-gb=0.25",
+            "--baselines",
+            "hf",
+            "prealloc",
+            "--json",
+            str(out),
+            "--no-progress",
+        ],
+        timeout_s=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads(out.read_text())
     _check_common(data, {("kvserve", "mixed"), ("hf-generate", "mixed")})  # no-cache: see the fake-executor test

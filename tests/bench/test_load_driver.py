@@ -32,8 +32,12 @@ class FakeClient:
         self.preemptions = 0
 
     async def server_stats(self):
-        return {"requests_running": self.in_flight, "num_preemptions": self.preemptions,
-                "prefix_queried_tokens": 10 * len(self.prompts), "prefix_hit_tokens": 4 * len(self.prompts)}
+        return {
+            "requests_running": self.in_flight,
+            "num_preemptions": self.preemptions,
+            "prefix_queried_tokens": 10 * len(self.prompts),
+            "prefix_hit_tokens": 4 * len(self.prompts),
+        }
 
     async def stream(self, *, token_ids, request_id, cache_salt, max_tokens, ignore_eos, temperature):
         assert ignore_eos and temperature == 0.0
@@ -54,8 +58,11 @@ class FakeClient:
 def test_records_timings_and_respects_concurrency():
     client = FakeClient()
     workload = wl.mixed(8, 49152, seed=0, max_tokens_cap=5)
-    result = asyncio.run(run_workload(client, workload, configuration="kvserve", concurrency=3,
-                                      request_rate=None, seed=0, progress=False))
+    result = asyncio.run(
+        run_workload(
+            client, workload, configuration="kvserve", concurrency=3, request_rate=None, seed=0, progress=False
+        )
+    )
     assert len(result.records) == 8 and all(r.ok for r in result.records)
     assert client.peak_in_flight == 3
     assert 1 <= result.peak_running <= 3
@@ -74,8 +81,11 @@ def test_multi_turn_resends_the_conversation_with_the_real_replies():
     client = FakeClient()
     session = wl.Session("chat", [wl.Turn([1, 2, 3], 2), wl.Turn([4, 5], 3), wl.Turn([6], 1)])
     workload = wl.Workload("multi-turn", [session])
-    result = asyncio.run(run_workload(client, workload, configuration="kvserve", concurrency=None,
-                                      request_rate=None, seed=0, progress=False))
+    result = asyncio.run(
+        run_workload(
+            client, workload, configuration="kvserve", concurrency=None, request_rate=None, seed=0, progress=False
+        )
+    )
     prompts = [p for _, p in client.prompts]
     assert prompts == [[1, 2, 3], [1, 2, 3, 7000, 7001, 4, 5], [1, 2, 3, 7000, 7001, 4, 5, 7000, 7001, 7002, 6]]
     assert [r.turn for r in result.records] == [0, 1, 2]
@@ -84,9 +94,10 @@ def test_multi_turn_resends_the_conversation_with_the_real_replies():
 
 def test_warmup_sessions_are_sent_but_not_recorded():
     client = FakeClient()
-    cold, warm = wl.cold_warm(2, 49152, seed=0, max_tokens_cap=2)
-    result = asyncio.run(run_workload(client, warm, configuration="kvserve", concurrency=2,
-                                      request_rate=None, seed=0, progress=False))
+    _cold, warm = wl.cold_warm(2, 49152, seed=0, max_tokens_cap=2)
+    result = asyncio.run(
+        run_workload(client, warm, configuration="kvserve", concurrency=2, request_rate=None, seed=0, progress=False)
+    )
     assert len(client.prompts) == 3 and len(result.records) == 2
     assert result.workload == "cold-warm/warm"
     assert result.preemptions == 2  # the primer's is not counted
@@ -98,8 +109,17 @@ def test_errors_are_recorded_not_raised():
             raise RuntimeError("boom")
             yield  # pragma: no cover
 
-    result = asyncio.run(run_workload(Failing(), wl.mixed(2, 49152, 0), configuration="kvserve", concurrency=2,
-                                      request_rate=None, seed=0, progress=False))
+    result = asyncio.run(
+        run_workload(
+            Failing(),
+            wl.mixed(2, 49152, 0),
+            configuration="kvserve",
+            concurrency=2,
+            request_rate=None,
+            seed=0,
+            progress=False,
+        )
+    )
     assert [r.ok for r in result.records] == [False, False]
     assert "boom" in result.records[0].error
 
@@ -107,7 +127,10 @@ def test_errors_are_recorded_not_raised():
 def test_poisson_arrivals_spread_the_sessions():
     client = FakeClient()
     workload = wl.mixed(5, 49152, seed=0, max_tokens_cap=1)
-    result = asyncio.run(run_workload(client, workload, configuration="kvserve", concurrency=None,
-                                      request_rate=20.0, seed=3, progress=False))
+    result = asyncio.run(
+        run_workload(
+            client, workload, configuration="kvserve", concurrency=None, request_rate=20.0, seed=3, progress=False
+        )
+    )
     assert len(result.records) == 5
     assert result.duration_s > 0.05  # five arrivals at 20/s take ~0.2 s, not one burst

@@ -3,14 +3,25 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from scheduler_svc.server.metrics import ServerMetrics
 from scheduler_svc.core.outputs import SchedulerStats
+from scheduler_svc.server.metrics import ServerMetrics
 from scheduler_svc.server.stats_logger import StatsLogger
 
 
 def _stats(**kw) -> SchedulerStats:
-    base = dict(num_waiting=0, num_running=0, num_swapped=0, num_blocks=100, blocks_free=100, blocks_cached=0,
-                blocks_referenced=0, kv_usage=0.0, prefix_queried_tokens=0, prefix_hit_tokens=0, num_preemptions=0)
+    base = dict(
+        num_waiting=0,
+        num_running=0,
+        num_swapped=0,
+        num_blocks=100,
+        blocks_free=100,
+        blocks_cached=0,
+        blocks_referenced=0,
+        kv_usage=0.0,
+        prefix_queried_tokens=0,
+        prefix_hit_tokens=0,
+        num_preemptions=0,
+    )
     base.update(kw)
     return SchedulerStats(**base)
 
@@ -29,10 +40,25 @@ def _value(samples, name, **labels):
 
 def test_counters_gauges_and_histograms_move():
     m = ServerMetrics(log_interval_s=0)
-    m.observe_step(0.002, _stats(num_running=3, num_waiting=2, kv_usage=0.25, prefix_queried_tokens=100,
-                                 prefix_hit_tokens=40, num_preemptions=1), prompt_tokens=60, generation_tokens=3)
-    m.observe_step(0.003, _stats(num_running=1, prefix_queried_tokens=150, prefix_hit_tokens=80,
-                                 num_preemptions=1), prompt_tokens=10, generation_tokens=1)
+    m.observe_step(
+        0.002,
+        _stats(
+            num_running=3,
+            num_waiting=2,
+            kv_usage=0.25,
+            prefix_queried_tokens=100,
+            prefix_hit_tokens=40,
+            num_preemptions=1,
+        ),
+        prompt_tokens=60,
+        generation_tokens=3,
+    )
+    m.observe_step(
+        0.003,
+        _stats(num_running=1, prefix_queried_tokens=150, prefix_hit_tokens=80, num_preemptions=1),
+        prompt_tokens=10,
+        generation_tokens=1,
+    )
     m.observe_first_token(0.05)
     m.observe_token_gap(0.01)
     m.observe_token_gap(0.02)
@@ -113,16 +139,37 @@ def test_stats_logger_logs_interval_figures_only_when_busy():
     now[0] = 1.0
     assert logger.observe_step(_stats(num_running=2, prefix_queried_tokens=100, prefix_hit_tokens=25), 400, 2) is None
     now[0] = 5.0
-    fields = logger.observe_step(_stats(num_running=2, num_waiting=1, kv_usage=0.5, prefix_queried_tokens=200,
-                                        prefix_hit_tokens=75, num_preemptions=3), 100, 8)
-    assert fields == {"prompt_throughput_tps": 100.0, "generation_throughput_tps": 2.0, "running": 2, "waiting": 1,
-                      "swapped": 0, "kv_usage_pct": 50.0, "prefix_hit_rate_pct": 37.5, "preemptions": 3}
+    fields = logger.observe_step(
+        _stats(
+            num_running=2,
+            num_waiting=1,
+            kv_usage=0.5,
+            prefix_queried_tokens=200,
+            prefix_hit_tokens=75,
+            num_preemptions=3,
+        ),
+        100,
+        8,
+    )
+    assert fields == {
+        "prompt_throughput_tps": 100.0,
+        "generation_throughput_tps": 2.0,
+        "running": 2,
+        "waiting": 1,
+        "swapped": 0,
+        "kv_usage_pct": 50.0,
+        "prefix_hit_rate_pct": 37.5,
+        "preemptions": 3,
+    }
     assert rec.lines == [("engine stats", fields)]
     now[0] = 12.0  # next window: hit rate only over its own queries
-    fields = logger.observe_step(_stats(num_running=1, prefix_queried_tokens=300, prefix_hit_tokens=175,
-                                        num_preemptions=3), 70, 7)
+    fields = logger.observe_step(
+        _stats(num_running=1, prefix_queried_tokens=300, prefix_hit_tokens=175, num_preemptions=3), 70, 7
+    )
     assert fields["prefix_hit_rate_pct"] == 100.0 and fields["preemptions"] == 0
     assert fields["prompt_throughput_tps"] == 10.0
     now[0] = 20.0  # idle: no tokens, nothing running
-    assert logger.observe_step(_stats(prefix_queried_tokens=300, prefix_hit_tokens=175, num_preemptions=3), 0, 0) is None
+    assert (
+        logger.observe_step(_stats(prefix_queried_tokens=300, prefix_hit_tokens=175, num_preemptions=3), 0, 0) is None
+    )
     assert len(rec.lines) == 2

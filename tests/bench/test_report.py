@@ -1,3 +1,4 @@
+import itertools
 import json
 import math
 
@@ -8,9 +9,20 @@ from kvserve.bench.report import RATIO_KEYS, BenchReport, compute_ratios, render
 
 
 def _run(configuration, workload, ttft, output_tokens=10, duration=2.0, prompt=100, cached=0, peak=0):
-    records = [RequestRecord(f"s{i}", 0, prompt, output_tokens, output_tokens=output_tokens, cached_tokens=cached,
-                             ttft_s=t, e2e_s=t + 0.9, itl_s=[0.1] * (output_tokens - 1))
-               for i, t in enumerate(ttft)]
+    records = [
+        RequestRecord(
+            f"s{i}",
+            0,
+            prompt,
+            output_tokens,
+            output_tokens=output_tokens,
+            cached_tokens=cached,
+            ttft_s=t,
+            e2e_s=t + 0.9,
+            itl_s=[0.1] * (output_tokens - 1),
+        )
+        for i, t in enumerate(ttft)
+    ]
     return RunResult(configuration, workload, records, duration_s=duration, peak_running=peak)
 
 
@@ -29,7 +41,7 @@ def test_summary_figures():
 
 def test_ratios_from_runs():
     runs = [
-        _run("kvserve", "mixed", [0.1], output_tokens=100, duration=1.0),          # 100 tok/s
+        _run("kvserve", "mixed", [0.1], output_tokens=100, duration=1.0),  # 100 tok/s
         _run("hf-generate", "mixed", [math.nan], output_tokens=100, duration=10.0),  # 10 tok/s
         _run("kvserve", "cold-warm/cold", [1.0, 1.2], output_tokens=4),
         _run("kvserve", "cold-warm/warm", [0.1, 0.12], output_tokens=4),
@@ -37,8 +49,13 @@ def test_ratios_from_runs():
     ]
     report = BenchReport(meta={})
     report.results = [summarize_run(r) for r in runs]
-    compute_ratios(report, runs, num_blocks=512, block_size=16,
-                   max_request_len_by_workload={"mixed": 600, "cold-warm": 1864, "shared-prefix": 1864})
+    compute_ratios(
+        report,
+        runs,
+        num_blocks=512,
+        block_size=16,
+        max_request_len_by_workload={"mixed": 600, "cold-warm": 1864, "shared-prefix": 1864},
+    )
     assert report.ratios["vs_hf_throughput"] == pytest.approx(10.0)
     assert report.ratios["warm_vs_cold_ttft"] == pytest.approx(10.0)
     assert report.ratios["concurrency_vs_prealloc"] == pytest.approx(30 / 4)
@@ -74,5 +91,5 @@ def test_arrival_offsets():
     assert arrival_offsets(3, None, 0) == [0.0, 0.0, 0.0]
     a = arrival_offsets(2000, 10.0, seed=1)
     assert a == arrival_offsets(2000, 10.0, seed=1)
-    assert a[0] == 0.0 and all(x < y for x, y in zip(a, a[1:]))
+    assert a[0] == 0.0 and all(x < y for x, y in itertools.pairwise(a))
     assert a[-1] / 1999 == pytest.approx(0.1, rel=0.1)  # mean gap 1/rate

@@ -44,22 +44,36 @@ def scripted_chunks(request: api_pb2.GenerateRequest, request_id: str) -> list[a
     sampling = request.sampling
     n = sampling.n if sampling.HasField("n") else 1
     max_tokens = sampling.max_tokens if sampling.HasField("max_tokens") else 4
-    prompt_tokens = len(request.text.split()) if request.WhichOneof("prompt") == "text" else \
-        len(request.token_ids.ids) if request.WhichOneof("prompt") == "token_ids" else 7 * len(request.chat.messages)
+    prompt_tokens = (
+        len(request.text.split())
+        if request.WhichOneof("prompt") == "text"
+        else len(request.token_ids.ids)
+        if request.WhichOneof("prompt") == "token_ids"
+        else 7 * len(request.chat.messages)
+    )
     chunks = []
     for k in range(max_tokens):
         for index in range(n):
             token = 1000 + 100 * index + k
             chunk = api_pb2.GenerateResponse(request_id=request_id, index=index, token_ids=[token], text=f" w{k}")
             if sampling.HasField("logprobs"):
-                chunk.logprobs.add(token_id=token, logprob=-0.5 * (k + 1),
-                                   top=[api_pb2.Logprob(token_id=token + j, logprob=-1.0 * (j + 1))
-                                        for j in range(sampling.logprobs)])
+                chunk.logprobs.add(
+                    token_id=token,
+                    logprob=-0.5 * (k + 1),
+                    top=[api_pb2.Logprob(token_id=token + j, logprob=-1.0 * (j + 1)) for j in range(sampling.logprobs)],
+                )
             if k == max_tokens - 1:
                 chunk.finish_reason = api_pb2.FINISH_REASON_LENGTH
-                chunk.usage.CopyFrom(api_pb2.Usage(prompt_tokens=prompt_tokens, completion_tokens=max_tokens,
-                                                   cached_tokens=prompt_tokens // 2, queue_time_s=0.001,
-                                                   ttft_s=0.01, e2e_s=0.02 + index))
+                chunk.usage.CopyFrom(
+                    api_pb2.Usage(
+                        prompt_tokens=prompt_tokens,
+                        completion_tokens=max_tokens,
+                        cached_tokens=prompt_tokens // 2,
+                        queue_time_s=0.001,
+                        ttft_s=0.01,
+                        e2e_s=0.02 + index,
+                    )
+                )
             chunks.append(chunk)
     return chunks
 
@@ -67,16 +81,25 @@ def scripted_chunks(request: api_pb2.GenerateRequest, request_id: str) -> list[a
 class ScriptedServicer(api_pb2_grpc.KVServeServicer):
     def __init__(self) -> None:
         self.recorded = Recorded()
-        self.stats = api_pb2.ServerStatsResponse(num_blocks=64, blocks_free=60, blocks_cached=3, blocks_referenced=1,
-                                                 kv_usage=1 / 64, requests_running=1, prefix_queried_tokens=100,
-                                                 prefix_hit_tokens=40, executor_state=api_pb2.EXECUTOR_STATE_READY,
-                                                 steps=12)
+        self.stats = api_pb2.ServerStatsResponse(
+            num_blocks=64,
+            blocks_free=60,
+            blocks_cached=3,
+            blocks_referenced=1,
+            kv_usage=1 / 64,
+            requests_running=1,
+            prefix_queried_tokens=100,
+            prefix_hit_tokens=40,
+            executor_state=api_pb2.EXECUTOR_STATE_READY,
+            steps=12,
+        )
         self._counter = 0
 
-    async def Generate(self, request: api_pb2.GenerateRequest,
-                       context: grpc.aio.ServicerContext) -> AsyncIterator[api_pb2.GenerateResponse]:
+    async def Generate(
+        self, request: api_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[api_pb2.GenerateResponse]:
         self.recorded.requests.append(request)
-        self.recorded.metadata.append({k: v for k, v in context.invocation_metadata()})
+        self.recorded.metadata.append(dict(context.invocation_metadata()))
         self._counter += 1
         request_id = request.request_id or f"req-{self._counter}"
         text = request.text
@@ -99,23 +122,35 @@ class ScriptedServicer(api_pb2_grpc.KVServeServicer):
         self.recorded.aborted.append(request.request_id)
         return api_pb2.AbortResponse(found=request.request_id.startswith("req-"))
 
-    async def Tokenize(self, request: api_pb2.TokenizeRequest,
-                       context: grpc.aio.ServicerContext) -> api_pb2.TokenizeResponse:
+    async def Tokenize(
+        self, request: api_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
+    ) -> api_pb2.TokenizeResponse:
         if request.WhichOneof("input") == "text":
             words = request.text.split()
         else:
             words = [m.content for m in request.chat.messages]
         return api_pb2.TokenizeResponse(token_ids=[len(w) for w in words], tokens=words)
 
-    async def ModelInfo(self, request: api_pb2.ModelInfoRequest,
-                        context: grpc.aio.ServicerContext) -> api_pb2.ModelInfoResponse:
-        return api_pb2.ModelInfoResponse(model_id="scripted-model", vocab_size=49152, max_model_len=2048,
-                                         block_size=16, num_blocks=64, eos_token_ids=[2], executor_kind="fake",
-                                         device="cpu", dtype="float32", attention_backend="none",
-                                         has_chat_template=True)
+    async def ModelInfo(
+        self, request: api_pb2.ModelInfoRequest, context: grpc.aio.ServicerContext
+    ) -> api_pb2.ModelInfoResponse:
+        return api_pb2.ModelInfoResponse(
+            model_id="scripted-model",
+            vocab_size=49152,
+            max_model_len=2048,
+            block_size=16,
+            num_blocks=64,
+            eos_token_ids=[2],
+            executor_kind="fake",
+            device="cpu",
+            dtype="float32",
+            attention_backend="none",
+            has_chat_template=True,
+        )
 
-    async def ServerStats(self, request: api_pb2.ServerStatsRequest,
-                          context: grpc.aio.ServicerContext) -> api_pb2.ServerStatsResponse:
+    async def ServerStats(
+        self, request: api_pb2.ServerStatsRequest, context: grpc.aio.ServicerContext
+    ) -> api_pb2.ServerStatsResponse:
         return self.stats
 
 

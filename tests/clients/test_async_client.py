@@ -103,8 +103,13 @@ def test_unary_calls_and_health(scripted_server) -> None:
     async def main():
         async with AsyncClient(scripted_server.target) as client:
             await client.wait_until_serving(timeout_s=5)
-            return (await client.abort("req-1"), await client.tokenize("a bb"), await client.model_info(),
-                    await client.server_stats(), await client.health())
+            return (
+                await client.abort("req-1"),
+                await client.tokenize("a bb"),
+                await client.model_info(),
+                await client.server_stats(),
+                await client.health(),
+            )
 
     found, ids, info, stats, health = run(main())
     assert found is True and ids == [1, 2]

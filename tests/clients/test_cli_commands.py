@@ -24,8 +24,9 @@ def kvserve_argv() -> list[str]:
 
 def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "300"}  # no help wrapping mid-phrase
-    return subprocess.run([*kvserve_argv(), *args], input=stdin, capture_output=True, text=True,
-                          timeout=CLI_TIMEOUT_S, env=env)
+    return subprocess.run(
+        [*kvserve_argv(), *args], input=stdin, capture_output=True, text=True, timeout=CLI_TIMEOUT_S, env=env
+    )
 
 
 def port_args(server) -> list[str]:
@@ -33,9 +34,29 @@ def port_args(server) -> list[str]:
 
 
 def test_generate_streams_text(scripted_server) -> None:
-    result = run_cli("generate", "hello there", "--max-tokens", "3", "--temperature", "0", "--stop", "END",
-                     "--stop", "\n\n", "--stop-token-id", "7", "--seed", "5", "--priority", "2",
-                     "--cache-salt", "salt", "--request-id", "cli-1", *port_args(scripted_server))
+    result = run_cli(
+        "generate",
+        "hello there",
+        "--max-tokens",
+        "3",
+        "--temperature",
+        "0",
+        "--stop",
+        "END",
+        "--stop",
+        "\n\n",
+        "--stop-token-id",
+        "7",
+        "--seed",
+        "5",
+        "--priority",
+        "2",
+        "--cache-salt",
+        "salt",
+        "--request-id",
+        "cli-1",
+        *port_args(scripted_server),
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout == " w0 w1 w2\n"
     request = scripted_server.servicer.recorded.requests[0]
@@ -53,22 +74,30 @@ def test_generate_reads_prompt_from_stdin(scripted_server) -> None:
 
 
 def test_generate_chat_sends_one_user_message(scripted_server) -> None:
-    result = run_cli("generate", "--chat", "What is the capital of France?", "--max-tokens", "1",
-                     *port_args(scripted_server))
+    result = run_cli(
+        "generate", "--chat", "What is the capital of France?", "--max-tokens", "1", *port_args(scripted_server)
+    )
     assert result.returncode == 0, result.stderr
     chat = scripted_server.servicer.recorded.requests[0].chat
     assert [(m.role, m.content) for m in chat.messages] == [("user", "What is the capital of France?")]
 
 
 def test_generate_json_shape(scripted_server) -> None:
-    result = run_cli("generate", "a b c d", "--json", "--max-tokens", "2", "--logprobs", "1",
-                     *port_args(scripted_server))
+    result = run_cli(
+        "generate", "a b c d", "--json", "--max-tokens", "2", "--logprobs", "1", *port_args(scripted_server)
+    )
     assert result.returncode == 0, result.stderr
     body = json.loads(result.stdout)
     assert body["text"] == " w0 w1" and body["finish_reason"] == "length"
     assert body["usage"]["prompt_tokens"] == 4 and body["usage"]["completion_tokens"] == 2
-    assert set(body["usage"]) == {"prompt_tokens", "completion_tokens", "cached_tokens", "queue_time_s",
-                                  "ttft_s", "e2e_s"}
+    assert set(body["usage"]) == {
+        "prompt_tokens",
+        "completion_tokens",
+        "cached_tokens",
+        "queue_time_s",
+        "ttft_s",
+        "e2e_s",
+    }
     assert body["token_ids"] == [1000, 1001]
     assert body["logprobs"][0] == {"token_id": 1000, "logprob": -0.5, "top": [[1000, -1.0]]}
     assert "choices" not in body
@@ -82,8 +111,9 @@ def test_generate_json_n_choices(scripted_server) -> None:
 
 
 def test_generate_error_exit_code_and_one_line(scripted_server) -> None:
-    result = run_cli("generate", "error:INVALID_ARGUMENT:sampling.top_p: must be in (0, 1], got 1.5",
-                     *port_args(scripted_server))
+    result = run_cli(
+        "generate", "error:INVALID_ARGUMENT:sampling.top_p: must be in (0, 1], got 1.5", *port_args(scripted_server)
+    )
     assert result.returncode == 1
     assert result.stderr.strip() == "kvserve generate: INVALID_ARGUMENT: sampling.top_p: must be in (0, 1], got 1.5"
     assert result.stdout.strip() == ""
@@ -98,15 +128,22 @@ def test_generate_unreachable_server_fails_cleanly() -> None:
 def test_generate_token_file_is_sent_as_bearer(scripted_server, tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text("from-file\n")
-    result = run_cli("generate", "x", "--max-tokens", "1", "--token-file", str(token_file),
-                     *port_args(scripted_server))
+    result = run_cli("generate", "x", "--max-tokens", "1", "--token-file", str(token_file), *port_args(scripted_server))
     assert result.returncode == 0, result.stderr
     assert scripted_server.servicer.recorded.metadata[0]["authorization"] == "Bearer from-file"
 
 
 def test_chat_resends_conversation_and_resets(scripted_server) -> None:
-    result = run_cli("chat", "--max-tokens", "2", "--system", "be brief", "--verbose", *port_args(scripted_server),
-                     stdin="hello\nsecond\n/reset\nthird\n")
+    result = run_cli(
+        "chat",
+        "--max-tokens",
+        "2",
+        "--system",
+        "be brief",
+        "--verbose",
+        *port_args(scripted_server),
+        stdin="hello\nsecond\n/reset\nthird\n",
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [" w0 w1"] * 3
     assert "(conversation reset)" in result.stderr and "cached" in result.stderr

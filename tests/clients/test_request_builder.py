@@ -20,13 +20,23 @@ from protos.kvserve.v1 import api_pb2
 def test_default_target_matches_common_defaults() -> None:
     assert clients.DEFAULT_HOST == defaults.GRPC_HOST
     assert clients.DEFAULT_PORT == defaults.GRPC_PORT
-    assert clients.DEFAULT_TARGET == f"{defaults.GRPC_HOST}:{defaults.GRPC_PORT}"
+    assert f"{defaults.GRPC_HOST}:{defaults.GRPC_PORT}" == clients.DEFAULT_TARGET
 
 
 def test_sampling_kwargs_fill_only_given_fields() -> None:
-    request = build_generate_request("hi", temperature=0.0, top_k=5, stop=["\n", "END"], stop_token_ids=[7],
-                                     ignore_eos=True, seed=3, max_tokens=None, request_id="r1", priority=2,
-                                     cache_salt="s")
+    request = build_generate_request(
+        "hi",
+        temperature=0.0,
+        top_k=5,
+        stop=["\n", "END"],
+        stop_token_ids=[7],
+        ignore_eos=True,
+        seed=3,
+        max_tokens=None,
+        request_id="r1",
+        priority=2,
+        cache_salt="s",
+    )
     assert request.text == "hi"
     assert request.sampling.HasField("temperature") and request.sampling.temperature == 0.0
     assert request.sampling.top_k == 5
@@ -55,19 +65,26 @@ def test_exactly_one_prompt_form(kwargs: dict) -> None:
 
 def test_token_ids_and_messages_prompts() -> None:
     assert list(build_generate_request(token_ids=[5, 6]).token_ids.ids) == [5, 6]
-    chat = build_generate_request(messages=[{"role": "system", "content": "be brief"},
-                                            {"role": "user", "content": "hi"}]).chat
+    chat = build_generate_request(
+        messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    ).chat
     assert [(m.role, m.content) for m in chat.messages] == [("system", "be brief"), ("user", "hi")]
 
 
 def test_chunk_conversion_with_usage_and_logprobs() -> None:
     response = api_pb2.GenerateResponse(
-        request_id="r", index=1, token_ids=[9, 10], text="ab",
-        logprobs=[api_pb2.TokenLogprobs(token_id=9, logprob=-0.25, top=[api_pb2.Logprob(token_id=3, logprob=-1.5)]),
-                  api_pb2.TokenLogprobs(token_id=10, logprob=-0.75)],
+        request_id="r",
+        index=1,
+        token_ids=[9, 10],
+        text="ab",
+        logprobs=[
+            api_pb2.TokenLogprobs(token_id=9, logprob=-0.25, top=[api_pb2.Logprob(token_id=3, logprob=-1.5)]),
+            api_pb2.TokenLogprobs(token_id=10, logprob=-0.75),
+        ],
         finish_reason=api_pb2.FINISH_REASON_EOS,
-        usage=api_pb2.Usage(prompt_tokens=5, completion_tokens=2, cached_tokens=4, queue_time_s=0.5, ttft_s=0.75,
-                            e2e_s=1.5),
+        usage=api_pb2.Usage(
+            prompt_tokens=5, completion_tokens=2, cached_tokens=4, queue_time_s=0.5, ttft_s=0.75, e2e_s=1.5
+        ),
     )
     chunk = chunk_from_response(response)
     assert (chunk.request_id, chunk.index, chunk.token_ids, chunk.text) == ("r", 1, [9, 10], "ab")
@@ -82,8 +99,15 @@ def test_running_chunk_has_no_finish_reason_or_usage() -> None:
     assert chunk.finish_reason is None and chunk.usage is None
 
 
-@pytest.mark.parametrize("value,name", [(api_pb2.FINISH_REASON_STOP, "stop"), (api_pb2.FINISH_REASON_LENGTH, "length"),
-                                        (api_pb2.FINISH_REASON_ABORT, "abort"), (api_pb2.FINISH_REASON_ERROR, "error")])
+@pytest.mark.parametrize(
+    "value,name",
+    [
+        (api_pb2.FINISH_REASON_STOP, "stop"),
+        (api_pb2.FINISH_REASON_LENGTH, "length"),
+        (api_pb2.FINISH_REASON_ABORT, "abort"),
+        (api_pb2.FINISH_REASON_ERROR, "error"),
+    ],
+)
 def test_finish_reason_names(value: int, name: str) -> None:
     response = api_pb2.GenerateResponse(finish_reason=value)
     assert chunk_from_response(response).finish_reason == name
@@ -92,9 +116,12 @@ def test_finish_reason_names(value: int, name: str) -> None:
 def test_assembler_orders_choices_and_mirrors_index_zero() -> None:
     assembler = CompletionAssembler(n=2)
     usage = clients.Usage(1, 2, 0, 0.0, 0.0, 0.0)
-    for chunk in [clients.Chunk("r", 1, [20], "x"), clients.Chunk("r", 0, [10], "a"),
-                  clients.Chunk("r", 0, [11], "b", finish_reason="stop", usage=usage),
-                  clients.Chunk("r", 1, [21], "y", finish_reason="length", usage=usage)]:
+    for chunk in [
+        clients.Chunk("r", 1, [20], "x"),
+        clients.Chunk("r", 0, [10], "a"),
+        clients.Chunk("r", 0, [11], "b", finish_reason="stop", usage=usage),
+        clients.Chunk("r", 1, [21], "y", finish_reason="length", usage=usage),
+    ]:
         assembler.add(chunk)
     completion = assembler.result()
     assert [c.text for c in completion.choices] == ["ab", "xy"]
@@ -131,8 +158,13 @@ def test_clients_import_no_kvserve_internals() -> None:
     allowed = ("grpc", "grpc_health", "protos.kvserve.v1", "clients", "__future__")
     for path in Path(clients.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             for name in names:
                 top = name.split(".")[0]
                 stdlib = top in __import__("sys").stdlib_module_names

@@ -30,7 +30,7 @@ def test_generate_assembles_n_choices_with_logprobs(scripted_server) -> None:
     assert [c.token_ids for c in completion.choices] == [[1000, 1001], [1100, 1101], [1200, 1201]]
     assert completion.text == " w0 w1" and completion.token_ids == [1000, 1001]
     assert completion.usage.completion_tokens == 2 and completion.choices[2].usage.e2e_s == pytest.approx(2.02)
-    assert [lp.top for lp in completion.choices[1].logprobs][0] == [(1100, -1.0), (1101, -2.0)]
+    assert next(lp.top for lp in completion.choices[1].logprobs) == [(1100, -1.0), (1101, -2.0)]
     assert completion.request_id.startswith("req-")  # assigned by the server
     assert {c.request_id for c in completion.choices} == {completion.request_id}
 
@@ -76,25 +76,22 @@ def test_deadline_maps_to_deadline_exceeded(scripted_server) -> None:
 
 
 def test_per_call_timeout_overrides_default(scripted_server) -> None:
-    with Client(scripted_server.target, timeout_s=60) as client:
-        with pytest.raises(KVServeError) as info:
-            list(client.stream("stall: zzz", timeout_s=0.2))
+    with Client(scripted_server.target, timeout_s=60) as client, pytest.raises(KVServeError) as info:
+        list(client.stream("stall: zzz", timeout_s=0.2))
     assert info.value.code is grpc.StatusCode.DEADLINE_EXCEEDED
 
 
 @pytest.mark.parametrize("code", ["INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "UNAUTHENTICATED"])
 def test_status_maps_to_kvserve_error(scripted_server, code: str) -> None:
-    with Client(scripted_server.target) as client:
-        with pytest.raises(KVServeError) as info:
-            client.generate(f"error:{code}:sampling.top_p: must be in (0, 1]")
+    with Client(scripted_server.target) as client, pytest.raises(KVServeError) as info:
+        client.generate(f"error:{code}:sampling.top_p: must be in (0, 1]")
     assert info.value.code is grpc.StatusCode[code]
     assert info.value.details == "sampling.top_p: must be in (0, 1]"
 
 
 def test_unreachable_server_is_unavailable() -> None:
-    with Client("127.0.0.1:1", timeout_s=2) as client:
-        with pytest.raises(KVServeError) as info:
-            client.model_info()
+    with Client("127.0.0.1:1", timeout_s=2) as client, pytest.raises(KVServeError) as info:
+        client.model_info()
     assert info.value.code is grpc.StatusCode.UNAVAILABLE
 
 
@@ -119,7 +116,11 @@ def test_health_and_wait_until_serving(scripted_server) -> None:
         with pytest.raises(KVServeError) as info:
             client.wait_until_serving(timeout_s=0.3)
         assert info.value.code is grpc.StatusCode.DEADLINE_EXCEEDED and "NOT_SERVING" in info.value.details
-        scripted_server.loop.call_later(0.3, lambda: scripted_server.loop.create_task(
-            scripted_server.health.set("", health_pb2.HealthCheckResponse.SERVING)))
+        scripted_server.loop.call_later(
+            0.3,
+            lambda: scripted_server.loop.create_task(
+                scripted_server.health.set("", health_pb2.HealthCheckResponse.SERVING)
+            ),
+        )
         client.wait_until_serving(timeout_s=5)
         assert client.health() == "SERVING"

@@ -5,16 +5,24 @@ from __future__ import annotations
 import pytest
 import torch
 
-from protos.sampling import SamplingParams
-from executor_svc.input_batch import PlanError, build_input_batch
+from executor_svc.input_batch import build_input_batch
 from executor_svc.kv_cache import CacheGeometry, PagedKVCache
 from executor_svc.sequence_state import SequenceState
+from protos.sampling import SamplingParams
+from protos.step import PlanError
 
 
 def _seq(seq_id, tokens, table, computed, scheduled):
-    return SequenceState(seq_id=seq_id, token_ids=tokens, prompt_len=len(tokens), block_table=table,
-                         sampling=SamplingParams(), seed=0, num_computed_tokens=computed,
-                         num_scheduled_tokens=scheduled)
+    return SequenceState(
+        seq_id=seq_id,
+        token_ids=tokens,
+        prompt_len=len(tokens),
+        block_table=table,
+        sampling=SamplingParams(),
+        seed=0,
+        num_computed_tokens=computed,
+        num_scheduled_tokens=scheduled,
+    )
 
 
 def test_flat_batch_positions_slots_and_sample_rows():

@@ -23,8 +23,8 @@ PROMPTS = [
     "It covers rivers, mountains and cities. The capital of France is",
     "Write a short poem about the sea and the wind, in the style of a children's song, with a chorus "
     "that repeats after every verse and a final verse about coming home:",
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number, computed iteratively so that large "
-    "values of n do not overflow the recursion limit.\"\"\"\n",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number, computed iteratively so that large '
+    'values of n do not overflow the recursion limit."""\n',
     "Question: What is the boiling point of water at sea level in degrees Celsius, and how does it change "
     "when you climb a high mountain such as Everest?\nAnswer:",
     "Once upon a time, in a small village at the edge of a dark forest, there lived an old clockmaker who "
@@ -61,9 +61,14 @@ def hf_outputs(default_model_dir, prompt_ids, runner) -> list[list[int]]:
     with torch.inference_mode():
         for ids in prompt_ids:
             input_ids = torch.tensor([ids])
-            generated = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
-                                       max_new_tokens=NEW_TOKENS, pad_token_id=model.config.eos_token_id)
-            outputs.append(generated[0, len(ids):].tolist())
+            generated = model.generate(
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                do_sample=False,
+                max_new_tokens=NEW_TOKENS,
+                pad_token_id=model.config.eos_token_id,
+            )
+            outputs.append(generated[0, len(ids) :].tolist())
     return outputs
 
 
@@ -109,8 +114,7 @@ def test_greedy_matches_hf_with_chunked_prefill_of_7(runner, prompt_ids, hf_outp
 
 
 @pytest.mark.parametrize("copy_prefix", [False, True], ids=["shared", "copied"])
-def test_greedy_matches_hf_with_half_the_blocks_from_another_sequence(runner, prompt_ids, hf_outputs,
-                                                                      copy_prefix):
+def test_greedy_matches_hf_with_half_the_blocks_from_another_sequence(runner, prompt_ids, hf_outputs, copy_prefix):
     driver = PlanDriver(runner)
     block_size = runner.info().block_size
     donors: dict[int, list[int]] = {}

@@ -7,19 +7,20 @@ import math
 import pytest
 import torch
 
-from protos.sampling import SamplingParams
 from executor_svc.penalties import apply_penalties
 from executor_svc.sampler import filtered_logits, sample
 from executor_svc.seeded_noise import row_key, uniform_noise
 from executor_svc.sequence_state import SequenceState
+from protos.sampling import SamplingParams
 
 VOCAB = 64
 
 
 def _seq(seq_id: int, sampling: SamplingParams, seed: int = 0, prompt=(1, 2, 3), output=()) -> SequenceState:
     tokens = list(prompt) + list(output)
-    return SequenceState(seq_id=seq_id, token_ids=tokens, prompt_len=len(prompt), block_table=[],
-                         sampling=sampling, seed=seed)
+    return SequenceState(
+        seq_id=seq_id, token_ids=tokens, prompt_len=len(prompt), block_table=[], sampling=sampling, seed=seed
+    )
 
 
 def _logits(rows: int, seed: int = 0) -> torch.Tensor:
@@ -45,7 +46,7 @@ def test_seeded_draws_do_not_depend_on_batch_composition():
     params = SamplingParams(temperature=1.0, top_p=0.9)
     seqs = [_seq(i, params, seed=77 + i, output=[5] * i) for i in range(5)]
     together = [o.token_id for o in sample(logits.clone(), seqs)]
-    alone = [sample(logits[i:i + 1].clone(), [seqs[i]])[0].token_id for i in range(5)]
+    alone = [sample(logits[i : i + 1].clone(), [seqs[i]])[0].token_id for i in range(5)]
     order = [3, 0, 4, 1, 2]
     shuffled = sample(logits[order].clone(), [seqs[i] for i in order])
     assert together == alone
@@ -133,9 +134,11 @@ def test_penalties_change_the_greedy_choice_through_the_sampler():
 
 def test_logprobs_of_sampled_and_top_tokens():
     logits = _logits(3, seed=4)
-    seqs = [_seq(0, SamplingParams(temperature=0.0, logprobs=3)),
-            _seq(1, SamplingParams(temperature=0.7, logprobs=0), seed=9),
-            _seq(2, SamplingParams(temperature=0.0))]
+    seqs = [
+        _seq(0, SamplingParams(temperature=0.0, logprobs=3)),
+        _seq(1, SamplingParams(temperature=0.7, logprobs=0), seed=9),
+        _seq(2, SamplingParams(temperature=0.0)),
+    ]
     out = sample(logits.clone(), seqs)
     reference = logits.log_softmax(-1)
     assert out[0].logprob == pytest.approx(float(reference[0].max()), abs=1e-5)
@@ -151,9 +154,11 @@ def test_min_tokens_suppresses_eos_and_stop_tokens_until_reached():
     logits[:, 5] = 10.0  # EOS is the clear favourite
     logits[:, 6] = 9.0  # then a stop token
     early = SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=(6,))
-    seqs = [_seq(0, early, output=[1]),  # 1 output so far < 2: both banned
-            _seq(1, early, output=[1, 1]),  # min_tokens reached: EOS allowed
-            _seq(2, SamplingParams(temperature=0.0, min_tokens=2, ignore_eos=True), output=[])]
+    seqs = [
+        _seq(0, early, output=[1]),  # 1 output so far < 2: both banned
+        _seq(1, early, output=[1, 1]),  # min_tokens reached: EOS allowed
+        _seq(2, SamplingParams(temperature=0.0, min_tokens=2, ignore_eos=True), output=[]),
+    ]
     out = sample(logits.clone(), seqs, eos_token_ids=[5])
     assert out[0].token_id not in (5, 6)
     assert out[1].token_id == 5

@@ -12,16 +12,23 @@ import json
 import pytest
 import torch
 
-from protos.sampling import SamplingParams
 from executor_svc.input_batch import build_input_batch
 from executor_svc.model_config import UnsupportedModelError
 from executor_svc.model_runner import ModelRunner
 from executor_svc.runner_config import RunnerConfig
 from executor_svc.sequence_state import SequenceState
 from kvserve.testing.plan_driver import PlanDriver
+from protos.sampling import SamplingParams
 
-COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+COMMON = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
 
 
 def _tiny_checkpoint(tmp_path, arch: str, **overrides):
@@ -47,23 +54,46 @@ def _tiny_checkpoint(tmp_path, arch: str, **overrides):
 
 def _runner_logits(runner: ModelRunner, tokens: list[int], split: int) -> torch.Tensor:
     """Logits at every position, computed as a prefill of `split` tokens then an extend."""
-    seq = SequenceState(seq_id=1, token_ids=tokens, prompt_len=len(tokens), block_table=list(range(8)),
-                        sampling=SamplingParams(temperature=0.0), seed=0)
+    seq = SequenceState(
+        seq_id=1,
+        token_ids=tokens,
+        prompt_len=len(tokens),
+        block_table=list(range(8)),
+        sampling=SamplingParams(temperature=0.0),
+        seed=0,
+    )
     chunks = []
     for start, count in ((0, split), (split, len(tokens) - split)):
         seq.num_computed_tokens, seq.num_scheduled_tokens = start, count
         with torch.inference_mode():
-            batch = build_input_batch([seq], runner.config.block_size, runner.device, runner.model.scale,
-                                      runner.dtype, runner.model_config.num_kv_heads)
+            batch = build_input_batch(
+                [seq],
+                runner.config.block_size,
+                runner.device,
+                runner.model.scale,
+                runner.dtype,
+                runner.model_config.num_kv_heads,
+            )
             batch.sample_indices = torch.arange(count)
             chunks.append(runner.model.forward(batch, runner.cache, runner.backend))
     return torch.cat(chunks)
 
 
 CASES = {
-    "llama-tied-llama3-rope": ("llama", dict(tie_word_embeddings=True, rope_theta=5000.0, rope_scaling={
-        "rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 32})),
+    "llama-tied-llama3-rope": (
+        "llama",
+        dict(
+            tie_word_embeddings=True,
+            rope_theta=5000.0,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 4.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+        ),
+    ),
     "llama-linear-rope": ("llama", dict(rope_scaling={"rope_type": "linear", "factor": 2.0})),
     "mistral": ("mistral", dict(tie_word_embeddings=False, sliding_window=None)),
     "qwen2-qkv-bias": ("qwen2", dict(tie_word_embeddings=False)),
@@ -109,8 +139,11 @@ PROMPTS = [[(7 * i + j) % 256 for j in range(n)] for i, n in enumerate((5, 16, 2
 
 def test_triton_backend_generates_the_same_tokens_as_torch(tiny_llama):
     torch_out = _run(ModelRunner(RunnerConfig(model=str(tiny_llama), kv_cache_gb=0.001)), PROMPTS, chunk_size=9)
-    triton_out = _run(ModelRunner(RunnerConfig(model=str(tiny_llama), kv_cache_gb=0.001,
-                                               attention_backend="triton")), PROMPTS, chunk_size=9)
+    triton_out = _run(
+        ModelRunner(RunnerConfig(model=str(tiny_llama), kv_cache_gb=0.001, attention_backend="triton")),
+        PROMPTS,
+        chunk_size=9,
+    )
     assert torch_out == triton_out
 
 
@@ -123,23 +156,29 @@ def test_swap_out_and_in_preserves_the_sequence(tiny_llama):
 
     prompt = PROMPTS[2]
     greedy = SamplingParams(temperature=0.0)
-    first = runner.execute(StepPlan(1, new_seqs=[NewSequence(5, prompt, len(prompt), 0, len(prompt), [3, 4],
-                                                             greedy, 0)]))
+    first = runner.execute(
+        StepPlan(1, new_seqs=[NewSequence(5, prompt, len(prompt), 0, len(prompt), [3, 4], greedy, 0)])
+    )
     tokens = prompt + [first.outputs[0].token_id]
     # Preempt by swap: blocks 3, 4 go to CPU blocks 0, 1 and are overwritten by another sequence.
     runner.execute(StepPlan(2, swap_out=[(3, 0), (4, 1)], drop_seq_ids=[5]))
-    runner.execute(StepPlan(3, new_seqs=[NewSequence(6, PROMPTS[3], 40, 0, 40, [3, 4, 5], greedy, 0)],
-                            drop_seq_ids=[]))
+    runner.execute(StepPlan(3, new_seqs=[NewSequence(6, PROMPTS[3], 40, 0, 40, [3, 4, 5], greedy, 0)], drop_seq_ids=[]))
     runner.execute(StepPlan(4, drop_seq_ids=[6]))
     # Resume into different device blocks.
-    step = runner.execute(StepPlan(5, swap_in=[(0, 7), (1, 8)], new_seqs=[
-        NewSequence(5, tokens, len(prompt), len(prompt), 1, [7, 8], greedy, 0)]))
+    step = runner.execute(
+        StepPlan(
+            5,
+            swap_in=[(0, 7), (1, 8)],
+            new_seqs=[NewSequence(5, tokens, len(prompt), len(prompt), 1, [7, 8], greedy, 0)],
+        )
+    )
     outputs = [first.outputs[0].token_id, step.outputs[0].token_id]
     for i in range(10):
         tokens.append(outputs[-1])
         new_blocks = [9] if len(tokens) == 33 else []
-        step = runner.execute(StepPlan(6 + i, known_seqs=[
-            KnownSequence(5, [outputs[-1]], len(tokens) - 1, 1, new_blocks)]))
+        step = runner.execute(
+            StepPlan(6 + i, known_seqs=[KnownSequence(5, [outputs[-1]], len(tokens) - 1, 1, new_blocks)])
+        )
         outputs.append(step.outputs[0].token_id)
     assert outputs == expected
 
@@ -152,8 +191,8 @@ def test_copied_blocks_serve_as_prefix_and_reset_forgets_sequences(tiny_llama):
     driver.run()
     driver.add(0, PROMPTS[3], max_new_tokens=12, prefix_blocks=driver.retained[50][:2], copy_prefix=True)
     assert driver.run()[0] == expected
-    from protos.step import KnownSequence, StepPlan
     from executor_svc.sequence_state import UnknownSequenceError
+    from protos.step import KnownSequence, StepPlan
 
     runner.reset()
     with pytest.raises(UnknownSequenceError):

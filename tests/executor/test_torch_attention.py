@@ -28,10 +28,18 @@ def _case(query_lens: list[int], seq_lens: list[int], seed: int):
     for q_len in query_lens:
         starts.append(starts[-1] + q_len)
     meta = AttentionMetadata(
-        slot_mapping=torch.zeros(0, dtype=torch.long), query_start_loc=torch.tensor(starts, dtype=torch.int32),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32), block_tables=padded, query_lens_cpu=query_lens,
-        seq_lens_cpu=seq_lens, max_query_len=max(query_lens), max_seq_len=max(seq_lens), scale=HEAD_DIM ** -0.5,
-        block_size=BLOCK_SIZE, num_kv_heads=KV_HEADS)
+        slot_mapping=torch.zeros(0, dtype=torch.long),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        block_tables=padded,
+        query_lens_cpu=query_lens,
+        seq_lens_cpu=seq_lens,
+        max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
+        scale=HEAD_DIM**-0.5,
+        block_size=BLOCK_SIZE,
+        num_kv_heads=KV_HEADS,
+    )
     k_cache = torch.randn(num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
     v_cache = torch.randn(num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
     query = torch.randn(starts[-1], HEADS, HEAD_DIM)
@@ -39,12 +47,15 @@ def _case(query_lens: list[int], seq_lens: list[int], seed: int):
     return meta, query, k_cache, v_cache, expected
 
 
-@pytest.mark.parametrize("query_lens, seq_lens", [
-    ([1] * 5, [3, 9, 17, 4, 30]),  # one decode group
-    ([1] * 24, [random.Random(1).randrange(1, 200) for _ in range(24)]),  # decodes over many lengths: buckets
-    ([7, 1, 1, 12, 1, 7, 1] + [1] * 10, [7, 40, 2, 30, 90, 19, 5] + list(range(100, 200, 10))),  # mixed step
-    ([16], [16]),  # a fresh prefill
-])
+@pytest.mark.parametrize(
+    "query_lens, seq_lens",
+    [
+        ([1] * 5, [3, 9, 17, 4, 30]),  # one decode group
+        ([1] * 24, [random.Random(1).randrange(1, 200) for _ in range(24)]),  # decodes over many lengths: buckets
+        ([7, 1, 1, 12, 1, 7, 1] + [1] * 10, [7, 40, 2, 30, 90, 19, 5] + list(range(100, 200, 10))),  # mixed step
+        ([16], [16]),  # a fresh prefill
+    ],
+)
 def test_matches_reference(query_lens, seq_lens):
     meta, query, k_cache, v_cache, expected = _case(query_lens, seq_lens, seed=len(seq_lens))
     backend = TorchAttentionBackend()

@@ -23,7 +23,7 @@ def _random_paged_cache(seq_lens: list[int], kv_heads: int, head_dim: int, gen: 
     perm = torch.randperm(num_blocks, generator=gen).tolist()
     tables, used = [], 0
     for n in blocks_needed:
-        tables.append(perm[used:used + n])
+        tables.append(perm[used : used + n])
         used += n
     k_cache = torch.randn(num_blocks, BLOCK_SIZE, kv_heads, head_dim, generator=gen)
     v_cache = torch.randn(num_blocks, BLOCK_SIZE, kv_heads, head_dim, generator=gen)
@@ -44,7 +44,7 @@ def test_store_kv_matches_reference_and_skips_negative_slots():
     slots = torch.tensor([17, 3, -1, 95, 40, 0], dtype=torch.int64)
     fused = torch.randn(len(slots), 2 * kv_heads * head_dim + 8, generator=gen)  # strided views, like qkv
     key = fused[:, : kv_heads * head_dim].view(-1, kv_heads, head_dim)
-    value = fused[:, kv_heads * head_dim: 2 * kv_heads * head_dim].view(-1, kv_heads, head_dim)
+    value = fused[:, kv_heads * head_dim : 2 * kv_heads * head_dim].view(-1, kv_heads, head_dim)
     expected_k = torch.randn(num_blocks, BLOCK_SIZE, kv_heads, head_dim, generator=gen)
     expected_v = torch.randn(num_blocks, BLOCK_SIZE, kv_heads, head_dim, generator=gen)
     k_cache, v_cache = _to(expected_k.clone(), expected_v.clone())
@@ -64,12 +64,17 @@ def test_paged_decode_matches_reference(num_heads, kv_heads, head_dim, num_split
     seq_lens = [1, 16, 37, 70]
     k_cache, v_cache, tables, padded = _random_paged_cache(seq_lens, kv_heads, head_dim, gen)
     query = torch.randn(len(seq_lens), num_heads, head_dim, generator=gen)
-    scale = head_dim ** -0.5
-    expected = paged_attention_reference(query, k_cache, v_cache, list(range(len(seq_lens) + 1)),
-                                         seq_lens, tables, scale)
-    got = paged_decode_attention(*_to(query, k_cache, v_cache, padded),
-                                 torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE), scale,
-                                 max_seq_len=max(seq_lens), num_splits=num_splits)
+    scale = head_dim**-0.5
+    expected = paged_attention_reference(
+        query, k_cache, v_cache, list(range(len(seq_lens) + 1)), seq_lens, tables, scale
+    )
+    got = paged_decode_attention(
+        *_to(query, k_cache, v_cache, padded),
+        torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
+        scale,
+        max_seq_len=max(seq_lens),
+        num_splits=num_splits,
+    )
     torch.testing.assert_close(got.cpu(), expected, atol=2e-5, rtol=1e-4)
 
 
@@ -86,12 +91,15 @@ def test_extend_matches_reference_on_mixed_batch(num_heads, kv_heads, head_dim):
         starts.append(starts[-1] + q)
     k_cache, v_cache, tables, padded = _random_paged_cache(seq_lens, kv_heads, head_dim, gen)
     query = torch.randn(starts[-1], num_heads, head_dim, generator=gen)
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     expected = paged_attention_reference(query, k_cache, v_cache, starts, seq_lens, tables, scale)
-    got = extend_attention(*_to(query, k_cache, v_cache, padded),
-                           torch.tensor(starts, dtype=torch.int32, device=DEVICE),
-                           torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE), scale,
-                           max_query_len=max(q for _, q in shapes))
+    got = extend_attention(
+        *_to(query, k_cache, v_cache, padded),
+        torch.tensor(starts, dtype=torch.int32, device=DEVICE),
+        torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
+        scale,
+        max_query_len=max(q for _, q in shapes),
+    )
     torch.testing.assert_close(got.cpu(), expected, atol=2e-5, rtol=1e-4)
 
 

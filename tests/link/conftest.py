@@ -37,10 +37,14 @@ class ExecutorProcesses:
         argv = [sys.executable, "-m", "kvserve", "executor", "--executor", kind, "--link", endpoint, *extra]
         if kind == "fake":
             argv += ["--num-blocks", str(num_blocks)]
-        log = open(self.log_dir / f"executor-{len(self.procs)}.log", "wb")
-        proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, "KVSERVE_LOG_LEVEL": "DEBUG"})
-        log.close()
+        with open(self.log_dir / f"executor-{len(self.procs)}.log", "wb") as log:
+            proc = subprocess.Popen(
+                argv,
+                cwd=REPO_ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "KVSERVE_LOG_LEVEL": "DEBUG"},
+            )
         self.procs.append(proc)
         return proc
 

@@ -17,11 +17,11 @@ import sys
 import tempfile
 import time
 
-from protos.sampling import SamplingParams
-from protos.step import KnownSequence, NewSequence, SampledToken, StepPlan, StepResult
 from executor_svc.fake_executor import FakeExecutor, FakeExecutorConfig
 from protos import step_codec
 from protos.kvserve.v1 import executor_link_pb2 as pb
+from protos.sampling import SamplingParams
+from protos.step import KnownSequence, NewSequence, SampledToken, StepPlan, StepResult
 from scheduler_svc.server.executor_link import ExecutorLink, ExecutorLost
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -29,8 +29,9 @@ PROMPT = 20
 
 
 def codec_us(num_seqs: int, rounds: int = 2000) -> tuple[float, float]:
-    plan = StepPlan(1, known_seqs=[KnownSequence(i, [1000 + i], 500, 1, [i] if i % 16 == 0 else [])
-                                    for i in range(num_seqs)])
+    plan = StepPlan(
+        1, known_seqs=[KnownSequence(i, [1000 + i], 500, 1, [i] if i % 16 == 0 else []) for i in range(num_seqs)]
+    )
     result = StepResult(1, [SampledToken(i, 2000 + i) for i in range(num_seqs)], 0.01)
 
     def plan_trip():
@@ -58,8 +59,13 @@ def codec_us(num_seqs: int, rounds: int = 2000) -> tuple[float, float]:
 
 
 def prefill_plan(num_seqs: int) -> StepPlan:
-    return StepPlan(1, new_seqs=[NewSequence(i, list(range(100, 100 + PROMPT)), PROMPT, 0, PROMPT,
-                                             [4 * i + k for k in range(4)], GREEDY, 0) for i in range(num_seqs)])
+    return StepPlan(
+        1,
+        new_seqs=[
+            NewSequence(i, list(range(100, 100 + PROMPT)), PROMPT, 0, PROMPT, [4 * i + k for k in range(4)], GREEDY, 0)
+            for i in range(num_seqs)
+        ],
+    )
 
 
 def decode_plan(step_id: int, last: dict[int, int]) -> StepPlan:
@@ -83,8 +89,21 @@ async def link_round_trip_ms(endpoint: str, num_seqs: int, steps: int = 40) -> t
     """(median wall ms per step, fastest wall ms, median executor compute ms) over decode steps."""
     link = ExecutorLink(endpoint)
     await link.start()
-    proc = subprocess.Popen([sys.executable, "-m", "kvserve", "executor", "--executor", "fake", "--link", endpoint,
-                             "--num-blocks", str(4 * num_seqs + 4)], stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvserve",
+            "executor",
+            "--executor",
+            "fake",
+            "--link",
+            endpoint,
+            "--num-blocks",
+            str(4 * num_seqs + 4),
+        ],
+        stderr=subprocess.DEVNULL,
+    )
     try:
         await link.wait_for_executor(60)
         result = await link.step(prefill_plan(num_seqs))
@@ -105,8 +124,21 @@ async def link_round_trip_ms(endpoint: str, num_seqs: int, steps: int = 40) -> t
 async def detection_s(endpoint: str, fault: signal.Signals) -> float:
     link = ExecutorLink(endpoint)
     await link.start()
-    proc = subprocess.Popen([sys.executable, "-m", "kvserve", "executor", "--executor", "fake", "--link", endpoint,
-                             "--step-latency-ms", "20000"], stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvserve",
+            "executor",
+            "--executor",
+            "fake",
+            "--link",
+            endpoint,
+            "--step-latency-ms",
+            "20000",
+        ],
+        stderr=subprocess.DEVNULL,
+    )
     try:
         await link.wait_for_executor(60)
         step = asyncio.create_task(link.step(prefill_plan(1)))
@@ -126,16 +158,20 @@ async def detection_s(endpoint: str, fault: signal.Signals) -> float:
 
 def main() -> None:
     plan_us, result_us = codec_us(256)
-    print(f"codec (best of 5), 256-seq decode step: plan encode+serialize+parse+decode {plan_us:.0f} us, "
-          f"result {result_us:.0f} us")
+    print(
+        f"codec (best of 5), 256-seq decode step: plan encode+serialize+parse+decode {plan_us:.0f} us, "
+        f"result {result_us:.0f} us"
+    )
     print(f"fake executor compute, 256-seq decode step (fastest): {fake_step_ms(256):.2f} ms")
     directory = tempfile.mkdtemp(prefix="kvm-")
     try:
         endpoint = f"ipc://{directory}/link.sock"
         for n in (1, 256):
             wall, fastest, compute = asyncio.run(link_round_trip_ms(endpoint, n))
-            print(f"link step over ipc, {n} seqs: median {wall:.2f} ms, fastest {fastest:.2f} ms wall "
-                  f"(executor compute median {compute:.2f} ms)")
+            print(
+                f"link step over ipc, {n} seqs: median {wall:.2f} ms, fastest {fastest:.2f} ms wall "
+                f"(executor compute median {compute:.2f} ms)"
+            )
         for fault in (signal.SIGKILL, signal.SIGSTOP):
             print(f"{fault.name} mid-step -> ExecutorLost after {asyncio.run(detection_s(endpoint, fault)):.2f} s")
     finally:

@@ -12,23 +12,31 @@ from pathlib import Path
 
 import pytest
 
-from protos.link_endpoint import LinkEndpointError, check_endpoint, private_ipc_endpoint
-from executor_svc.runner_config import RunnerConfig
 from executor_svc import entry as executor_command
+from executor_svc.runner_config import RunnerConfig
+from protos.link_endpoint import LinkEndpointError, check_endpoint, private_ipc_endpoint
 from scheduler_svc.server.executor_link import ExecutorLink
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("endpoint", [
-    "ipc:///tmp/x.sock", "tcp://127.0.0.1:5555", "tcp://localhost:1", "tcp://[::1]:5555", "tcp://127.0.0.9:80",
-])
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        "ipc:///tmp/x.sock",
+        "tcp://127.0.0.1:5555",
+        "tcp://localhost:1",
+        "tcp://[::1]:5555",
+        "tcp://127.0.0.9:80",
+    ],
+)
 def test_local_endpoints_are_accepted(endpoint: str) -> None:
     check_endpoint(endpoint)
 
 
-@pytest.mark.parametrize("endpoint", ["tcp://0.0.0.0:5555", "tcp://*:5555", "tcp://10.1.2.3:5555",
-                                      "tcp://executor:5555"])
+@pytest.mark.parametrize(
+    "endpoint", ["tcp://0.0.0.0:5555", "tcp://*:5555", "tcp://10.1.2.3:5555", "tcp://executor:5555"]
+)
 def test_remote_tcp_needs_explicit_opt_in(endpoint: str) -> None:
     with pytest.raises(LinkEndpointError, match="allow-remote-link"):
         check_endpoint(endpoint)
@@ -69,35 +77,74 @@ def test_every_runner_config_field_is_a_flag_with_its_default() -> None:
     for field in dataclasses.fields(RunnerConfig):
         expected = field.default if field.name != "model" else "smollm2-135m-instruct"
         assert getattr(config, field.name) == expected, field.name
-    args = _executor_parser().parse_args(["--kv-cache-gb", "0.5", "--device", "cpu", "--max-model-len", "512",
-                                          "--num-threads", "2"])
+    args = _executor_parser().parse_args(
+        ["--kv-cache-gb", "0.5", "--device", "cpu", "--max-model-len", "512", "--num-threads", "2"]
+    )
     config = executor_command.runner_config_from_args(args)
     assert (config.kv_cache_gb, config.device, config.max_model_len, config.num_threads) == (0.5, "cpu", 512, 2)
 
 
 def test_fake_flags_reach_the_fake_config(default_model_dir: Path) -> None:
-    args = _executor_parser().parse_args(["--executor", "fake", "--num-blocks", "99", "--block-size", "8",
-                                          "--num-cpu-blocks", "7", "--step-latency-ms", "3.5",
-                                          "--eos-probability", "0.25", "--max-model-len", "300"])
+    args = _executor_parser().parse_args(
+        [
+            "--executor",
+            "fake",
+            "--num-blocks",
+            "99",
+            "--block-size",
+            "8",
+            "--num-cpu-blocks",
+            "7",
+            "--step-latency-ms",
+            "3.5",
+            "--eos-probability",
+            "0.25",
+            "--max-model-len",
+            "300",
+        ]
+    )
     fake = executor_command.fake_config_from_args(args)
-    assert (fake.num_blocks, fake.block_size, fake.num_cpu_blocks, fake.step_latency_ms, fake.eos_probability,
-            fake.max_model_len) == (99, 8, 7, 3.5, 0.25, 300)
+    assert (
+        fake.num_blocks,
+        fake.block_size,
+        fake.num_cpu_blocks,
+        fake.step_latency_ms,
+        fake.eos_probability,
+        fake.max_model_len,
+    ) == (99, 8, 7, 3.5, 0.25, 300)
     assert Path(fake.tokenizer_path) == default_model_dir
 
 
 def test_help_shows_defaults() -> None:
-    proc = subprocess.run([sys.executable, "-m", "kvserve", "executor", "--help"], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvserve", "executor", "--help"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     text = " ".join(proc.stdout.split())
-    for expected in ("--executor {torch,fake}", "(default: torch)", "--link ENDPOINT", "--step-latency-ms",
-                     "--scheduler-timeout-s", "(default: 5.0)", "--kv-cache-gb", "--curve-secret-key"):
+    for expected in (
+        "--executor {torch,fake}",
+        "(default: torch)",
+        "--link ENDPOINT",
+        "--step-latency-ms",
+        "--scheduler-timeout-s",
+        "(default: 5.0)",
+        "--kv-cache-gb",
+        "--curve-secret-key",
+    ):
         assert expected in text, expected
 
 
 def test_remote_link_is_refused_without_the_flag(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "kvserve", "executor", "--executor", "fake",
-                           "--link", "tcp://10.0.0.1:5555"], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvserve", "executor", "--executor", "fake", "--link", "tcp://10.0.0.1:5555"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "allow-remote-link" in proc.stderr

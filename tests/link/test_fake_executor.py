@@ -93,8 +93,9 @@ def test_prefix_sharing_and_partial_block_copy(tokenizer_dir: str) -> None:
     fake = make_fake(tokenizer_dir)
     first = fake.execute(StepPlan(1, new_seqs=[NewSequence(1, PROMPT_A, 11, 0, 11, [0, 1, 2], GREEDY, 0)]))
     # Seq 2 has the same 11-token prompt: shares full blocks 0 and 1, copies partial block 2 into 3.
-    second = fake.execute(StepPlan(2, copies=[(2, 3)], new_seqs=[
-        NewSequence(2, PROMPT_A, 11, 10, 1, [0, 1, 3], GREEDY, 0)]))
+    second = fake.execute(
+        StepPlan(2, copies=[(2, 3)], new_seqs=[NewSequence(2, PROMPT_A, 11, 10, 1, [0, 1, 3], GREEDY, 0)])
+    )
     assert second.outputs[0].token_id == first.outputs[0].token_id
     assert fake.shadow_tokens(2) == PROMPT_A
 
@@ -107,8 +108,11 @@ def test_logprobs_are_deterministic_and_shaped(tokenizer_dir: str) -> None:
     assert out1 == out2
     assert out1.logprob is not None and out1.logprob < 0
     assert len(out1.top_logprobs) == 3 and out1.top_logprobs[0].token_id == out1.token_id
-    no_lp = make_fake(tokenizer_dir).execute(StepPlan(1, new_seqs=[
-        NewSequence(1, PROMPT_A, 11, 0, 11, [0, 1, 2], GREEDY, 0)])).outputs[0]
+    no_lp = (
+        make_fake(tokenizer_dir)
+        .execute(StepPlan(1, new_seqs=[NewSequence(1, PROMPT_A, 11, 0, 11, [0, 1, 2], GREEDY, 0)]))
+        .outputs[0]
+    )
     assert no_lp.logprob is None and no_lp.top_logprobs == []
 
 
@@ -116,7 +120,9 @@ def test_seeds_matter_only_when_sampling(tokenizer_dir: str) -> None:
     hot = SamplingParams(temperature=1.0)
     by_seed = [tuple(generate_alone(tokenizer_dir, PROMPT_A, 6, hot, seed)) for seed in (1, 1, 2)]
     assert by_seed[0] == by_seed[1] != by_seed[2]
-    assert generate_alone(tokenizer_dir, PROMPT_A, 6, GREEDY, 1) == generate_alone(tokenizer_dir, PROMPT_A, 6, GREEDY, 2)
+    assert generate_alone(tokenizer_dir, PROMPT_A, 6, GREEDY, 1) == generate_alone(
+        tokenizer_dir, PROMPT_A, 6, GREEDY, 2
+    )
 
 
 def test_eos_only_when_asked(tokenizer_dir: str) -> None:
@@ -144,8 +150,15 @@ def test_step_latency(tokenizer_dir: str) -> None:
 def _prefilled(tokenizer_dir: str) -> FakeExecutor:
     """Seq 1 = PROMPT_A in blocks 0,1,2 and seq 2 = PROMPT_B in blocks 4,5, both sampled once."""
     fake = make_fake(tokenizer_dir)
-    fake.execute(StepPlan(1, new_seqs=[NewSequence(1, PROMPT_A, 11, 0, 11, [0, 1, 2], GREEDY, 0),
-                                       NewSequence(2, PROMPT_B, 7, 0, 7, [4, 5], GREEDY, 0)]))
+    fake.execute(
+        StepPlan(
+            1,
+            new_seqs=[
+                NewSequence(1, PROMPT_A, 11, 0, 11, [0, 1, 2], GREEDY, 0),
+                NewSequence(2, PROMPT_B, 7, 0, 7, [4, 5], GREEDY, 0),
+            ],
+        )
+    )
     return fake
 
 
@@ -153,31 +166,36 @@ def _next_token(fake: FakeExecutor, seq_id: int) -> int:
     return fake.seqs[seq_id].last_sampled
 
 
-@pytest.mark.parametrize("case, match", [
-    ("stale_prefix_hit", "holds token"),
-    ("prefix_after_reset", "holds nothing"),
-    ("wrong_block_table", "holds"),
-    ("write_into_shared_block", "share"),
-    ("copy_into_live_block", "overwritten"),
-    ("computed_count_off", "num_computed_tokens"),
-    ("wrong_sampled_token", "sampled"),
-    ("unknown_sequence", "unknown"),
-    ("beyond_block_table", "beyond its block table"),
-    ("block_out_of_range", "outside"),
-    ("known_sent_as_new", "already known"),
-])
+@pytest.mark.parametrize(
+    "case, match",
+    [
+        ("stale_prefix_hit", "holds token"),
+        ("prefix_after_reset", "holds nothing"),
+        ("wrong_block_table", "holds"),
+        ("write_into_shared_block", "share"),
+        ("copy_into_live_block", "overwritten"),
+        ("computed_count_off", "num_computed_tokens"),
+        ("wrong_sampled_token", "sampled"),
+        ("unknown_sequence", "unknown"),
+        ("beyond_block_table", "beyond its block table"),
+        ("block_out_of_range", "outside"),
+        ("known_sent_as_new", "already known"),
+    ],
+)
 def test_scheduler_bugs_are_caught(tokenizer_dir: str, case: str, match: str) -> None:
     fake = _prefilled(tokenizer_dir)
     t1 = _next_token(fake, 1)
     bad = {
-        # Seq 3 claims PROMPT_B's prefix is in seq 1's blocks: a wrong radix-tree match.
+        # Seq 3 claims PROMPT_B's prefix is in seq 1's blocks: a wrong prefix-tree match.
         "stale_prefix_hit": StepPlan(9, new_seqs=[NewSequence(3, PROMPT_B + [1], 8, 4, 4, [0, 6], GREEDY, 0)]),
         # A KV hit after the executor lost its cache.
         "prefix_after_reset": None,
         # Seq 1's next token goes to block 3, but its table says its third block is seq 2's block 5.
         "wrong_block_table": StepPlan(9, new_seqs=[NewSequence(7, PROMPT_A + [t1], 11, 11, 1, [0, 1, 5], GREEDY, 0)]),
         # Seq 3 shares seq 1's partial block 2 and writes into it without copy-on-write.
-        "write_into_shared_block": StepPlan(9, new_seqs=[NewSequence(3, PROMPT_A + [42], 12, 11, 1, [0, 1, 2], GREEDY, 0)]),
+        "write_into_shared_block": StepPlan(
+            9, new_seqs=[NewSequence(3, PROMPT_A + [42], 12, 11, 1, [0, 1, 2], GREEDY, 0)]
+        ),
         "copy_into_live_block": StepPlan(9, copies=[(0, 4)]),
         "computed_count_off": StepPlan(9, known_seqs=[KnownSequence(1, [t1], 10, 1)]),
         "wrong_sampled_token": StepPlan(9, known_seqs=[KnownSequence(1, [t1 + 1], 11, 1)]),
@@ -198,17 +216,24 @@ def test_a_correct_plan_after_the_same_setup_passes(tokenizer_dir: str) -> None:
     """The negative cases above fail for their bug, not because the setup is broken."""
     fake = _prefilled(tokenizer_dir)
     t1, t2 = _next_token(fake, 1), _next_token(fake, 2)
-    result = fake.execute(StepPlan(9, copies=[(2, 3)], known_seqs=[
-        KnownSequence(1, [t1], 11, 1, [8]), KnownSequence(2, [t2], 7, 1)],
-        new_seqs=[NewSequence(3, PROMPT_A + [42], 12, 11, 1, [0, 1, 3], GREEDY, 0)]))
+    result = fake.execute(
+        StepPlan(
+            9,
+            copies=[(2, 3)],
+            known_seqs=[KnownSequence(1, [t1], 11, 1, [8]), KnownSequence(2, [t2], 7, 1)],
+            new_seqs=[NewSequence(3, PROMPT_A + [42], 12, 11, 1, [0, 1, 3], GREEDY, 0)],
+        )
+    )
     assert {o.seq_id for o in result.outputs} == {1, 2, 3}
 
 
 def test_fake_executor_process_never_imports_torch() -> None:
-    code = ("import sys, executor_svc.fake_executor, executor_svc.link_worker, executor_svc.process, kvserve.cli; "
-            "kvserve.cli.build_parser().parse_args(['executor', '--executor', 'fake']); "
-            "executor_svc.fake_executor.FakeExecutor(); "
-            "bad = [m for m in ('torch', 'transformers', 'triton') if m in sys.modules]; "
-            "sys.exit(f'imported {bad}' if bad else 0)")
+    code = (
+        "import sys, executor_svc.fake_executor, executor_svc.link_worker, executor_svc.process, kvserve.cli; "
+        "kvserve.cli.build_parser().parse_args(['executor', '--executor', 'fake']); "
+        "executor_svc.fake_executor.FakeExecutor(); "
+        "bad = [m for m in ('torch', 'transformers', 'triton') if m in sys.modules]; "
+        "sys.exit(f'imported {bad}' if bad else 0)"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr + proc.stdout

@@ -4,12 +4,12 @@ scheduler key, can register; a plain-text executor is refused."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from pathlib import Path
 
 import pytest
 import zmq.auth
 
+from kvserve.testing.ports import free_port
 from protos.link_curve import load_keys
 from scheduler_svc.server.executor_link import ExecutorLink
 from tests.link.test_link_process import decode, run
@@ -29,10 +29,7 @@ def keys(tmp_path: Path) -> dict[str, tuple[str, str]]:
 
 @pytest.fixture
 def tcp_endpoint() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"tcp://127.0.0.1:{port}"
+    return f"tcp://127.0.0.1:{free_port()}"
 
 
 def curve_link(endpoint: str, keys: dict, allowed: list[str]) -> ExecutorLink:

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
+from executor_svc.fake_executor import FakeExecutor, FakeExecutorConfig
 from protos.sampling import SamplingParams
 from protos.step import KnownSequence, NewSequence, StepPlan
-from executor_svc.fake_executor import FakeExecutor, FakeExecutorConfig
 from scheduler_svc.server.executor_link import ExecutorLink, ExecutorLost, ExecutorStepError
 
 pytestmark = pytest.mark.timeout(90)
@@ -41,8 +41,9 @@ async def decode(link: ExecutorLink, steps: int, seq_id: int = 1) -> list[int]:
     for i in range(steps - 1):
         computed = 5 + i
         new_blocks = [computed // 16] if computed % 16 == 0 else []
-        result = await link.step(StepPlan(2 + i, known_seqs=[
-            KnownSequence(seq_id, [tokens[-1]], computed, 1, new_blocks)]))
+        result = await link.step(
+            StepPlan(2 + i, known_seqs=[KnownSequence(seq_id, [tokens[-1]], computed, 1, new_blocks)])
+        )
         tokens.append(result.outputs[0].token_id)
     return tokens
 
@@ -53,8 +54,10 @@ def expected_tokens(tokenizer_dir: str, steps: int) -> list[int]:
     tokens = [fake.execute(first_plan()).outputs[0].token_id]
     for i in range(steps - 1):
         computed = 5 + i
-        plan = StepPlan(2 + i, known_seqs=[KnownSequence(1, [tokens[-1]], computed, 1,
-                                                           [computed // 16] if computed % 16 == 0 else [])])
+        plan = StepPlan(
+            2 + i,
+            known_seqs=[KnownSequence(1, [tokens[-1]], computed, 1, [computed // 16] if computed % 16 == 0 else [])],
+        )
         tokens.append(fake.execute(plan).outputs[0].token_id)
     return tokens
 
@@ -111,6 +114,7 @@ def test_step_error_is_reported_and_the_executor_survives(link_endpoint, executo
 
 def test_two_steps_in_flight_complete_in_order(link_endpoint, executors) -> None:
     """Overlap: the scheduler may send step N+1 before step N's result is back."""
+
     async def scenario():
         link = ExecutorLink(link_endpoint)
         await link.start()
@@ -126,8 +130,9 @@ def test_two_steps_in_flight_complete_in_order(link_endpoint, executors) -> None
                 return result
 
             first, second = await asyncio.gather(tracked(first_plan()), tracked(second_plan))
-            third = asyncio.create_task(link.step(StepPlan(3, new_seqs=[
-                NewSequence(3, [31, 32], 2, 0, 2, [2], GREEDY, 0)])))
+            third = asyncio.create_task(
+                link.step(StepPlan(3, new_seqs=[NewSequence(3, [31, 32], 2, 0, 2, [2], GREEDY, 0)]))
+            )
             await asyncio.sleep(0)  # the third step is now in flight
             with pytest.raises(ValueError, match="already in flight"):
                 await link.step(StepPlan(3))
@@ -304,11 +309,13 @@ def test_sigterm_stops_the_executor_cleanly(link_endpoint, executors) -> None:
 @pytest.mark.timeout(300)
 def test_torch_executor_serves_the_link(link_endpoint, executors) -> None:
     """`--executor torch` through the same link: handshake, greedy steps, reset, same tokens again."""
+
     async def scenario():
         link = ExecutorLink(link_endpoint, dead_after_s=10.0)
         await link.start()
-        proc = executors.start(link_endpoint, "--device", "cpu", "--kv-cache-gb", "0.05", "--num-threads", "2",
-                               kind="torch")
+        proc = executors.start(
+            link_endpoint, "--device", "cpu", "--kv-cache-gb", "0.05", "--num-threads", "2", kind="torch"
+        )
         try:
             info = await link.wait_for_executor(timeout_s=240)
             assert info.executor_kind == "torch" and info.num_blocks > 0 and info.vocab_size > 1000

@@ -15,8 +15,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_committed_generated_code_is_fresh() -> None:
-    proc = subprocess.run([sys.executable, "-m", "protos.generate", "--check"], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "protos.generate", "--check"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -41,7 +42,8 @@ def test_check_detects_a_stale_and_a_missing_file(repo_copy: Path) -> None:
     assert generate.stale_files() == []
     v1 = repo_copy / "protos" / "kvserve" / "v1"
     (v1 / "executor_link.proto").write_text(
-        (v1 / "executor_link.proto").read_text() + "\nmessage AddedLater { int64 x = 1; }\n")
+        (v1 / "executor_link.proto").read_text() + "\nmessage AddedLater { int64 x = 1; }\n"
+    )
     (v1 / "executor_link_pb2_grpc.py").unlink()
     stale = {p.name for p in generate.stale_files()}
     assert stale == {"executor_link_pb2.py", "executor_link_pb2.pyi", "executor_link_pb2_grpc.py"}

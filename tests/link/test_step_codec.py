@@ -8,19 +8,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protos import defaults
+from protos import defaults, step_codec
+from protos.kvserve.v1 import executor_link_pb2 as pb
 from protos.sampling import SamplingParams
 from protos.step import (
-    KnownSequence,
     ExecutorInfo,
+    KnownSequence,
     NewSequence,
     SampledToken,
     StepPlan,
     StepResult,
     TokenLogprob,
 )
-from protos import step_codec
-from protos.kvserve.v1 import executor_link_pb2 as pb
 
 ids = st.integers(min_value=0, max_value=2**62)
 small = st.integers(min_value=0, max_value=100_000)
@@ -29,31 +28,57 @@ finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
 
 sampling_params = st.builds(
     SamplingParams,
-    temperature=finite, top_k=st.integers(-1, 1000), top_p=finite, min_p=finite,
-    repetition_penalty=finite, presence_penalty=finite, frequency_penalty=finite,
-    seed=st.none() | st.integers(0, defaults.MAX_SEED), n=st.integers(1, 16),
-    max_tokens=small, min_tokens=small,
+    temperature=finite,
+    top_k=st.integers(-1, 1000),
+    top_p=finite,
+    min_p=finite,
+    repetition_penalty=finite,
+    presence_penalty=finite,
+    frequency_penalty=finite,
+    seed=st.none() | st.integers(0, defaults.MAX_SEED),
+    n=st.integers(1, 16),
+    max_tokens=small,
+    min_tokens=small,
     stop_token_ids=st.lists(small, max_size=5).map(tuple),
     stop=st.lists(st.text(max_size=10), max_size=4).map(tuple),
-    ignore_eos=st.booleans(), logprobs=st.none() | st.integers(0, 20),
+    ignore_eos=st.booleans(),
+    logprobs=st.none() | st.integers(0, 20),
 )
 new_sequences = st.builds(
-    NewSequence, seq_id=ids, token_ids=token_lists, prompt_len=small, num_computed_tokens=small,
-    num_scheduled_tokens=small, block_table=st.lists(small, max_size=20), sampling=sampling_params,
+    NewSequence,
+    seq_id=ids,
+    token_ids=token_lists,
+    prompt_len=small,
+    num_computed_tokens=small,
+    num_scheduled_tokens=small,
+    block_table=st.lists(small, max_size=20),
+    sampling=sampling_params,
     seed=st.integers(0, defaults.MAX_SEED),
 )
 cached_sequences = st.builds(
-    KnownSequence, seq_id=ids, new_token_ids=token_lists, num_computed_tokens=small,
-    num_scheduled_tokens=small, new_block_ids=st.lists(small, max_size=4),
+    KnownSequence,
+    seq_id=ids,
+    new_token_ids=token_lists,
+    num_computed_tokens=small,
+    num_scheduled_tokens=small,
+    new_block_ids=st.lists(small, max_size=4),
 )
 pairs = st.lists(st.tuples(small, small), max_size=6)
 plans = st.builds(
-    StepPlan, step_id=ids, new_seqs=st.lists(new_sequences, max_size=4),
-    known_seqs=st.lists(cached_sequences, max_size=30), copies=pairs, swap_out=pairs, swap_in=pairs,
+    StepPlan,
+    step_id=ids,
+    new_seqs=st.lists(new_sequences, max_size=4),
+    known_seqs=st.lists(cached_sequences, max_size=30),
+    copies=pairs,
+    swap_out=pairs,
+    swap_in=pairs,
     drop_seq_ids=st.lists(ids, max_size=8),
 )
 outputs = st.builds(
-    SampledToken, seq_id=ids, token_id=small, logprob=st.none() | finite,
+    SampledToken,
+    seq_id=ids,
+    token_id=small,
+    logprob=st.none() | finite,
     top_logprobs=st.lists(st.builds(TokenLogprob, token_id=small, logprob=finite), max_size=5),
 )
 results = st.builds(StepResult, step_id=ids, outputs=st.lists(outputs, max_size=30), execute_time_s=finite)
@@ -85,12 +110,23 @@ def test_result_round_trip(result: StepResult) -> None:
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.builds(
-    ExecutorInfo, model_id=st.text(), num_blocks=small, block_size=small, num_cpu_blocks=small,
-    vocab_size=small, max_model_len=small, eos_token_ids=st.lists(small, max_size=3), tokenizer_path=st.text(),
-    executor_kind=st.sampled_from(["torch", "fake"]), device=st.text(), dtype=st.text(),
-    attention_backend=st.text(),
-))
+@given(
+    st.builds(
+        ExecutorInfo,
+        model_id=st.text(),
+        num_blocks=small,
+        block_size=small,
+        num_cpu_blocks=small,
+        vocab_size=small,
+        max_model_len=small,
+        eos_token_ids=st.lists(small, max_size=3),
+        tokenizer_path=st.text(),
+        executor_kind=st.sampled_from(["torch", "fake"]),
+        device=st.text(),
+        dtype=st.text(),
+        attention_backend=st.text(),
+    )
+)
 def test_info_round_trip(info: ExecutorInfo) -> None:
     data = step_codec.encode_info(info).SerializeToString()
     assert step_codec.decode_info(pb.ExecutorInfo.FromString(data)) == info
@@ -120,9 +156,10 @@ def test_inconsistent_columns_are_rejected() -> None:
 
 
 def decode_step_plan(num_seqs: int) -> StepPlan:
-    return StepPlan(step_id=7, known_seqs=[
-        KnownSequence(i, [1000 + i], 500 + i, 1, [i] if i % 16 == 0 else []) for i in range(num_seqs)
-    ])
+    return StepPlan(
+        step_id=7,
+        known_seqs=[KnownSequence(i, [1000 + i], 500 + i, 1, [i] if i % 16 == 0 else []) for i in range(num_seqs)],
+    )
 
 
 def test_256_sequence_decode_plan_codec_is_fast() -> None:

@@ -30,9 +30,21 @@ LONG_PROMPT = 2000
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[ServeProcess]:
-    process = start_serve(["--executor", "fake", "--num-blocks", "1024", "--step-latency-ms", str(STEP_MS),
-                           "--max-num-seqs", "2", "--max-num-batched-tokens", "64"],
-                          tmp_path_factory.mktemp("abort"))
+    process = start_serve(
+        [
+            "--executor",
+            "fake",
+            "--num-blocks",
+            "1024",
+            "--step-latency-ms",
+            str(STEP_MS),
+            "--max-num-seqs",
+            "2",
+            "--max-num-batched-tokens",
+            "64",
+        ],
+        tmp_path_factory.mktemp("abort"),
+    )
     try:
         process.wait_serving()
         yield process
@@ -58,8 +70,10 @@ def test_abort_within_one_step(server: ServeProcess, state: str, how: str) -> No
         target_channel = server.aio_channel()
         control_stub = api_pb2_grpc.KVServeStub(control)
         stub = api_pb2_grpc.KVServeStub(target_channel)
-        blockers = [control_stub.Generate(greedy_request(9000 + i, BLOCKER_TOKENS), timeout=60)
-                    for i in range(2 if state == "queued" else 1)]
+        blockers = [
+            control_stub.Generate(greedy_request(9000 + i, BLOCKER_TOKENS), timeout=60)
+            for i in range(2 if state == "queued" else 1)
+        ]
         for blocker in blockers:
             await blocker.read()
         request_id = f"target-{state}-{how}"
@@ -106,8 +120,20 @@ def test_abort_within_one_step(server: ServeProcess, state: str, how: str) -> No
 
 def test_abort_while_swapped_frees_cpu_and_device_blocks(serve) -> None:
     # 24 device blocks hold 384 tokens; eight 32-token prompts growing to 232 must preempt by swapping.
-    server = serve(["--executor", "fake", "--num-blocks", "24", "--step-latency-ms", "10",
-                    "--preemption-mode", "swap", "--executor-args", "--num-cpu-blocks 256"])
+    server = serve(
+        [
+            "--executor",
+            "fake",
+            "--num-blocks",
+            "24",
+            "--step-latency-ms",
+            "10",
+            "--preemption-mode",
+            "swap",
+            "--executor-args",
+            "--num-cpu-blocks 256",
+        ]
+    )
 
     async def scenario() -> api_pb2.ServerStatsResponse:
         async with server.aio_channel() as channel:

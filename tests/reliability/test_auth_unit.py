@@ -30,6 +30,7 @@ def _table() -> TokenTable:
 
 # --- tokens -------------------------------------------------------------------------------
 
+
 def test_tokens_map_to_their_tenant_and_nothing_else_matches() -> None:
     table = _table()
     assert table.tenant_for(ALICE) == "alice" and table.tenant_for(BOB) == "bob"
@@ -70,15 +71,18 @@ def test_token_file_parsing(tmp_path: Path) -> None:
     assert table.tenant_for(BOB) == "bob"
 
 
-@pytest.mark.parametrize("content, message", [
-    ("", "no `TOKEN TENANT` lines"),
-    ("# only a comment\n", "no `TOKEN TENANT` lines"),
-    (f"{ALICE}\n", "expected `TOKEN TENANT`"),
-    (f"{ALICE} alice extra\n", "expected `TOKEN TENANT`"),
-    ("short alice\n", "at least 16 characters"),
-    (f"{ALICE} alice\n{ALICE} bob\n", "duplicate token"),
-    (f"{ALICE} team/alice\n", "tenant names"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("", "no `TOKEN TENANT` lines"),
+        ("# only a comment\n", "no `TOKEN TENANT` lines"),
+        (f"{ALICE}\n", "expected `TOKEN TENANT`"),
+        (f"{ALICE} alice extra\n", "expected `TOKEN TENANT`"),
+        ("short alice\n", "at least 16 characters"),
+        (f"{ALICE} alice\n{ALICE} bob\n", "duplicate token"),
+        (f"{ALICE} team/alice\n", "tenant names"),
+    ],
+)
 def test_bad_token_files_are_refused_with_the_line(tmp_path: Path, content: str, message: str) -> None:
     path = tmp_path / "tokens"
     path.write_text(content)
@@ -92,6 +96,7 @@ def test_missing_token_file(tmp_path: Path) -> None:
 
 
 # --- the interceptor on a real grpc.aio server ----------------------------------------------
+
 
 class _Servicer(api_pb2_grpc.KVServeServicer):
     async def ServerStats(self, request, context):
@@ -135,12 +140,15 @@ async def _outcomes(channel: grpc.aio.Channel, metadata) -> tuple[str, str, str]
     return unary, streaming, probe
 
 
-@pytest.mark.parametrize("metadata, expected", [
-    ((("authorization", f"Bearer {ALICE}"),), ("OK", "OK", "OK")),
-    ((), ("UNAUTHENTICATED", "UNAUTHENTICATED", "OK")),
-    ((("authorization", "Bearer not-a-known-token-at-all"),), ("UNAUTHENTICATED", "UNAUTHENTICATED", "OK")),
-    ((("authorization", ALICE),), ("UNAUTHENTICATED", "UNAUTHENTICATED", "OK")),
-])
+@pytest.mark.parametrize(
+    "metadata, expected",
+    [
+        ((("authorization", f"Bearer {ALICE}"),), ("OK", "OK", "OK")),
+        ((), ("UNAUTHENTICATED", "UNAUTHENTICATED", "OK")),
+        ((("authorization", "Bearer not-a-known-token-at-all"),), ("UNAUTHENTICATED", "UNAUTHENTICATED", "OK")),
+        ((("authorization", ALICE),), ("UNAUTHENTICATED", "UNAUTHENTICATED", "OK")),
+    ],
+)
 def test_interceptor_guards_kvserve_and_leaves_health_open(metadata, expected) -> None:
     async def scenario():
         server, port = await _serve([BearerAuthInterceptor(_table())])
@@ -162,14 +170,34 @@ def test_open_methods() -> None:
 
 # --- TLS ------------------------------------------------------------------------------------
 
+
 def make_self_signed(tmp_path: Path) -> tuple[Path, Path]:
     """A localhost certificate and key made with the openssl CLI (the test skips without it)."""
     if shutil.which("openssl") is None:
         pytest.skip("openssl CLI not available")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
-                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return cert, key
 
 
@@ -213,10 +241,22 @@ def test_tls_server_accepts_tls_clients_and_refuses_plaintext(tmp_path: Path) ->
 
 # --- bind policy ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("host, loopback", [
-    ("127.0.0.1", True), ("127.8.9.10", True), ("::1", True), ("[::1]", True), ("localhost", True),
-    ("0.0.0.0", False), ("::", False), ("10.0.0.5", False), ("example.com", False), ("", False),
-])
+
+@pytest.mark.parametrize(
+    "host, loopback",
+    [
+        ("127.0.0.1", True),
+        ("127.8.9.10", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("10.0.0.5", False),
+        ("example.com", False),
+        ("", False),
+    ],
+)
 def test_loopback_detection(host: str, loopback: bool) -> None:
     assert is_loopback_host(host) is loopback
 

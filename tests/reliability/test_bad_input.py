@@ -28,8 +28,10 @@ CHUNKS_READ = 8
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[ServeProcess]:
-    process = start_serve(["--executor", "fake", "--num-blocks", "2048", "--step-latency-ms", "5",
-                           "--max-model-len", str(MAX_MODEL_LEN)], tmp_path_factory.mktemp("bad-input"))
+    process = start_serve(
+        ["--executor", "fake", "--num-blocks", "2048", "--step-latency-ms", "5", "--max-model-len", str(MAX_MODEL_LEN)],
+        tmp_path_factory.mktemp("bad-input"),
+    )
     try:
         process.wait_serving()
         yield process
@@ -89,8 +91,10 @@ BAD_REQUESTS = {
     "stop string too long": (_text("hi", stop=["x" * (defaults.MAX_STOP_STRING_CHARS + 1)]), "sampling.stop"),
     "logprobs too many": (_text("hi", logprobs=defaults.MAX_LOGPROBS + 1), "sampling.logprobs"),
     "seed negative": (_text("hi", seed=-1), "sampling.seed"),
-    "unknown chat role": (api_pb2.GenerateRequest(chat=api_pb2.ChatPrompt(
-        messages=[api_pb2.ChatMessage(role="wizard", content="hi")])), "chat.messages[0].role"),
+    "unknown chat role": (
+        api_pb2.GenerateRequest(chat=api_pb2.ChatPrompt(messages=[api_pb2.ChatMessage(role="wizard", content="hi")])),
+        "chat.messages[0].role",
+    ),
     "empty chat": (api_pb2.GenerateRequest(chat=api_pb2.ChatPrompt()), "chat.messages"),
     "token id negative": (_ids([1, -3, 2]), "token_ids"),
     "stop token id out of range": (_text("hi", stop_token_ids=[2**40]), "sampling.stop_token_ids"),
@@ -184,11 +188,16 @@ def _requests(draw) -> api_pb2.GenerateRequest:
     return request
 
 
-@settings(max_examples=FUZZ_EXAMPLES, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=FUZZ_EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(request=_requests())
-def test_fuzzed_requests_get_a_valid_stream_or_invalid_argument(stub, vocab_size: int,
-                                                                request: api_pb2.GenerateRequest) -> None:
+def test_fuzzed_requests_get_a_valid_stream_or_invalid_argument(
+    stub, vocab_size: int, request: api_pb2.GenerateRequest
+) -> None:
     code, details, chunks = _code_and_details(stub, request)
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         assert ":" in details and details.split(":", 1)[0], details  # "field: message"

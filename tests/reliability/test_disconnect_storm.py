@@ -25,10 +25,16 @@ SURVIVOR_TOKENS = 60
 
 
 def _start_droppers(address: str, keys: list[int]) -> list[subprocess.Popen]:
-    groups = [keys[i:i + STREAMS_PER_PROCESS] for i in range(0, len(keys), STREAMS_PER_PROCESS)]
-    return [subprocess.Popen([sys.executable, "-m", "tests.reliability.dropping_client", address,
-                              *map(str, group)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-            for group in groups]
+    groups = [keys[i : i + STREAMS_PER_PROCESS] for i in range(0, len(keys), STREAMS_PER_PROCESS)]
+    return [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.reliability.dropping_client", address, *map(str, group)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        for group in groups
+    ]
 
 
 def _wait_ready(process: subprocess.Popen, timeout_s: float = 60.0) -> None:

@@ -88,8 +88,21 @@ def test_kill_9_executor_under_50_streams_restarts_and_outputs_match(serve) -> N
 def test_no_restart_fails_every_stream_unavailable_within_the_deadline(serve) -> None:
     restart_timeout_s = 2.0
     # max-num-seqs 16: 16 streams are decoding and 34 still queued when the executor dies.
-    server = serve(["--executor", "fake", "--num-blocks", "1024", "--step-latency-ms", "15", "--max-num-seqs", "16",
-                    "--no-executor-restart", "--executor-restart-timeout", str(restart_timeout_s)])
+    server = serve(
+        [
+            "--executor",
+            "fake",
+            "--num-blocks",
+            "1024",
+            "--step-latency-ms",
+            "15",
+            "--max-num-seqs",
+            "16",
+            "--no-executor-restart",
+            "--executor-restart-timeout",
+            str(restart_timeout_s),
+        ]
+    )
     requests = [greedy_request(i, 5000, prompt_len=40) for i in range(NUM_STREAMS)]
     killed_at: list[float] = []
 
@@ -100,8 +113,9 @@ def test_no_restart_fails_every_stream_unavailable_within_the_deadline(serve) ->
     results = asyncio.run(_run_streams(server, requests, fault=kill))
     elapsed = time.monotonic() - killed_at[0]
     print(f"MEASURED no-restart: all {len(results)} streams UNAVAILABLE {elapsed:.2f}s after kill -9")
-    assert all(isinstance(r, grpc.aio.AioRpcError) and r.code() == grpc.StatusCode.UNAVAILABLE for r in results), \
-        [r if isinstance(r, BaseException) else "ok" for r in results][:5]
+    assert all(isinstance(r, grpc.aio.AioRpcError) and r.code() == grpc.StatusCode.UNAVAILABLE for r in results), [
+        r if isinstance(r, BaseException) else "ok" for r in results
+    ][:5]
     assert "did not come back" in results[0].details()
     assert elapsed < defaults.EXECUTOR_DEAD_AFTER_S + restart_timeout_s + 2 * DETECTION_SLACK_S
     assert server.process.poll() is None, "the scheduler must survive its executor"
@@ -117,6 +131,7 @@ def test_no_restart_fails_every_stream_unavailable_within_the_deadline(serve) ->
             except grpc.aio.AioRpcError as exc:
                 return exc.code()
         return grpc.StatusCode.OK
+
     assert asyncio.run(after()) == grpc.StatusCode.UNAVAILABLE  # refused at once, not queued forever
 
 
@@ -135,8 +150,9 @@ def test_sigstopped_executor_is_detected_within_2s_and_replaced(serve) -> None:
             await asyncio.sleep(0.3)
             stopped_at.append(time.time())
             os.kill(victim, signal.SIGSTOP)
-            detected.append(await asyncio.to_thread(
-                server.wait_health, health_pb2.HealthCheckResponse.NOT_SERVING, 10.0))
+            detected.append(
+                await asyncio.to_thread(server.wait_health, health_pb2.HealthCheckResponse.NOT_SERVING, 10.0)
+            )
             return await asyncio.gather(*tasks, return_exceptions=True)
 
     disturbed = asyncio.run(scenario())
@@ -152,8 +168,9 @@ def test_sigstopped_executor_is_detected_within_2s_and_replaced(serve) -> None:
 
 def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen:
     with open(log_path, "wb") as log_file:
-        return subprocess.Popen([sys.executable, "-m", "kvserve", *argv], stdout=log_file,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "kvserve", *argv], stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
 
 def _kill_group(process: subprocess.Popen) -> None:
@@ -177,8 +194,10 @@ def test_executor_exits_when_its_scheduler_vanishes(serve, tmp_path: Path, super
         return
     link = f"tcp://127.0.0.1:{free_port()}"
     scheduler = _spawn(["scheduler", "--port", str(free_port()), "--link", link], tmp_path / "scheduler.log")
-    executor = _spawn(["executor", "--executor", "fake", "--num-blocks", "256", "--link", link,
-                       "--scheduler-timeout-s", "2"], tmp_path / "executor.log")
+    executor = _spawn(
+        ["executor", "--executor", "fake", "--num-blocks", "256", "--link", link, "--scheduler-timeout-s", "2"],
+        tmp_path / "executor.log",
+    )
     try:
         deadline = time.monotonic() + 30
         while b"registered with the scheduler" not in (tmp_path / "executor.log").read_bytes():
@@ -201,8 +220,21 @@ def test_reregistering_executor_survives_its_scheduler_and_serves_the_next(tmp_p
 
     link = f"tcp://127.0.0.1:{free_port()}"
     port = free_port()
-    executor = _spawn(["executor", "--executor", "fake", "--num-blocks", "256", "--link", link,
-                       "--scheduler-timeout-s", "1", "--reregister"], tmp_path / "executor.log")
+    executor = _spawn(
+        [
+            "executor",
+            "--executor",
+            "fake",
+            "--num-blocks",
+            "256",
+            "--link",
+            link,
+            "--scheduler-timeout-s",
+            "1",
+            "--reregister",
+        ],
+        tmp_path / "executor.log",
+    )
     schedulers: list[subprocess.Popen] = []
     try:
         for generation in range(2):
@@ -211,9 +243,9 @@ def test_reregistering_executor_survives_its_scheduler_and_serves_the_next(tmp_p
             server = ServeProcess(process=schedulers[-1], port=port, log_path=log_path)
             server.wait_serving()
 
-            async def generate():
+            async def generate(server: ServeProcess = server, seed: int = generation):
                 async with server.aio_channel() as channel:
-                    return await collect(api_pb2_grpc.KVServeStub(channel), greedy_request(generation, 5))
+                    return await collect(api_pb2_grpc.KVServeStub(channel), greedy_request(seed, 5))
 
             assert len(asyncio.run(generate())[0]) == 5
             os.kill(schedulers[-1].pid, signal.SIGKILL)
@@ -229,9 +261,22 @@ def test_reregistering_executor_survives_its_scheduler_and_serves_the_next(tmp_p
 def test_a_request_that_hangs_every_executor_fails_instead_of_crash_looping(serve) -> None:
     # Every step outlives --step-timeout-s, so each new executor is lost again (heartbeats alive,
     # compute stuck). The restart deadline alone never fires: executors keep coming back.
-    server = serve(["--executor", "fake", "--num-blocks", "256", "--step-latency-ms", "2500",
-                    "--step-timeout-s", "0.5", "--executor-restart-timeout", "60",
-                    "--executor-losses-per-request", "2"])
+    server = serve(
+        [
+            "--executor",
+            "fake",
+            "--num-blocks",
+            "256",
+            "--step-latency-ms",
+            "2500",
+            "--step-timeout-s",
+            "0.5",
+            "--executor-restart-timeout",
+            "60",
+            "--executor-losses-per-request",
+            "2",
+        ]
+    )
 
     async def scenario():
         async with server.aio_channel() as channel:

@@ -30,8 +30,20 @@ async def _first_outcome(call) -> tuple[str, float]:
 
 
 def test_queue_limit_rejects_fast_and_everything_is_returned_afterwards(serve) -> None:
-    server = serve(["--executor", "fake", "--num-blocks", "1024", "--step-latency-ms", "20",
-                    "--max-num-seqs", str(MAX_SEQS), "--max-queued-requests", str(MAX_QUEUED)])
+    server = serve(
+        [
+            "--executor",
+            "fake",
+            "--num-blocks",
+            "1024",
+            "--step-latency-ms",
+            "20",
+            "--max-num-seqs",
+            str(MAX_SEQS),
+            "--max-queued-requests",
+            str(MAX_QUEUED),
+        ]
+    )
 
     async def scenario():
         async with server.aio_channel() as channel:
@@ -61,8 +73,20 @@ def test_queue_limit_rejects_fast_and_everything_is_returned_afterwards(serve) -
 
 
 def test_queued_prompt_token_limit(serve) -> None:
-    server = serve(["--executor", "fake", "--num-blocks", "1024", "--step-latency-ms", "20",
-                    "--max-num-seqs", "1", "--max-queued-prompt-tokens", "100"])
+    server = serve(
+        [
+            "--executor",
+            "fake",
+            "--num-blocks",
+            "1024",
+            "--step-latency-ms",
+            "20",
+            "--max-num-seqs",
+            "1",
+            "--max-queued-prompt-tokens",
+            "100",
+        ]
+    )
 
     async def scenario():
         async with server.aio_channel() as channel:

@@ -41,8 +41,19 @@ def _token_file(tmp_path: Path) -> Path:
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory) -> Iterator[ServeProcess]:
     tmp_path = tmp_path_factory.mktemp("secured")
-    process = start_serve(["--executor", "fake", "--num-blocks", "1024", "--step-latency-ms", "5",
-                           "--auth-token-file", str(_token_file(tmp_path))], tmp_path)
+    process = start_serve(
+        [
+            "--executor",
+            "fake",
+            "--num-blocks",
+            "1024",
+            "--step-latency-ms",
+            "5",
+            "--auth-token-file",
+            str(_token_file(tmp_path)),
+        ],
+        tmp_path,
+    )
     process.metadata = _bearer(ALICE)
     try:
         process.wait_serving()
@@ -87,8 +98,11 @@ def _code(call) -> str:
         return exc.code().name
 
 
-@pytest.mark.parametrize("metadata", [(), _bearer("wrong-token-wrong-token-wrong"), (("authorization", ALICE),)],
-                         ids=["missing", "bad", "no-bearer-scheme"])
+@pytest.mark.parametrize(
+    "metadata",
+    [(), _bearer("wrong-token-wrong-token-wrong"), (("authorization", ALICE),)],
+    ids=["missing", "bad", "no-bearer-scheme"],
+)
 def test_every_api_method_refuses_missing_and_bad_tokens(secured: ServeProcess, metadata) -> None:
     with secured.channel() as channel:
         stub = api_pb2_grpc.KVServeStub(channel)
@@ -101,15 +115,18 @@ def test_every_api_method_refuses_missing_and_bad_tokens(secured: ServeProcess, 
         }
         codes = {name: _code(call) for name, call in calls.items()}
         with_token = _code(lambda: stub.ModelInfo(api_pb2.ModelInfoRequest(), timeout=5, metadata=_bearer(BOB)))
-    assert codes == {name: "UNAUTHENTICATED" for name in calls}
+    assert codes == dict.fromkeys(calls, "UNAUTHENTICATED")
     assert with_token == "OK"
 
 
 def test_health_and_reflection_stay_open(secured: ServeProcess) -> None:
     assert secured.health() == health_pb2.HealthCheckResponse.SERVING
     with secured.channel() as channel:
-        replies = list(reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
-            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5))
+        replies = list(
+            reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
+                iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
+            )
+        )
     assert "kvserve.v1.KVServe" in {s.name for s in replies[0].list_services_response.service}
 
 
@@ -136,20 +153,44 @@ def test_request_ids_and_aborts_are_per_tenant(secured: ServeProcess) -> None:
 
 def test_tls_with_tokens(serve, tmp_path: Path) -> None:
     cert, key = make_self_signed(tmp_path)
-    server = serve(["--executor", "fake", "--num-blocks", "256", "--auth-token-file", str(_token_file(tmp_path)),
-                    "--tls-cert", str(cert), "--tls-key", str(key)], wait=False)
+    server = serve(
+        [
+            "--executor",
+            "fake",
+            "--num-blocks",
+            "256",
+            "--auth-token-file",
+            str(_token_file(tmp_path)),
+            "--tls-cert",
+            str(cert),
+            "--tls-key",
+            str(key),
+        ],
+        wait=False,
+    )
     server.credentials = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
     server.metadata = _bearer(ALICE)
     server.wait_serving()
     assert server.stats().num_blocks == 256
     with grpc.insecure_channel(server.address) as plain:
-        assert _code(lambda: api_pb2_grpc.KVServeStub(plain).ServerStats(
-            api_pb2.ServerStatsRequest(), timeout=3, metadata=_bearer(ALICE))) == "UNAVAILABLE"
+        assert (
+            _code(
+                lambda: api_pb2_grpc.KVServeStub(plain).ServerStats(
+                    api_pb2.ServerStatsRequest(), timeout=3, metadata=_bearer(ALICE)
+                )
+            )
+            == "UNAVAILABLE"
+        )
 
 
 def _run_serve(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvserve", "serve", "--executor", "fake", "--port", "0", *args],
-                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    return subprocess.run(
+        [sys.executable, "-m", "kvserve", "serve", "--executor", "fake", "--port", "0", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
 
 
 def test_non_loopback_without_auth_is_refused_before_anything_starts(tmp_path: Path) -> None:
@@ -159,11 +200,14 @@ def test_non_loopback_without_auth_is_refused_before_anything_starts(tmp_path: P
     assert "executor_started" not in result.stderr + result.stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--auth-token-file", "/nonexistent/tokens"], "cannot read the token file"),
-    (["--tls-cert", "/nonexistent/cert.pem"], "--tls-key"),
-    (["--tls-cert", "/nonexistent/cert.pem", "--tls-key", "/nonexistent/key.pem"], "--tls-cert"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--auth-token-file", "/nonexistent/tokens"], "cannot read the token file"),
+        (["--tls-cert", "/nonexistent/cert.pem"], "--tls-key"),
+        (["--tls-cert", "/nonexistent/cert.pem", "--tls-key", "/nonexistent/key.pem"], "--tls-cert"),
+    ],
+)
 def test_bad_security_options_fail_fast_with_one_clear_error(tmp_path: Path, args, message) -> None:
     result = _run_serve(args, tmp_path)
     assert result.returncode == 2
@@ -182,24 +226,62 @@ def test_curve_link_admits_only_the_listed_executor(tmp_path: Path) -> None:
 
     def spawn(name: str, argv: list[str]) -> subprocess.Popen:
         with open(logs[name], "wb") as log_file:
-            return subprocess.Popen([sys.executable, "-m", "kvserve", *argv], stdout=log_file,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            return subprocess.Popen(
+                [sys.executable, "-m", "kvserve", *argv],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def executor(name: str, curve: list[str]) -> subprocess.Popen:
-        return spawn(name, ["executor", "--executor", "fake", "--num-blocks", "128", "--link", link,
-                            "--connect-timeout-s", "3", *curve])
+        return spawn(
+            name,
+            [
+                "executor",
+                "--executor",
+                "fake",
+                "--num-blocks",
+                "128",
+                "--link",
+                link,
+                "--connect-timeout-s",
+                "3",
+                *curve,
+            ],
+        )
 
-    processes = [spawn("scheduler", ["scheduler", "--port", str(port), "--link", link,
-                                     "--curve-secret-key", str(keys["scheduler"][1]),
-                                     "--curve-executor-key", str(keys["executor"][0])])]
+    processes = [
+        spawn(
+            "scheduler",
+            [
+                "scheduler",
+                "--port",
+                str(port),
+                "--link",
+                link,
+                "--curve-secret-key",
+                str(keys["scheduler"][1]),
+                "--curve-executor-key",
+                str(keys["executor"][0]),
+            ],
+        )
+    ]
     try:
-        processes.append(executor("executor", ["--curve-secret-key", str(keys["executor"][1]),
-                                               "--curve-server-key", str(keys["scheduler"][0])]))
+        processes.append(
+            executor(
+                "executor",
+                ["--curve-secret-key", str(keys["executor"][1]), "--curve-server-key", str(keys["scheduler"][0])],
+            )
+        )
         server = ServeProcess(process=processes[0], port=port, log_path=logs["scheduler"])
         server.wait_serving()
-        intruders = [executor("intruder", ["--curve-secret-key", str(keys["intruder"][1]),
-                                           "--curve-server-key", str(keys["scheduler"][0])]),
-                     executor("plain", [])]
+        intruders = [
+            executor(
+                "intruder",
+                ["--curve-secret-key", str(keys["intruder"][1]), "--curve-server-key", str(keys["scheduler"][0])],
+            ),
+            executor("plain", []),
+        ]
         processes += intruders
         assert [p.wait(20) for p in intruders] == [4, 4]  # ExitReason.NEVER_CONNECTED
         assert len(server.log_events("executor registered")) == 1  # never replaced by an intruder

@@ -31,8 +31,9 @@ def _slow_request() -> api_pb2.GenerateRequest:
 
 
 def test_a_stalled_reader_does_not_slow_other_streams_and_gets_every_token(serve) -> None:
-    server = serve(["--executor", "fake", "--num-blocks", "2048", "--step-latency-ms", "3",
-                    "--stream-buffer-chunks", "8"])
+    server = serve(
+        ["--executor", "fake", "--num-blocks", "2048", "--step-latency-ms", "3", "--stream-buffer-chunks", "8"]
+    )
     fast = [greedy_request(100 + i, FAST_TOKENS) for i in range(FAST_STREAMS)]
 
     async def fast_streams(stub) -> tuple[list, float]:
@@ -66,11 +67,13 @@ def test_a_stalled_reader_does_not_slow_other_streams_and_gets_every_token(serve
     ref_tokens = [t for c in reference for t in c.token_ids]
     got_tokens = [t for c in rest for t in c.token_ids]
     assert len(ref_tokens) == SLOW_TOKENS
-    assert got_tokens == ref_tokens[len(ref_tokens) - len(got_tokens):]
+    assert got_tokens == ref_tokens[len(ref_tokens) - len(got_tokens) :]
     assert len(got_tokens) >= SLOW_TOKENS - 1  # only the first chunk was read before the stall
     assert [lp.token_id for c in rest for lp in c.logprobs] == got_tokens
     assert len(rest) < len(got_tokens), "a full buffer must merge chunks instead of growing"
     assert rest[-1].finish_reason == api_pb2.FINISH_REASON_LENGTH
     assert rest[-1].usage.completion_tokens == SLOW_TOKENS
-    print(f"MEASURED slow reader: {len(got_tokens)} tokens arrived in {len(rest)} chunks; "
-          f"20 fast streams took {beside_s:.2f}s beside it vs {alone_s:.2f}s alone")
+    print(
+        f"MEASURED slow reader: {len(got_tokens)} tokens arrived in {len(rest)} chunks; "
+        f"20 fast streams took {beside_s:.2f}s beside it vs {alone_s:.2f}s alone"
+    )

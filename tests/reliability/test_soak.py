@@ -40,10 +40,12 @@ async def _one(stub, rng: random.Random, key: int, outcomes: dict, seeded: dict)
     max_tokens = rng.choice([1, 8, 24, 48, rng.randint(1, 48)])
     n = rng.choice([1, 1, 1, 2])
     seed = rng.randrange(2)
-    sampling = api_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True, n=n, seed=seed,
-                                      temperature=rng.choice([0.0, 0.8]))
-    request = api_pb2.GenerateRequest(token_ids=api_pb2.TokenIds(ids=prompt), sampling=sampling,
-                                      priority=rng.randrange(4), request_id=f"soak-{key}")
+    sampling = api_pb2.SamplingParams(
+        max_tokens=max_tokens, ignore_eos=True, n=n, seed=seed, temperature=rng.choice([0.0, 0.8])
+    )
+    request = api_pb2.GenerateRequest(
+        token_ids=api_pb2.TokenIds(ids=prompt), sampling=sampling, priority=rng.randrange(4), request_id=f"soak-{key}"
+    )
     fate = rng.choices(["finish", "cancel", "deadline"], weights=[70, 20, 10])[0]
     timeout = rng.uniform(0.05, 1.0) if fate == "deadline" else 60.0
     call = stub.Generate(request, timeout=timeout)
@@ -96,9 +98,21 @@ async def _soak(server, seed: int) -> dict:
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_soak_with_debug_invariants_leaks_nothing(serve, mode: str) -> None:
-    args = ["--executor", "fake", "--num-blocks", str(NUM_BLOCKS), "--step-latency-ms", "3",
-            "--max-num-seqs", "24", "--max-num-batched-tokens", "256", "--debug-invariants",
-            "--preemption-mode", mode]
+    args = [
+        "--executor",
+        "fake",
+        "--num-blocks",
+        str(NUM_BLOCKS),
+        "--step-latency-ms",
+        "3",
+        "--max-num-seqs",
+        "24",
+        "--max-num-batched-tokens",
+        "256",
+        "--debug-invariants",
+        "--preemption-mode",
+        mode,
+    ]
     if mode == "swap":
         args += ["--executor-args", "--num-cpu-blocks 32"]
     server = serve(args)

@@ -15,8 +15,15 @@ from scheduler_svc.core.scheduler_config import SchedulerConfig
 
 def strict_executor(num_blocks: int, block_size: int, num_cpu_blocks: int = 0, vocab_size: int = 50) -> FakeExecutor:
     """A strict fake executor over a plain vocabulary: checks every plan, needs no model files."""
-    return FakeExecutor(FakeExecutorConfig(num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,
-                                           vocab_size=vocab_size, strict=True))
+    return FakeExecutor(
+        FakeExecutorConfig(
+            num_blocks=num_blocks,
+            block_size=block_size,
+            num_cpu_blocks=num_cpu_blocks,
+            vocab_size=vocab_size,
+            strict=True,
+        )
+    )
 
 
 class FakeClock:
@@ -48,12 +55,16 @@ class Harness:
 
     def __post_init__(self) -> None:
         self.scheduler = Scheduler(self.config, clock=self.clock)
-        self.executor = strict_executor(self.config.num_blocks, self.config.block_size, self.config.num_cpu_blocks,
-                                        self.vocab_size)
+        self.executor = strict_executor(
+            self.config.num_blocks, self.config.block_size, self.config.num_cpu_blocks, self.vocab_size
+        )
 
     def add(self, request_id: str, prompt: list[int], **sampling_and_options) -> None:
-        options = {k: sampling_and_options.pop(k) for k in ("priority", "namespace", "arrival_time")
-                   if k in sampling_and_options}
+        options = {
+            k: sampling_and_options.pop(k)
+            for k in ("priority", "namespace", "arrival_time")
+            if k in sampling_and_options
+        }
         sampling_and_options.setdefault("seed", 7)
         self.scheduler.add_request(request_id, prompt, SamplingParams(**sampling_and_options), **options)
 

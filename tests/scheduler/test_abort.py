@@ -36,7 +36,9 @@ def test_abort_while_waiting() -> None:
     h.add("r", [1, 2, 3], n=2)
     outputs = h.scheduler.abort("r")
     assert [(o.index, o.finish_reason, o.new_token_ids) for o in outputs] == [
-        (0, FinishReason.ABORT, []), (1, FinishReason.ABORT, [])]
+        (0, FinishReason.ABORT, []),
+        (1, FinishReason.ABORT, []),
+    ]
     assert not h.scheduler.has_unfinished()
     assert h.schedule().is_empty  # the executor never knew it: nothing to drop
     assert_all_blocks_back(h)

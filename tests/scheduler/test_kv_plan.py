@@ -24,8 +24,13 @@ def test_llama2_bytes_per_token() -> None:
 
 
 def test_gqa_and_explicit_head_dim() -> None:
-    config = {"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2, "hidden_size": 512,
-              "head_dim": 32}
+    config = {
+        "num_hidden_layers": 2,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "hidden_size": 512,
+        "head_dim": 32,
+    }
     assert KvGeometry.from_hf_config(config) == KvGeometry(2, 2, 32)
 
 

@@ -82,7 +82,7 @@ def test_swap_moves_kv_to_cpu_and_back() -> None:
     assert sorted(cpu for _dev, cpu in out_plan.swap_out) == sorted(cpu for cpu, _dev in in_plan.swap_in)
     (resumed,) = [s for s in in_plan.new_seqs if s.seq_id == ids["second"]]
     assert resumed.num_computed_tokens == len(resumed.token_ids) - 1  # everything came back, nothing recomputed
-    assert resumed.block_table[:len(in_plan.swap_in)] == [dev for _cpu, dev in in_plan.swap_in]
+    assert resumed.block_table[: len(in_plan.swap_in)] == [dev for _cpu, dev in in_plan.swap_in]
     assert_complete(h)
 
 

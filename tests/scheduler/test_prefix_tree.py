@@ -13,7 +13,7 @@ def cache_chain(tree: PrefixTree, pool: BlockPool, namespace: str, tokens: list[
     blocks = pool.allocate(len(tokens) // BS)
     node = None
     for i, block in enumerate(blocks):
-        node = tree.insert(namespace, node, tuple(tokens[i * BS:(i + 1) * BS]), block)
+        node = tree.insert(namespace, node, tuple(tokens[i * BS : (i + 1) * BS]), block)
         assert node is not None
     pool.release_table(blocks)
     return blocks

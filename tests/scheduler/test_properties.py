@@ -25,12 +25,14 @@ MAX_EXAMPLES = int(os.environ.get("KVSERVE_PROPERTY_EXAMPLES", "150"))
 
 OPS = ("add", "add", "add", "add", "step", "step", "step", "abort", "abort_in_flight", "finish", "reset")
 
+
 @st.composite
 def configs(draw) -> SchedulerConfig:
     block_size = draw(st.sampled_from([1, 2, 4]))
     kv_tokens = draw(st.integers(10, 40))  # tight: a few requests of up to ~20 tokens
     return SchedulerConfig(
-        num_blocks=-(-kv_tokens // block_size), block_size=block_size,
+        num_blocks=-(-kv_tokens // block_size),
+        block_size=block_size,
         num_cpu_blocks=draw(st.sampled_from([0, 4, 12, 40])),
         max_model_len=24,
         max_num_batched_tokens=draw(st.integers(1, 12)),
@@ -45,14 +47,23 @@ def configs(draw) -> SchedulerConfig:
 
 def random_request(rng: random.Random, h: Harness, request_id: str, prompts: dict, seeds: dict) -> None:
     # A 3-letter alphabet and shared stems make prefix hits and partial-block matches common.
-    stem = [1, 2, 1, 2, 1, 2, 1, 2][:rng.randrange(0, 9)]
+    stem = [1, 2, 1, 2, 1, 2, 1, 2][: rng.randrange(0, 9)]
     prompt = stem + [rng.randrange(3) for _ in range(rng.randrange(1 if not stem else 0, 8))]
     seed = rng.randrange(1000)
     try:
-        h.add(request_id, prompt, max_tokens=rng.randrange(1, 12), n=rng.choice([1, 1, 2, 3]), seed=seed,
-              ignore_eos=rng.random() < 0.5, min_tokens=rng.choice([0, 0, 1]),
-              stop_token_ids=rng.choice([(), (7,)]), priority=rng.randrange(3),
-              namespace=rng.choice(["a", "b"]), arrival_time=rng.random())
+        h.add(
+            request_id,
+            prompt,
+            max_tokens=rng.randrange(1, 12),
+            n=rng.choice([1, 1, 2, 3]),
+            seed=seed,
+            ignore_eos=rng.random() < 0.5,
+            min_tokens=rng.choice([0, 0, 1]),
+            stop_token_ids=rng.choice([(), (7,)]),
+            priority=rng.randrange(3),
+            namespace=rng.choice(["a", "b"]),
+            arrival_time=rng.random(),
+        )
     except RequestRejected as exc:
         assert exc.field in ("max_tokens", "prompt")
         return
@@ -67,7 +78,6 @@ def test_random_interleavings_keep_every_invariant(config: SchedulerConfig, ops:
     sched = h.scheduler
     prompts: dict[str, list[int]] = {}
     seeds: dict[str, int] = {}
-    interrupted: set[tuple[str, int]] = set()
     for number, op in enumerate(ops):
         live = list(sched._requests)
         if op == "add":
@@ -108,8 +118,9 @@ def test_random_interleavings_keep_every_invariant(config: SchedulerConfig, ops:
         assert completion.finish_reason is not None
         if request_id not in prompts:
             continue
-        expected = expected_completion(prompts[request_id], derive_seed(seeds[request_id], index),
-                                       len(completion.tokens), h.vocab_size)
+        expected = expected_completion(
+            prompts[request_id], derive_seed(seeds[request_id], index), len(completion.tokens), h.vocab_size
+        )
         assert completion.tokens == expected
         if completion.finish_reason is FinishReason.LENGTH:
             assert len(completion.tokens) <= 24

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from executor_svc.fake_tokens import expected_completion
 from protos.sampling import SamplingParams
 from protos.step import StepResult
+from protos.stop_rules import FinishReason, stop_reason
 from scheduler_svc.core.request import RequestRejected, derive_seed
-from protos.stop_rules import FinishReason
 from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.core.scheduler_config import SchedulerConfig
-from protos.stop_rules import stop_reason
 from tests.scheduler.harness import Harness
-from executor_svc.fake_tokens import expected_completion
 
 
 def config(**overrides) -> SchedulerConfig:
@@ -29,8 +28,12 @@ def test_chunked_prefill_splits_a_long_prompt_and_samples_only_at_its_end() -> N
     assert h.completions == {}
     second = h.step()
     (chunk,) = second.known_seqs
-    assert (chunk.num_computed_tokens, chunk.num_scheduled_tokens, chunk.new_token_ids, len(chunk.new_block_ids)) \
-        == (4, 4, [], 1)
+    assert (chunk.num_computed_tokens, chunk.num_scheduled_tokens, chunk.new_token_ids, len(chunk.new_block_ids)) == (
+        4,
+        4,
+        [],
+        1,
+    )
     third = h.step()
     assert (third.known_seqs[0].num_computed_tokens, third.known_seqs[0].num_scheduled_tokens) == (8, 2)
     assert len(h.tokens("a")) == 1
@@ -111,7 +114,7 @@ def test_eos_stops_and_is_reported_with_the_token() -> None:
     h.add("r", prompt, max_tokens=12)
     h.run()
     stop_at = natural.index(eos)
-    assert h.tokens("r") == natural[:stop_at + 1]
+    assert h.tokens("r") == natural[: stop_at + 1]
     assert h.reason("r") is FinishReason.EOS
 
 
@@ -133,7 +136,7 @@ def test_min_tokens_defers_eos_and_stop_ids() -> None:
     h.run()
     later = [i for i, t in enumerate(natural) if t == eos and i >= 3]  # 3 outputs before the one that stops
     if later:
-        assert h.tokens("r") == natural[:later[0] + 1] and h.reason("r") is FinishReason.EOS
+        assert h.tokens("r") == natural[: later[0] + 1] and h.reason("r") is FinishReason.EOS
     else:
         assert h.tokens("r") == natural and h.reason("r") is FinishReason.LENGTH
     assert len(h.tokens("r")) >= 3
@@ -146,7 +149,7 @@ def test_stop_token_ids_finish_with_stop() -> None:
     h = Harness(config())
     h.add("r", prompt, max_tokens=12, stop_token_ids=(stop,))
     h.run()
-    assert h.tokens("r") == natural[:natural.index(stop) + 1]
+    assert h.tokens("r") == natural[: natural.index(stop) + 1]
     assert h.reason("r") is FinishReason.STOP
 
 

@@ -25,21 +25,42 @@ def test_random_workload_runs_clean_on_the_fake_executor(trial: int) -> None:
     block_size = rng.choice([2, 4, 16])
     num_blocks = rng.randrange(8, 40)
     mode = "swap" if trial % 2 else "recompute"
-    executor = fake_executor.FakeExecutor(fake_executor.FakeExecutorConfig(
-        num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=16, max_model_len=128, vocab_size=100,
-        eos_probability=0.05))
+    executor = fake_executor.FakeExecutor(
+        fake_executor.FakeExecutorConfig(
+            num_blocks=num_blocks,
+            block_size=block_size,
+            num_cpu_blocks=16,
+            max_model_len=128,
+            vocab_size=100,
+            eos_probability=0.05,
+        )
+    )
     info = executor.info()
-    scheduler = Scheduler(SchedulerConfig(
-        num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=16, max_model_len=128,
-        max_num_batched_tokens=rng.randrange(4, 64), max_num_seqs=rng.randrange(1, 8), preemption_mode=mode,
-        eos_token_ids=tuple(info.eos_token_ids), cache_aware_order=trial % 3 == 0, debug_invariants=True))
+    scheduler = Scheduler(
+        SchedulerConfig(
+            num_blocks=num_blocks,
+            block_size=block_size,
+            num_cpu_blocks=16,
+            max_model_len=128,
+            max_num_batched_tokens=rng.randrange(4, 64),
+            max_num_seqs=rng.randrange(1, 8),
+            preemption_mode=mode,
+            eos_token_ids=tuple(info.eos_token_ids),
+            cache_aware_order=trial % 3 == 0,
+            debug_invariants=True,
+        )
+    )
     added = 0
     for _ in range(2000):
         if added < 10 and rng.random() < 0.3:
-            stem = list(range(5, 15))[:rng.randrange(0, 10)]
+            stem = list(range(5, 15))[: rng.randrange(0, 10)]
             prompt = stem + [rng.randrange(100) for _ in range(rng.randrange(1, 20))]
-            sampling = SamplingParams(max_tokens=rng.randrange(1, 20), n=rng.choice([1, 2, 3]),
-                                      seed=rng.choice([None, 5]), logprobs=rng.choice([None, 2]))
+            sampling = SamplingParams(
+                max_tokens=rng.randrange(1, 20),
+                n=rng.choice([1, 2, 3]),
+                seed=rng.choice([None, 5]),
+                logprobs=rng.choice([None, 2]),
+            )
             try:
                 scheduler.add_request(f"r{added}", prompt, sampling)
             except RequestRejected:

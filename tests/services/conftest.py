@@ -23,4 +23,3 @@ def fake_server() -> Iterator[ServeProcess]:
     finally:
         server.stop()
         shutil.rmtree(tmp_dir, ignore_errors=True)
-

@@ -67,7 +67,7 @@ def test_stop_string_spanning_tokens_is_trimmed(tokenizer: Tokenizer, stop: str)
             break
     out += completion.finish()
     assert completion.stopped
-    assert out == text[:text.index(stop)]
+    assert out == text[: text.index(stop)]
 
 
 def test_text_that_only_looks_like_a_stop_string_prefix_is_released_on_finish(tokenizer: Tokenizer) -> None:

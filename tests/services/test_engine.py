@@ -10,16 +10,16 @@ import asyncio
 
 import pytest
 
+from executor_svc.fake_executor import FakeExecutor, FakeExecutorConfig
 from protos.sampling import SamplingParams
 from protos.step import ExecutorInfo, StepPlan, StepResult
-from executor_svc.fake_executor import FakeExecutor, FakeExecutorConfig
+from protos.stop_rules import FinishReason
 from scheduler_svc.server.engine import Engine, ExecutorState
 from scheduler_svc.server.executor_link import ExecutorLost
-from protos.stop_rules import FinishReason
-from scheduler_svc.server.request_stream import FailureKind, RequestFailed
 from scheduler_svc.server.request_parsing import ValidatedRequest
-from scheduler_svc.server.service import build_scheduler
+from scheduler_svc.server.request_stream import FailureKind, RequestFailed
 from scheduler_svc.server.server_config import ServerConfig
+from scheduler_svc.server.service import build_scheduler
 from scheduler_svc.server.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.timeout(60)
@@ -85,8 +85,9 @@ def _engine(tokenizer: Tokenizer, link: InProcessLink, **config) -> Engine:
 
 def _request(request_id: str, prompt: list[int], max_tokens: int = 24, **sampling) -> ValidatedRequest:
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **sampling)
-    return ValidatedRequest(request_id=request_id, prompt_token_ids=tuple(prompt), sampling=params, priority=0,
-                            cache_salt="")
+    return ValidatedRequest(
+        request_id=request_id, prompt_token_ids=tuple(prompt), sampling=params, priority=0, cache_salt=""
+    )
 
 
 async def _drain(stream) -> tuple[dict[int, str], dict[int, list[int]], dict[int, FinishReason]]:
@@ -121,23 +122,24 @@ def test_stop_string_finishes_the_sequence_and_is_trimmed(tokenizer: Tokenizer) 
         async def body():
             full_text, full_ids, _ = await _drain(engine.submit(_request("a", PROMPT), "ns"))
             text = full_text[0]
-            stop = text[len(text) // 2: len(text) // 2 + 4]
+            stop = text[len(text) // 2 : len(text) // 2 + 4]
             first = text.index(stop)
             stopped_text, stopped_ids, reasons = await _drain(engine.submit(_request("b", PROMPT, stop=(stop,)), "ns"))
             return text, stop, first, stopped_text[0], stopped_ids[0], full_ids[0], reasons[0], engine.stats()
 
         return await _run(engine, body())
 
-    text, stop, first, stopped_text, stopped_ids, full_ids, reason, stats = asyncio.run(scenario())
+    text, _stop, first, stopped_text, stopped_ids, full_ids, reason, stats = asyncio.run(scenario())
     assert stopped_text == text[:first]
     assert reason is FinishReason.STOP
-    assert len(stopped_ids) < len(full_ids) and full_ids[:len(stopped_ids)] == stopped_ids
+    assert len(stopped_ids) < len(full_ids) and full_ids[: len(stopped_ids)] == stopped_ids
     assert stats.scheduler.blocks_referenced == 0
 
 
 def test_stop_string_finish_reaches_the_scheduler_at_the_next_boundary(tokenizer: Tokenizer) -> None:
     """The token sampled while the stop string was matched is neither streamed nor counted, and the
     id is free again as soon as the stream has ended (the scheduler let go of it first)."""
+
     async def scenario():
         link = InProcessLink()
         engine = _engine(tokenizer, link)
@@ -145,7 +147,7 @@ def test_stop_string_finish_reaches_the_scheduler_at_the_next_boundary(tokenizer
         async def body():
             full_text, full_ids, _ = await _drain(engine.submit(_request("a", PROMPT), "ns"))
             text = full_text[0]
-            stop = text[len(text) // 2: len(text) // 2 + 4]
+            stop = text[len(text) // 2 : len(text) // 2 + 4]
             chunks = [c async for c in engine.submit(_request("b", PROMPT, stop=(stop,)), "ns")]
             again = await _drain(engine.submit(_request("b", PROMPT, stop=(stop,)), "ns"))
             return full_ids[0], chunks, again, engine.stats()
@@ -156,7 +158,7 @@ def test_stop_string_finish_reaches_the_scheduler_at_the_next_boundary(tokenizer
     final = chunks[-1]
     streamed = [t for c in chunks for t in c.token_ids]
     assert final.finish_reason is FinishReason.STOP and final.usage is not None
-    assert final.usage.completion_tokens == len(streamed) and streamed == full_ids[:len(streamed)]
+    assert final.usage.completion_tokens == len(streamed) and streamed == full_ids[: len(streamed)]
     assert again[1][0] == streamed and again[2][0] is FinishReason.STOP
     assert stats.scheduler.blocks_referenced == 0 and stats.active_requests == 0
 
@@ -308,8 +310,9 @@ def test_metrics_follow_the_requests(tokenizer: Tokenizer) -> None:
         link = InProcessLink()
         server_config = ServerConfig()
         metrics = ServerMetrics()
-        engine = Engine(build_scheduler(server_config, link.executor.info()), link, tokenizer, server_config,
-                        metrics=metrics)
+        engine = Engine(
+            build_scheduler(server_config, link.executor.info()), link, tokenizer, server_config, metrics=metrics
+        )
         prompt = list(range(1000, 1100))
 
         async def body():

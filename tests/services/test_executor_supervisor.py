@@ -23,8 +23,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_executor_command_runs_the_executor_module() -> None:
-    assert executor_command(["--executor", "fake"]) == [sys.executable, "-m", "executor_svc",
-                                                         "--executor", "fake"]
+    assert executor_command(["--executor", "fake"]) == [sys.executable, "-m", "executor_svc", "--executor", "fake"]
 
 
 def test_a_dying_child_is_restarted_with_a_counter() -> None:
@@ -55,8 +54,10 @@ def test_no_restart_mode_reports_the_exit_once() -> None:
 
 
 def test_stop_terminates_the_child_and_its_group() -> None:
-    script = ("import subprocess, sys, time; "
-              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)")
+    script = (
+        "import subprocess, sys, time; "
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
+    )
 
     async def scenario():
         supervisor = ExecutorSupervisor([sys.executable, "-c", script], stop_timeout_s=5)
@@ -83,8 +84,7 @@ def test_stop_terminates_the_child_and_its_group() -> None:
 
 def test_kill_if_current_spares_a_newer_child() -> None:
     async def scenario():
-        supervisor = ExecutorSupervisor([sys.executable, "-c", "import time; time.sleep(30)"],
-                                        backoff_initial_s=0.05)
+        supervisor = ExecutorSupervisor([sys.executable, "-c", "import time; time.sleep(30)"], backoff_initial_s=0.05)
         await supervisor.start()
         first = supervisor.pid
         supervisor.kill_if_current(first + 100000)  # not ours: nothing happens

@@ -41,11 +41,13 @@ def test_health_reflection_and_model_info(fake_server) -> None:
     assert fake_server.health() == health_pb2.HealthCheckResponse.SERVING
     with grpc.insecure_channel(fake_server.address) as channel:
         service = health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(service="kvserve.v1.KVServe"), timeout=5)
+            health_pb2.HealthCheckRequest(service="kvserve.v1.KVServe"), timeout=5
+        )
         assert service.status == health_pb2.HealthCheckResponse.SERVING
         reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
-        replies = list(reflection.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(
-            list_services="")]), timeout=5))
+        replies = list(
+            reflection.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5)
+        )
         names = {s.name for s in replies[0].list_services_response.service}
         assert {"kvserve.v1.KVServe", "grpc.health.v1.Health"} <= names
         info = api_pb2_grpc.KVServeStub(channel).ModelInfo(api_pb2.ModelInfoRequest(), timeout=5)
@@ -103,23 +105,26 @@ def test_cancelling_half_mid_stream_frees_every_block(fake_server) -> None:
 INVALID = [
     (api_pb2.GenerateRequest(text=""), "text"),
     (api_pb2.GenerateRequest(token_ids=api_pb2.TokenIds(ids=[10**9])), "token_ids"),
-    (api_pb2.GenerateRequest(text="hi", sampling=api_pb2.SamplingParams(temperature=float("nan"))),
-     "sampling.temperature"),
+    (
+        api_pb2.GenerateRequest(text="hi", sampling=api_pb2.SamplingParams(temperature=float("nan"))),
+        "sampling.temperature",
+    ),
     (api_pb2.GenerateRequest(text="hi", sampling=api_pb2.SamplingParams(top_p=1.5)), "sampling.top_p"),
     (api_pb2.GenerateRequest(text="hi", sampling=api_pb2.SamplingParams(top_k=-7)), "sampling.top_k"),
     (api_pb2.GenerateRequest(text="hi", sampling=api_pb2.SamplingParams(max_tokens=0)), "sampling.max_tokens"),
     (api_pb2.GenerateRequest(text="hi", sampling=api_pb2.SamplingParams(max_tokens=10**9)), "sampling.max_tokens"),
     (api_pb2.GenerateRequest(text="hi", sampling=api_pb2.SamplingParams(n=1000)), "sampling.n"),
-    (api_pb2.GenerateRequest(chat=api_pb2.ChatPrompt(messages=[api_pb2.ChatMessage(role="wizard", content="x")])),
-     "chat.messages[0].role"),
+    (
+        api_pb2.GenerateRequest(chat=api_pb2.ChatPrompt(messages=[api_pb2.ChatMessage(role="wizard", content="x")])),
+        "chat.messages[0].role",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("request_pb", "field"), INVALID, ids=[f for _, f in INVALID])
 def test_invalid_fields_get_invalid_argument_naming_the_field(fake_server, request_pb, field) -> None:
-    with grpc.insecure_channel(fake_server.address) as channel:
-        with pytest.raises(grpc.RpcError) as info:
-            list(api_pb2_grpc.KVServeStub(channel).Generate(request_pb, timeout=10))
+    with grpc.insecure_channel(fake_server.address) as channel, pytest.raises(grpc.RpcError) as info:
+        list(api_pb2_grpc.KVServeStub(channel).Generate(request_pb, timeout=10))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert info.value.details().startswith(f"{field}: ")
     assert fake_server.health() == health_pb2.HealthCheckResponse.SERVING
@@ -185,16 +190,19 @@ def test_tokenize_text_and_chat(fake_server) -> None:
         stub = api_pb2_grpc.KVServeStub(channel)
         text = stub.Tokenize(api_pb2.TokenizeRequest(text="Hello world"), timeout=5)
         assert len(text.token_ids) == len(text.tokens) >= 2
-        chat = stub.Tokenize(api_pb2.TokenizeRequest(chat=api_pb2.ChatPrompt(
-            messages=[api_pb2.ChatMessage(role="user", content="Hello world")])), timeout=5)
+        chat = stub.Tokenize(
+            api_pb2.TokenizeRequest(
+                chat=api_pb2.ChatPrompt(messages=[api_pb2.ChatMessage(role="user", content="Hello world")])
+            ),
+            timeout=5,
+        )
         assert len(chat.token_ids) > len(text.token_ids)
 
 
 def test_a_request_larger_than_the_kv_pool_is_invalid_argument(serve_factory) -> None:
     server = serve_factory(["--executor", "fake", "--num-blocks", "8"])  # 128 token slots
-    with grpc.insecure_channel(server.address) as channel:
-        with pytest.raises(grpc.RpcError) as info:
-            list(api_pb2_grpc.KVServeStub(channel).Generate(_generate_request(list(range(100, 150)), 200), timeout=10))
+    with grpc.insecure_channel(server.address) as channel, pytest.raises(grpc.RpcError) as info:
+        list(api_pb2_grpc.KVServeStub(channel).Generate(_generate_request(list(range(100, 150)), 200), timeout=10))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert info.value.details().startswith("sampling.max_tokens: ")
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 
@@ -11,6 +10,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
+from kvserve.testing.server_launcher import pid_alive
 from protos.kvserve.v1 import api_pb2, api_pb2_grpc
 
 pytestmark = pytest.mark.timeout(300)
@@ -19,27 +19,8 @@ pytestmark = pytest.mark.timeout(300)
 def _request(seed: int, max_tokens: int) -> api_pb2.GenerateRequest:
     return api_pb2.GenerateRequest(
         token_ids=api_pb2.TokenIds(ids=[100 + seed, 200 + seed, 300 + seed, 17, 18, 19]),
-        sampling=api_pb2.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
-
-
-def _executor_pids(server) -> list[int]:
-    pids = []
-    for line in server.log_text().splitlines():
-        if '"executor_started"' in line:
-            pids.append(json.loads(line[line.index("{"):])["pid"])
-    return pids
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purposes
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+        sampling=api_pb2.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
+    )
 
 
 async def _tokens(stub, request) -> tuple[list[int], int]:
@@ -51,9 +32,10 @@ async def _tokens(stub, request) -> tuple[list[int], int]:
 
 
 def test_sigterm_drains_in_flight_requests_then_exits(serve_factory) -> None:
-    server = serve_factory(["--executor", "fake", "--num-blocks", "512", "--step-latency-ms", "20",
-                            "--drain-grace-s", "20"])
-    executor_pid = _executor_pids(server)[0]
+    server = serve_factory(
+        ["--executor", "fake", "--num-blocks", "512", "--step-latency-ms", "20", "--drain-grace-s", "20"]
+    )
+    executor_pid = server.executor_pids()[0]
 
     async def scenario():
         async with grpc.aio.insecure_channel(server.address) as channel:
@@ -61,8 +43,11 @@ def test_sigterm_drains_in_flight_requests_then_exits(serve_factory) -> None:
             call = stub.Generate(_request(1, 60), timeout=60)
             first = await call.read()
             server.process.terminate()
-            await asyncio.sleep(0.3)
-            assert server.health() in (health_pb2.HealthCheckResponse.NOT_SERVING, None)
+            deadline = time.monotonic() + 10  # the drain starts at once; this only bounds a stuck server
+            while (health := server.health()) == health_pb2.HealthCheckResponse.SERVING:
+                assert time.monotonic() < deadline, "health still SERVING 10 s after SIGTERM"
+                await asyncio.sleep(0.02)
+            assert health in (health_pb2.HealthCheckResponse.NOT_SERVING, None)
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await _tokens(stub, _request(2, 5))
             assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -76,9 +61,9 @@ def test_sigterm_drains_in_flight_requests_then_exits(serve_factory) -> None:
     assert chunks[-1].finish_reason == api_pb2.FINISH_REASON_LENGTH
     assert server.process.wait(30) == 0
     deadline = time.monotonic() + 10
-    while _alive(executor_pid) and time.monotonic() < deadline:
+    while pid_alive(executor_pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(executor_pid), "the executor outlived kvserve serve"
+    assert not pid_alive(executor_pid), "the executor outlived kvserve serve"
 
 
 def test_killed_executor_is_restarted_and_streams_complete_unchanged(serve_factory) -> None:
@@ -92,7 +77,7 @@ def test_killed_executor_is_restarted_and_streams_complete_unchanged(serve_facto
             tasks = [asyncio.create_task(_tokens(stub, r)) for r in requests]
             if kill:
                 await asyncio.sleep(0.3)
-                os.kill(_executor_pids(server)[-1], 9)
+                os.kill(server.executor_pids()[-1], 9)
             return await asyncio.gather(*tasks)
 
     undisturbed = asyncio.run(run_all(kill=False))
@@ -103,19 +88,30 @@ def test_killed_executor_is_restarted_and_streams_complete_unchanged(serve_facto
     assert stats.executor_restarts == 1
     assert stats.blocks_referenced == 0
     assert stats.executor_state == api_pb2.EXECUTOR_STATE_READY
-    assert len(_executor_pids(server)) == 2
+    assert len(server.executor_pids()) == 2
 
 
 def test_executor_that_never_returns_fails_requests_unavailable(serve_factory) -> None:
-    server = serve_factory(["--executor", "fake", "--num-blocks", "512", "--step-latency-ms", "10",
-                            "--no-executor-restart", "--executor-restart-timeout", "2"])
+    server = serve_factory(
+        [
+            "--executor",
+            "fake",
+            "--num-blocks",
+            "512",
+            "--step-latency-ms",
+            "10",
+            "--no-executor-restart",
+            "--executor-restart-timeout",
+            "2",
+        ]
+    )
 
     async def scenario():
         async with grpc.aio.insecure_channel(server.address) as channel:
             stub = api_pb2_grpc.KVServeStub(channel)
             tasks = [asyncio.create_task(_tokens(stub, _request(i, 2000))) for i in range(5)]
             await asyncio.sleep(0.3)
-            os.kill(_executor_pids(server)[-1], 9)
+            os.kill(server.executor_pids()[-1], 9)
             started = time.monotonic()
             results = await asyncio.gather(*tasks, return_exceptions=True)
             return results, time.monotonic() - started
@@ -131,8 +127,9 @@ def test_executor_that_never_returns_fails_requests_unavailable(serve_factory) -
 
 
 def test_hung_executor_is_replaced_and_streams_complete(serve_factory) -> None:
-    server = serve_factory(["--executor", "fake", "--num-blocks", "1024", "--step-latency-ms", "10",
-                            "--executor-dead-after-s", "1"])
+    server = serve_factory(
+        ["--executor", "fake", "--num-blocks", "1024", "--step-latency-ms", "10", "--executor-dead-after-s", "1"]
+    )
     requests = [_request(i, 60) for i in range(8)]
 
     async def run_all(hang: bool):
@@ -141,7 +138,7 @@ def test_hung_executor_is_replaced_and_streams_complete(serve_factory) -> None:
             tasks = [asyncio.create_task(_tokens(stub, r)) for r in requests]
             if hang:
                 await asyncio.sleep(0.2)
-                os.kill(_executor_pids(server)[-1], 19)  # SIGSTOP: alive, silent
+                os.kill(server.executor_pids()[-1], 19)  # SIGSTOP: alive, silent
             return await asyncio.gather(*tasks)
 
     undisturbed = asyncio.run(run_all(hang=False))
@@ -149,6 +146,6 @@ def test_hung_executor_is_replaced_and_streams_complete(serve_factory) -> None:
     disturbed = asyncio.run(run_all(hang=True))
     assert [ids for ids, _ in disturbed] == [ids for ids, _ in undisturbed]
     assert time.monotonic() - started < 30
-    hung_pid = _executor_pids(server)[0]
-    assert not _alive(hung_pid)
+    hung_pid = server.executor_pids()[0]
+    assert not pid_alive(hung_pid)
     assert server.stats().executor_restarts == 1 and server.stats().blocks_referenced == 0

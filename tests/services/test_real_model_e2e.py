@@ -12,11 +12,21 @@ from protos.kvserve.v1 import api_pb2, api_pb2_grpc
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 QUESTIONS = [
-    "What is the capital of France?", "Name three primary colors.", "What is 2 + 2?",
-    "Write a haiku about the sea.", "Who wrote Romeo and Juliet?", "What is the boiling point of water?",
-    "Give me a synonym for happy.", "What is the largest planet?", "Translate 'hello' to Spanish.",
-    "What color is the sky?", "How many legs does a spider have?", "What is photosynthesis?",
-    "Name a famous painter.", "What is the speed of light?", "Tell me a fun fact about cats.",
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "What is 2 + 2?",
+    "Write a haiku about the sea.",
+    "Who wrote Romeo and Juliet?",
+    "What is the boiling point of water?",
+    "Give me a synonym for happy.",
+    "What is the largest planet?",
+    "Translate 'hello' to Spanish.",
+    "What color is the sky?",
+    "How many legs does a spider have?",
+    "What is photosynthesis?",
+    "Name a famous painter.",
+    "What is the speed of light?",
+    "Tell me a fun fact about cats.",
     "What language is spoken in Brazil?",
 ]
 MAX_TOKENS = 12
@@ -25,7 +35,8 @@ MAX_TOKENS = 12
 def _chat(question: str, max_tokens: int = MAX_TOKENS) -> api_pb2.GenerateRequest:
     return api_pb2.GenerateRequest(
         chat=api_pb2.ChatPrompt(messages=[api_pb2.ChatMessage(role="user", content=question)]),
-        sampling=api_pb2.SamplingParams(temperature=0.0, max_tokens=max_tokens))
+        sampling=api_pb2.SamplingParams(temperature=0.0, max_tokens=max_tokens),
+    )
 
 
 async def _text(stub: api_pb2_grpc.KVServeStub, request: api_pb2.GenerateRequest) -> tuple[str, list[int], int]:

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from protos import defaults
-from protos.sampling import InvalidFieldError
 from protos.kvserve.v1 import api_pb2
+from protos.sampling import InvalidFieldError
 from scheduler_svc.server.request_parsing import ModelLimits, parse_generate
 from scheduler_svc.server.tokenizer import Tokenizer
 
@@ -23,8 +23,9 @@ def tokenizer(default_model_dir) -> Tokenizer:
 def _request(**sampling) -> api_pb2.GenerateRequest:
     stop = sampling.pop("stop", [])
     stop_ids = sampling.pop("stop_token_ids", [])
-    return api_pb2.GenerateRequest(text="Hello there", sampling=api_pb2.SamplingParams(
-        stop=stop, stop_token_ids=stop_ids, **sampling))
+    return api_pb2.GenerateRequest(
+        text="Hello there", sampling=api_pb2.SamplingParams(stop=stop, stop_token_ids=stop_ids, **sampling)
+    )
 
 
 BAD_REQUESTS = [
@@ -37,8 +38,10 @@ BAD_REQUESTS = [
     (api_pb2.GenerateRequest(text="word " * 200), "text"),
     (api_pb2.GenerateRequest(text="x" * (defaults.MAX_PROMPT_CHARS + 1)), "text"),
     (api_pb2.GenerateRequest(chat=api_pb2.ChatPrompt()), "chat.messages"),
-    (api_pb2.GenerateRequest(chat=api_pb2.ChatPrompt(messages=[api_pb2.ChatMessage(role="root", content="x")])),
-     "chat.messages[0].role"),
+    (
+        api_pb2.GenerateRequest(chat=api_pb2.ChatPrompt(messages=[api_pb2.ChatMessage(role="root", content="x")])),
+        "chat.messages[0].role",
+    ),
     (_request(max_tokens=0), "sampling.max_tokens"),
     (_request(max_tokens=-5), "sampling.max_tokens"),
     (_request(max_tokens=64), "sampling.max_tokens"),
@@ -73,15 +76,39 @@ def test_bad_field_is_named(tokenizer: Tokenizer, request_pb: api_pb2.GenerateRe
 
 def test_valid_request_maps_every_field(tokenizer: Tokenizer) -> None:
     request = api_pb2.GenerateRequest(
-        text="Hello there", request_id="req-1", priority=-3, cache_salt="team-a",
-        sampling=api_pb2.SamplingParams(temperature=0.0, top_k=5, top_p=0.9, min_p=0.1, seed=7, n=2, max_tokens=8,
-                                        min_tokens=2, stop=["\n"], stop_token_ids=[2], ignore_eos=True, logprobs=3))
+        text="Hello there",
+        request_id="req-1",
+        priority=-3,
+        cache_salt="team-a",
+        sampling=api_pb2.SamplingParams(
+            temperature=0.0,
+            top_k=5,
+            top_p=0.9,
+            min_p=0.1,
+            seed=7,
+            n=2,
+            max_tokens=8,
+            min_tokens=2,
+            stop=["\n"],
+            stop_token_ids=[2],
+            ignore_eos=True,
+            logprobs=3,
+        ),
+    )
     v = parse_generate(request, tokenizer, LIMITS)
     assert v.request_id == "req-1" and v.priority == -3 and v.cache_salt == "team-a"
     assert v.prompt_token_ids == tuple(tokenizer.encode("Hello there"))
     s = v.sampling
-    assert (s.temperature, s.top_k, s.top_p, s.min_p, s.seed, s.n, s.max_tokens, s.min_tokens) == \
-        (0.0, 5, 0.9, 0.1, 7, 2, 8, 2)
+    assert (s.temperature, s.top_k, s.top_p, s.min_p, s.seed, s.n, s.max_tokens, s.min_tokens) == (
+        0.0,
+        5,
+        0.9,
+        0.1,
+        7,
+        2,
+        8,
+        2,
+    )
     assert s.stop == ("\n",) and s.stop_token_ids == (2,) and s.ignore_eos and s.logprobs == 3
 
 
@@ -101,26 +128,54 @@ def test_chat_prompt_uses_the_template(tokenizer: Tokenizer) -> None:
 def _requests():
     from hypothesis import strategies as st
 
-    ints = st.one_of(st.integers(-2**63, 2**63 - 1), st.integers(-3, 70))
+    ints = st.one_of(st.integers(-(2**63), 2**63 - 1), st.integers(-3, 70))
     floats = st.floats(allow_nan=True, allow_infinity=True)
     text = st.text(max_size=200)
     sampling = st.builds(
-        api_pb2.SamplingParams, temperature=floats, top_k=ints, top_p=floats, min_p=floats,
-        repetition_penalty=floats, presence_penalty=floats, frequency_penalty=floats, seed=ints, n=ints,
-        max_tokens=ints, min_tokens=ints, stop_token_ids=st.lists(ints, max_size=70),
-        stop=st.lists(st.text(max_size=300), max_size=20), ignore_eos=st.booleans(),
-        logprobs=ints)
-    chat = st.builds(api_pb2.ChatPrompt, messages=st.lists(st.builds(
-        api_pb2.ChatMessage, role=st.sampled_from(["system", "user", "assistant", "tool", "", "x"]), content=text),
-        max_size=4))
+        api_pb2.SamplingParams,
+        temperature=floats,
+        top_k=ints,
+        top_p=floats,
+        min_p=floats,
+        repetition_penalty=floats,
+        presence_penalty=floats,
+        frequency_penalty=floats,
+        seed=ints,
+        n=ints,
+        max_tokens=ints,
+        min_tokens=ints,
+        stop_token_ids=st.lists(ints, max_size=70),
+        stop=st.lists(st.text(max_size=300), max_size=20),
+        ignore_eos=st.booleans(),
+        logprobs=ints,
+    )
+    chat = st.builds(
+        api_pb2.ChatPrompt,
+        messages=st.lists(
+            st.builds(
+                api_pb2.ChatMessage,
+                role=st.sampled_from(["system", "user", "assistant", "tool", "", "x"]),
+                content=text,
+            ),
+            max_size=4,
+        ),
+    )
     prompt = st.one_of(
         st.fixed_dictionaries({"text": text}),
         st.fixed_dictionaries({"token_ids": st.builds(api_pb2.TokenIds, ids=st.lists(ints, max_size=80))}),
         st.fixed_dictionaries({"chat": chat}),
-        st.just({}))
-    return st.builds(lambda p, s, rid, prio, salt: api_pb2.GenerateRequest(
-        **p, sampling=s, request_id=rid, priority=prio, cache_salt=salt),
-        prompt, sampling, st.text(max_size=140), ints, st.text(max_size=300))
+        st.just({}),
+    )
+    return st.builds(
+        lambda p, s, rid, prio, salt: api_pb2.GenerateRequest(
+            **p, sampling=s, request_id=rid, priority=prio, cache_salt=salt
+        ),
+        prompt,
+        sampling,
+        st.text(max_size=140),
+        ints,
+        st.text(max_size=300),
+    )
 
 
 def test_random_requests_either_validate_or_name_a_field(tokenizer: Tokenizer) -> None:
