@@ -21,6 +21,8 @@ CACHE_DIR_ENV = "KVSERVE_CACHE"
 # --- Network endpoints ------------------------------------------------------
 GRPC_HOST = "127.0.0.1"
 GRPC_PORT = 50051
+HTTP_PORT = 8000
+"""The OpenAI-compatible HTTP API, beside gRPC in the scheduler process (`--http-port 0`: off)."""
 
 # --- Scheduler budgets ------------------------------------------------------
 MAX_NUM_BATCHED_TOKENS = 2048
@@ -61,6 +63,12 @@ EXECUTOR_LOSSES_PER_REQUEST = 3
 recomputed again: a request that crashes or hangs every executor must not crash-loop forever."""
 DRAIN_GRACE_S = 30.0
 """On SIGTERM, how long in-flight requests may take to finish before they are aborted."""
+MAX_HTTP_PROMPTS = 64
+"""Prompts in one OpenAI `/v1/completions` request (a list of prompts is one engine request each)."""
+READY_RECENT_STEP_S = 10.0
+"""HTTP `/ready` trusts an engine that completed a step this recently; otherwise it sends a one-token probe."""
+READY_PROBE_TIMEOUT_S = 10.0
+"""How long the `/ready` probe may take before the server is reported not ready."""
 
 # --- Executor link (scheduler <-> executor over ZeroMQ) ------------------------
 LINK_TCP_PORT = 50052

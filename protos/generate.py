@@ -1,10 +1,16 @@
-"""Regenerate (or check) the Python code of every `.proto` under `protos/kvserve/v1/`.
+"""Regenerate (or check) the Python code of every `.proto` under `protos/`.
+
+Two trees hold them: `protos/kvserve/v1/` (the kvserve API and the executor link) and
+`protos/grpc/` (standard gRPC protocols that the installed grpcio packages lack, such as
+server reflection v1).
 
     python -m protos.generate          # write *_pb2.py, *_pb2.pyi, *_pb2_grpc.py beside each .proto
     python -m protos.generate --check  # exit 1 when the committed generated code is stale
 
 protoc runs with `-I <repo root>`, so generated modules import each other as
-`from protos.kvserve.v1 import ...` and the package layout is the import path.
+`from protos.kvserve.v1 import ...` and the package layout is the import path (a proto's
+`package` statement need not match it: `protos/grpc/reflection/v1/reflection.proto` declares
+`grpc.reflection.v1`).
 `--check` generates into a temporary directory and compares, so it never touches the
 working tree. The comparison ignores only the generator's version stamps (protoc and
 grpcio-tools release numbers), so a newer grpcio-tools on a fresh clone does not flag
@@ -20,7 +26,8 @@ import tempfile
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-PROTO_DIR = REPO_ROOT / "protos" / "kvserve" / "v1"
+PROTO_TREE = "protos"
+"""Every .proto below this folder of the repo root is generated."""
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 _VERSION_STAMPS = (
     re.compile(rb"# Protobuf Python Version: [^\n]*"),
@@ -35,7 +42,7 @@ class GenerationError(RuntimeError):
 
 def proto_files() -> list[Path]:
     """Every .proto file that generation covers, relative to the repo root, sorted."""
-    return sorted(p.relative_to(REPO_ROOT) for p in PROTO_DIR.glob("*.proto"))
+    return sorted(p.relative_to(REPO_ROOT) for p in (REPO_ROOT / PROTO_TREE).rglob("*.proto"))
 
 
 def generated_names(proto: Path) -> list[Path]:

@@ -27,7 +27,9 @@ class InvalidFieldError(ValueError):
 class SamplingParams:
     """How to pick tokens and when to stop, for one request.
 
-    `top_k = -1` and `top_p = 1.0` and `min_p = 0.0` switch those filters off.
+    `top_k = -1` and `top_p = 1.0` and `min_p = 0.0` switch those filters off. The API also
+    takes `top_k = 0` as off; request parsing stores it as -1, so -1 is the one off value here
+    (and in the executor's sampler).
     `temperature = 0` means greedy (argmax). `seed = None` asks the scheduler to
     pick one at admission, so a recompute after preemption draws the same tokens.
     `logprobs = None` returns none; `0` returns the sampled token's logprob only;

@@ -6,18 +6,24 @@ the other, each resending the conversation so far. While the workload runs, a sa
 polls `server_stats()` for the peak number of running sequences and the preemption and
 prefix-cache counters.
 
-Client-side timing: TTFT is send → first chunk with tokens; ITL is the gap between
-consecutive token-carrying chunks; TPOT is (e2e − TTFT) / (output tokens − 1); e2e is
-send → last chunk.
+Client-side timing (`TokenClock`, shared with the HTTP driver in `openai_driver.py`): TTFT
+is send → first chunk with tokens; ITL is the gap between consecutive token-carrying
+chunks; TPOT is (e2e − TTFT) / (output tokens − 1); e2e is send → last chunk.
+
+This module sends each turn through the gRPC `AsyncClient`; another transport passes its
+own `send_turn` (same signature as `grpc_send_turn`) and reuses the sessions, arrivals,
+concurrency gate, stats sampler and records unchanged.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import random
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,13 +119,15 @@ def arrival_offsets(num_sessions: int, request_rate: float | None, seed: int) ->
 class _StatsSampler:
     """Polls server_stats() in the background; keeps the peak running count."""
 
-    def __init__(self, client: Any) -> None:
-        self._client = client
+    def __init__(self, client: Any | None) -> None:
+        self._client = client  # None: a server without kvserve's stats (a foreign baseline)
         self.peak_running = 0
         self.last: ServerCounters | None = None
         self._task: asyncio.Task | None = None
 
     async def snapshot(self) -> ServerCounters | None:
+        if self._client is None:
+            return None
         try:
             counters = ServerCounters.from_stats(await self._client.server_stats())
         except Exception as exc:  # stats are best effort; the latency figures do not need them
@@ -135,7 +143,8 @@ class _StatsSampler:
             await asyncio.sleep(STATS_POLL_INTERVAL_S)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop())
+        if self._client is not None:
+            self._task = asyncio.create_task(self._loop())
 
     async def stop(self) -> ServerCounters | None:
         if self._task is not None:
@@ -147,13 +156,43 @@ class _StatsSampler:
         return await self.snapshot()
 
 
-async def _send_turn(
+class TokenClock:
+    """The client-side timing of one request, written into its record as chunks arrive."""
+
+    __slots__ = ("_last", "_record", "_start")
+
+    def __init__(self, record: RequestRecord) -> None:
+        self._record = record
+        self._start = time.perf_counter()
+        self._last: float | None = None
+
+    def tokens_arrived(self) -> None:
+        """A chunk carrying tokens arrived now: the first sets TTFT, each later one adds an ITL gap."""
+        now = time.perf_counter()
+        if self._last is None:
+            self._record.ttft_s = now - self._start
+        else:
+            self._record.itl_s.append(now - self._last)
+        self._last = now
+
+    def finish(self, error: BaseException | None = None) -> None:
+        """The stream ended (or failed): e2e, and the error if any."""
+        self._record.e2e_s = time.perf_counter() - self._start
+        if error is not None:
+            self._record.error = f"{type(error).__name__}: {error}"
+
+
+SendTurn = Callable[[Session, int, list[int], int, str], Awaitable[tuple[RequestRecord, list[int]]]]
+"""(session, turn index, prompt ids, max_tokens, request id) -> (record, the reply's token ids)."""
+
+
+async def grpc_send_turn(
     client: Any, session: Session, turn_index: int, prompt: list[int], max_tokens: int, request_id: str
 ) -> tuple[RequestRecord, list[int]]:
+    """One turn through the gRPC AsyncClient: greedy, ignore_eos, token-id prompt."""
     record = RequestRecord(session.session_id, turn_index, len(prompt), max_tokens)
     output: list[int] = []
-    start = time.perf_counter()
-    last_token_time: float | None = None
+    clock = TokenClock(record)
     try:
         async for chunk in client.stream(
             token_ids=prompt,
@@ -163,34 +202,26 @@ async def _send_turn(
             ignore_eos=True,
             temperature=0.0,
         ):
-            now = time.perf_counter()
             if chunk.token_ids:
-                if last_token_time is None:
-                    record.ttft_s = now - start
-                else:
-                    record.itl_s.append(now - last_token_time)
-                last_token_time = now
+                clock.tokens_arrived()
                 output.extend(chunk.token_ids)
             if chunk.finish_reason:
                 record.finish_reason = chunk.finish_reason
             if chunk.usage is not None:
                 record.cached_tokens = chunk.usage.cached_tokens
                 record.queue_time_s = chunk.usage.queue_time_s
-        record.e2e_s = time.perf_counter() - start
+        clock.finish()
     except Exception as exc:
-        record.error = f"{type(exc).__name__}: {exc}"
-        record.e2e_s = time.perf_counter() - start
+        clock.finish(exc)
     record.output_tokens = len(output)
     return record, output
 
 
-async def _run_session(client: Any, session: Session, prefix: str) -> list[RequestRecord]:
+async def _run_session(send_turn: SendTurn, session: Session, prefix: str) -> list[RequestRecord]:
     records, history = [], []
     for i, turn in enumerate(session.turns):
         prompt = history + turn.new_token_ids
-        record, output = await _send_turn(
-            client, session, i, prompt, turn.max_tokens, f"{prefix}-{session.session_id}-t{i}"
-        )
+        record, output = await send_turn(session, i, prompt, turn.max_tokens, f"{prefix}-{session.session_id}-t{i}")
         records.append(record)
         if not record.ok:
             break
@@ -215,11 +246,17 @@ async def run_workload(
     request_rate: float | None,
     seed: int,
     progress: bool = True,
+    send_turn: SendTurn | None = None,
 ) -> RunResult:
-    """Send every session of `workload` and collect per-request records and server counters."""
+    """Send every session of `workload` and collect per-request records and server counters.
+
+    `client` is the gRPC AsyncClient: it sends the turns unless `send_turn` is given, and its
+    `server_stats()` is sampled; None (with a `send_turn`) for a server without kvserve's stats.
+    """
+    send: SendTurn = send_turn or functools.partial(grpc_send_turn, client)
     run_prefix = f"bench-{configuration}-{workload.name}{'-' + workload.phase if workload.phase else ''}-{seed}"
     for session in workload.warmup:
-        await _run_session(client, session, run_prefix + "-warmup")
+        await _run_session(send, session, run_prefix + "-warmup")
 
     sampler = _StatsSampler(client)
     before = await sampler.snapshot()
@@ -238,10 +275,10 @@ async def run_workload(
         if delay > 0:
             await asyncio.sleep(delay)
         if gate is None:
-            records = await _run_session(client, session, run_prefix)
+            records = await _run_session(send, session, run_prefix)
         else:
             async with gate:
-                records = await _run_session(client, session, run_prefix)
+                records = await _run_session(send, session, run_prefix)
         bar.update(len(session.turns))
         return records
 

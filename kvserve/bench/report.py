@@ -11,6 +11,10 @@ Ratios (each None when the run did not measure both sides):
   is also given for every other workload in `prealloc.by_workload`, but only this one is the ratio.
 - `kv_partial_block_waste_pct`: unused slots in last blocks over all allocated slots, from the
   final lengths of every request kvserve served.
+
+`target_ratios` (one entry per `--target` server and workload both ran): kvserve's output
+tokens/s over the target's, and the target's mean TTFT over kvserve's (above 1: kvserve's is
+lower), against the goal "≥ 2× the throughput with a lower mean TTFT".
 """
 
 from __future__ import annotations
@@ -35,6 +39,11 @@ GOALS = {
     "kv_partial_block_waste_pct": ("<=", 4.0),
 }
 """The performance goals of docs/benchmarks.md, so the report can say which were met."""
+
+TARGET_GOAL_THROUGHPUT = 2.0
+"""kvserve's output tokens/s over an OpenAI-compatible baseline's, e.g. llama.cpp's llama-server."""
+TARGET_GOAL_TTFT = 1.0
+"""The baseline's mean TTFT over kvserve's must exceed this (kvserve's is lower)."""
 
 RATIO_KEYS = tuple(GOALS)
 LATENCY_KEYS = ("ttft", "tpot", "itl", "e2e")
@@ -81,6 +90,8 @@ class BenchReport:
     prealloc: dict[str, Any] | None = None
     kv_waste: dict[str, Any] | None = None
     ratios: dict[str, float | None] = field(default_factory=lambda: dict.fromkeys(RATIO_KEYS))
+    target_ratios: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    """target name -> workload -> output_throughput_ratio, mean_ttft_ratio, met."""
 
     def find(self, configuration: str, workload: str) -> dict[str, Any] | None:
         return next(
@@ -97,6 +108,7 @@ class BenchReport:
             {
                 "ratios": self.ratios,
                 "goals": goals,
+                "target_ratios": self.target_ratios,
                 "meta": self.meta,
                 "results": self.results,
                 "prealloc": self.prealloc,
@@ -127,6 +139,30 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
     return numerator / denominator
 
 
+def target_ratios(report: BenchReport, target: str) -> dict[str, dict[str, Any]]:
+    """kvserve against one `--target` server, for each workload both ran."""
+    out: dict[str, dict[str, Any]] = {}
+    for theirs in (r for r in report.results if r["configuration"] == target):
+        ours = report.find(KVSERVE, theirs["workload"])
+        if ours is None:
+            continue
+        throughput = _ratio(ours["output_throughput"], theirs["output_throughput"])
+        ttft = _ratio(theirs["ttft"]["mean"], ours["ttft"]["mean"])
+        met = (
+            None
+            if throughput is None or ttft is None
+            else throughput >= TARGET_GOAL_THROUGHPUT and ttft > TARGET_GOAL_TTFT
+        )
+        out[theirs["workload"]] = {
+            "output_throughput_ratio": throughput,
+            "mean_ttft_ratio": ttft,
+            "goal": f"output_throughput_ratio >= {TARGET_GOAL_THROUGHPUT:g} and mean_ttft_ratio > {TARGET_GOAL_TTFT:g}",
+            "met": met,
+            "num_requests": {KVSERVE: ours["num_requests"], target: theirs["num_requests"]},
+        }
+    return out
+
+
 def compute_ratios(
     report: BenchReport,
     runs: list[RunResult],
@@ -134,8 +170,10 @@ def compute_ratios(
     num_blocks: int,
     block_size: int,
     max_request_len_by_workload: dict[str, int],
+    targets: tuple[str, ...] | list[str] = (),
 ) -> None:
-    """Fill `report.ratios`, `report.prealloc` and `report.kv_waste` from the summaries and traces."""
+    """Fill `report.ratios`, `report.target_ratios`, `report.prealloc` and `report.kv_waste`."""
+    report.target_ratios = {name: target_ratios(report, name) for name in targets}
     kv_mixed, hf_mixed = report.find(KVSERVE, "mixed"), report.find(HF_GENERATE, "mixed")
     if kv_mixed and hf_mixed:
         report.ratios["vs_hf_throughput"] = _ratio(kv_mixed["output_throughput"], hf_mixed["output_throughput"])
@@ -205,6 +243,20 @@ def render_table(report: BenchReport) -> str:
                 f"prealloc estimate ({workload}): budget {p['budget_tokens']} tokens, max request "
                 f"{p['max_request_len']} tokens -> {p['prealloc_concurrency']} concurrent; "
                 f"kvserve peak {p['kvserve_peak_concurrency']}"
+            )
+    if report.target_ratios:
+        lines.append("")
+    for target, by_workload in report.target_ratios.items():
+        if not by_workload:
+            lines.append(f"vs {target}: not measured")
+        for workload, t in by_workload.items():
+            thr, ttft = t["output_throughput_ratio"], t["mean_ttft_ratio"]
+            verdict = "not measured" if t["met"] is None else ("met" if t["met"] else "NOT met")
+            lines.append(
+                f"vs {target} ({workload}): output tok/s kvserve/{target} "
+                f"{'-' if thr is None else f'{thr:.2f}'}, mean TTFT {target}/kvserve "
+                f"{'-' if ttft is None else f'{ttft:.2f}'}  ({verdict}; goal >= {TARGET_GOAL_THROUGHPUT:g} "
+                f"and > {TARGET_GOAL_TTFT:g})"
             )
     lines.append("\nratios (goal, see docs/benchmarks.md):")
     for key, (op, target) in GOALS.items():

@@ -4,8 +4,15 @@ Configurations, one after another so they never compete for the CPU:
 1. `kvserve` — the server under test, prefix caching on;
 2. `kvserve-no-cache` — a second server started with `--no-prefix-caching` (or an
    already running one given by `no_cache_target`);
-3. `hf-generate` — Hugging Face `generate`, static batches, in this process, on `mixed`;
-4. the contiguous-preallocation estimate, computed from kvserve's trace and KV budget.
+3. every `--target NAME=URL`: another OpenAI-compatible server (llama.cpp's llama-server,
+   vLLM), driven over HTTP with the same requests (`openai_driver.py`), every workload but
+   `cold-warm` (the OpenAI API has no cache namespace to make a cold half with);
+4. `hf-generate` — Hugging Face `generate`, static batches, in this process, on `mixed`;
+5. the contiguous-preallocation estimate, computed from kvserve's trace and KV budget.
+
+`api` picks how the kvserve configurations are driven: `grpc` (the async client) or `openai`
+(kvserve's own HTTP API: the fair side of a comparison with an HTTP target). Either way the
+server's counters (peak running, preemptions, prefix hits) come from gRPC `server_stats()`.
 """
 
 from __future__ import annotations
@@ -14,20 +21,31 @@ import contextlib
 import datetime as dt
 import os
 import platform
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
 
 import structlog
 
 from kvserve.bench import workloads as wl
-from kvserve.bench.load_driver import RunResult, run_workload, warm_up
-from kvserve.bench.report import KVSERVE, KVSERVE_NO_CACHE, BenchReport, compute_ratios, summarize_run
+from kvserve.bench.load_driver import RunResult, SendTurn, run_workload, warm_up
+from kvserve.bench.openai_driver import HttpTarget, OpenAIDriver, WorkloadTokenizer
+from kvserve.bench.report import (
+    HF_GENERATE,
+    KVSERVE,
+    KVSERVE_NO_CACHE,
+    BenchReport,
+    compute_ratios,
+    summarize_run,
+)
 from kvserve.testing.server_launcher import DEFAULT_STARTUP_TIMEOUT_S, ServeProcess, serving
 from protos import defaults
 
 log = structlog.get_logger(__name__)
 
 BASELINES = ("hf", "no-cache", "prealloc")
+APIS = ("grpc", "openai")
 NO_PREFIX_CACHING_FLAG = "--no-prefix-caching"
 
 
@@ -50,6 +68,12 @@ class BenchConfig:
     hf_batch_size: int = 8
     progress: bool = True
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
+    api: str = "grpc"
+    """How the kvserve configurations are driven: grpc, or openai (kvserve's HTTP API)."""
+    http_port: int = defaults.HTTP_PORT
+    """With api openai and no start_server: the running server's HTTP port, on `host`."""
+    targets: list[str] = field(default_factory=list)
+    """Other OpenAI-compatible servers, `NAME=URL[,tokens|,text]`, measured in the same run."""
     command_line: str = ""
     """How the run was invoked, recorded in the report's meta."""
 
@@ -80,28 +104,88 @@ def _versions() -> dict[str, str]:
     return out
 
 
-async def _run_against(
-    target: str, configuration: str, loads: list[wl.Workload], config: BenchConfig
+async def _run_loads(
+    configuration: str,
+    loads: list[wl.Workload],
+    config: BenchConfig,
+    *,
+    warm: Callable[[list[int]], Awaitable[None]],
+    stats_client: Any,
+    send_turn: SendTurn | None = None,
 ) -> list[RunResult]:
+    """The untimed warm-up, then every workload on one configuration."""
+    await warm(loads[0].sessions[0].turns[0].new_token_ids)
+    runs = []
+    for workload in loads:
+        runs.append(
+            await run_workload(
+                stats_client,
+                workload,
+                configuration=configuration,
+                concurrency=config.concurrency,
+                request_rate=config.request_rate,
+                seed=config.seed,
+                progress=config.progress,
+                send_turn=send_turn,
+            )
+        )
+    return runs
+
+
+async def _run_against(
+    target: str, configuration: str, loads: list[wl.Workload], config: BenchConfig, http_url: str | None = None
+) -> list[RunResult]:
+    """A kvserve server at gRPC `target`; driven over its HTTP API at `http_url` when `config.api` is openai."""
     from clients.async_client import AsyncClient
 
-    runs = []
     async with AsyncClient(target) as client:
         await client.wait_until_serving(config.startup_timeout_s)
-        await warm_up(client, loads[0].sessions[0].turns[0].new_token_ids)
-        for workload in loads:
-            runs.append(
-                await run_workload(
-                    client,
-                    workload,
-                    configuration=configuration,
-                    concurrency=config.concurrency,
-                    request_rate=config.request_rate,
-                    seed=config.seed,
-                    progress=config.progress,
-                )
+        if config.api != "openai":
+
+            async def grpc_warm(token_ids: list[int]) -> None:
+                await warm_up(client, token_ids)
+
+            return await _run_loads(configuration, loads, config, warm=grpc_warm, stats_client=client)
+        if http_url is None:
+            raise ValueError(f"{configuration}: api openai needs the server's HTTP URL")
+        async with OpenAIDriver(http_url, name=configuration, tokenizer=_tokenizer(config)) as http:
+            await http.wait_ready(config.startup_timeout_s)
+            return await _run_loads(
+                configuration, loads, config, warm=http.warm_up, stats_client=client, send_turn=http.send_turn
             )
-    return runs
+
+
+async def _run_http_target(
+    target: HttpTarget, loads: list[wl.Workload], config: BenchConfig, meta: dict[str, Any]
+) -> list[RunResult]:
+    """A foreign OpenAI-compatible server (no kvserve counters, so no stats client); `meta` records
+    its model, the prompt mode used, or why it could not be measured, without losing the other runs."""
+    meta.update(url=target.url, prompt_mode=target.prompt_mode)
+    driver = OpenAIDriver(target.url, name=target.name, prompt_mode=target.prompt_mode, tokenizer=_tokenizer(config))
+    try:
+        async with driver as http:
+            meta["model"] = await http.wait_ready(config.startup_timeout_s)
+            log.info("target ready", target=target.name, url=target.url, model=meta["model"])
+            runs = await _run_loads(
+                target.name, loads, config, warm=http.warm_up, stats_client=None, send_turn=http.send_turn
+            )
+            meta["prompt_mode"] = http.prompt_mode
+            return runs
+    except Exception as exc:
+        log.error("target not measured", target=target.name, url=target.url, error=str(exc))
+        meta["error"] = f"{type(exc).__name__}: {exc}"
+        return []
+
+
+def _tokenizer(config: BenchConfig) -> WorkloadTokenizer:
+    """The tokenizer of the model the servers run (kvserve's converted model dir), loaded only when needed."""
+
+    def model_dir() -> Path:
+        from executor_svc.model_store import ensure_model_dir
+
+        return ensure_model_dir(config.model)
+
+    return WorkloadTokenizer(model_dir)
 
 
 async def _model_info(target: str, timeout_s: float) -> dict:
@@ -121,20 +205,32 @@ def _server(config: BenchConfig, name: str, extra: Sequence[str] = ()) -> Iterat
         host=config.host,
         name=name,
         timeout_s=config.startup_timeout_s,
+        http=config.api == "openai",  # the HTTP API only where it is driven
     ) as server:
         log.info("server ready", name=name, target=server.address, log=str(server.log_path))
         yield server
 
 
+def _http_url(server: ServeProcess | None, config: BenchConfig) -> str | None:
+    """kvserve's HTTP API, when the kvserve configurations are driven over it."""
+    if config.api != "openai":
+        return None
+    return server.http_url if server is not None else f"http://{config.host}:{config.http_port}"
+
+
 async def run_serve_benchmark(config: BenchConfig) -> BenchReport:
     """Run every configuration and return the filled report."""
     started = dt.datetime.now(dt.UTC)
+    if config.api not in APIS:
+        raise ValueError(f"api must be one of {', '.join(APIS)}, got {config.api!r}")
+    http_targets = [HttpTarget.parse(spec) for spec in config.targets]
+    names = [t.name for t in http_targets]
+    if len(set(names)) != len(names) or set(names) & {KVSERVE, KVSERVE_NO_CACHE, HF_GENERATE}:
+        raise ValueError(f"--target names must be unique and none of {KVSERVE}, {KVSERVE_NO_CACHE}, {HF_GENERATE}")
     runs: list[RunResult] = []
     with contextlib.ExitStack() as stack:
-        if config.start_server:
-            target = stack.enter_context(_server(config, KVSERVE)).address
-        else:
-            target = f"{config.host}:{config.port}"
+        server = stack.enter_context(_server(config, KVSERVE)) if config.start_server else None
+        target = server.address if server is not None else f"{config.host}:{config.port}"
         info = await _model_info(target, config.startup_timeout_s)
         vocab_size = int(info["vocab_size"])
         loads = [
@@ -142,17 +238,24 @@ async def run_serve_benchmark(config: BenchConfig) -> BenchReport:
             for name in config.workloads
             for w in wl.build(name, config.num_requests, vocab_size, config.seed, config.max_tokens_cap)
         ]
-        runs += await _run_against(target, KVSERVE, loads, config)
+        runs += await _run_against(target, KVSERVE, loads, config, _http_url(server, config))
 
     no_cache_loads = [w for w in loads if w.name != "cold-warm"]
     if "no-cache" in config.baselines and no_cache_loads:
-        if config.no_cache_target:
+        if config.no_cache_target and config.api == "openai":
+            log.warning("no-cache baseline skipped: --no-cache-target is a gRPC address; use --start-server")
+        elif config.no_cache_target:
             runs += await _run_against(config.no_cache_target, KVSERVE_NO_CACHE, no_cache_loads, config)
         elif config.start_server:
-            with _server(config, KVSERVE_NO_CACHE, [NO_PREFIX_CACHING_FLAG]) as server:
-                runs += await _run_against(server.address, KVSERVE_NO_CACHE, no_cache_loads, config)
+            with _server(config, KVSERVE_NO_CACHE, [NO_PREFIX_CACHING_FLAG]) as nc:
+                runs += await _run_against(nc.address, KVSERVE_NO_CACHE, no_cache_loads, config, _http_url(nc, config))
         else:
             log.warning("no-cache baseline skipped: give --no-cache-target or --start-server")
+
+    target_meta: dict[str, dict[str, Any]] = {t.name: {} for t in http_targets}
+    for http_target in http_targets:  # after kvserve's servers have stopped: they never share the CPU
+        if no_cache_loads:
+            runs += await _run_http_target(http_target, no_cache_loads, config, target_meta[http_target.name])
 
     hf_extra: dict = {}
     mixed = next((w for w in loads if w.name == "mixed"), None)
@@ -185,6 +288,8 @@ async def run_serve_benchmark(config: BenchConfig) -> BenchReport:
                 )
             },
             "config": asdict(config),
+            "api": config.api,
+            "targets": target_meta,
             **hf_extra,
         }
     )
@@ -194,7 +299,14 @@ async def run_serve_benchmark(config: BenchConfig) -> BenchReport:
     max_len: dict[str, int] = {}
     for w in loads:
         max_len[w.name] = max(max_len.get(w.name, 0), w.max_request_len())
-    compute_ratios(report, runs, num_blocks=num_blocks, block_size=block_size, max_request_len_by_workload=max_len)
+    compute_ratios(
+        report,
+        runs,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        max_request_len_by_workload=max_len,
+        targets=names,
+    )
     return report
 
 

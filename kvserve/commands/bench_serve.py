@@ -15,10 +15,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "serve",
         help="serving benchmark: latency, throughput, cache reuse, ratios vs baselines",
-        description="Drive a kvserve server (or start one) through the async client with seeded workloads, "
-        "then compare, in the same run, kvserve with prefix caching off, Hugging Face generate "
-        "(static batching) and a contiguous-preallocation estimate. Prints a table and the "
-        "goal ratios of docs/benchmarks.md; --json and --plot write them for machines and people.",
+        description="Drive a kvserve server (or start one) with seeded workloads, through the gRPC async "
+        "client or (--api openai) its OpenAI-compatible HTTP API, then compare, in the same run, kvserve "
+        "with prefix caching off, any other OpenAI-compatible server (--target, e.g. llama.cpp's "
+        "llama-server), Hugging Face generate (static batching) and a contiguous-preallocation estimate. "
+        "Prints a table and the goal ratios of docs/benchmarks.md; --json and --plot write them for "
+        "machines and people.",
         formatter_class=HelpFormatter,
     )
     parser.add_argument(
@@ -63,6 +65,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--host", default=defaults.GRPC_HOST, help="server host (started servers listen here too)")
     parser.add_argument("--port", type=int, default=defaults.GRPC_PORT, help="port of an already running server")
     parser.add_argument(
+        "--api",
+        choices=("grpc", "openai"),
+        default="grpc",
+        help="how kvserve is driven: grpc (the async client) or openai (streaming /v1/completions on its "
+        "HTTP API, the fair side of a comparison with --target); server counters come from gRPC either way",
+    )
+    parser.add_argument(
+        "--http-port",
+        type=int,
+        default=defaults.HTTP_PORT,
+        help="with --api openai and no --start-server: the HTTP port of the already running server on --host",
+    )
+    parser.add_argument(
+        "--target",
+        dest="targets",
+        action="append",
+        default=[],
+        metavar="NAME=URL[,tokens|,text]",
+        help="another OpenAI-compatible server measured in the same run with the same requests, after "
+        "kvserve's servers have stopped (repeatable), e.g. llama-server=http://127.0.0.1:8080 (see "
+        "scripts/llama_server.sh). Prompts go as token ids, or as text decoded with the model's tokenizer; "
+        "default: probe on the warm-up request. Every workload but cold-warm",
+    )
+    parser.add_argument(
         "--no-cache-target",
         default=None,
         metavar="HOST:PORT",
@@ -76,7 +102,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=["hf", "no-cache", "prealloc"],
         help="baselines to run in the same run",
     )
-    parser.add_argument("--model", default=defaults.DEFAULT_MODEL, help="model the hf baseline loads")
+    parser.add_argument(
+        "--model",
+        default=defaults.DEFAULT_MODEL,
+        help="model the hf baseline loads; its tokenizer also decodes text prompts for --target",
+    )
     parser.add_argument("--hf-batch-size", type=int, default=8, help="static batch size of the hf baseline")
     parser.add_argument(
         "--json",
@@ -94,15 +124,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
+    import logging
     import math
     import shlex
     import sys
 
+    from kvserve.bench.openai_driver import HttpTarget
     from kvserve.bench.serve_benchmark import BenchConfig, run_serve_benchmark
     from kvserve.bench.workloads import WORKLOAD_NAMES
     from protos.log_config import configure_logging
 
     configure_logging()
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request of the HTTP driver
+    for spec in args.targets:
+        try:
+            HttpTarget.parse(spec)
+        except ValueError as exc:
+            print(f"kvserve bench serve: {exc}", file=sys.stderr)
+            return 2
     config = BenchConfig(
         workloads=list(WORKLOAD_NAMES) if args.workload == "all" else [args.workload],
         num_requests=args.num_requests,
@@ -121,10 +160,20 @@ def run(args: argparse.Namespace) -> int:
         hf_batch_size=args.hf_batch_size,
         progress=not args.no_progress,
         startup_timeout_s=args.startup_timeout,
+        api=args.api,
+        http_port=args.http_port,
+        targets=list(args.targets),
         command_line=shlex.join(["kvserve", *sys.argv[1:]]),
     )
     report = asyncio.run(run_serve_benchmark(config))
-    return write_outputs(report, json_path=args.json, plot_path=args.plot, stream=sys.stdout)
+    status = write_outputs(report, json_path=args.json, plot_path=args.plot, stream=sys.stdout)
+    unmeasured = [name for name, meta in report.meta.get("targets", {}).items() if meta.get("error")]
+    for name in unmeasured:
+        print(
+            f"kvserve bench serve: --target {name} not measured: {report.meta['targets'][name]['error']}",
+            file=sys.stderr,
+        )
+    return 1 if unmeasured else status
 
 
 def write_outputs(report, *, json_path: str | None, plot_path: str | None, stream) -> int:

@@ -1,5 +1,8 @@
 """`kvserve chat`: an interactive, streaming, multi-turn chat.
 
+Unset sampling flags take chat's own defaults (client_options.CHAT_SAMPLING: temperature
+0.7, top_p 0.9, 256 tokens a reply), not the server's, which suit one-off completions.
+
 The whole conversation is resent every turn. That is deliberate: the server's
 prefix cache recognises the earlier turns and computes only the new ones (see the
 `cached` count with --verbose), so the client stays stateless about KV.
@@ -21,8 +24,6 @@ from kvserve.commands.client_options import (
     sampling_from_args,
 )
 
-CHAT_MAX_TOKENS = 512
-"""A chat reply needs more room than the server's max_tokens default, which suits short completions."""
 EXIT_COMMANDS = ("/exit", "/quit")
 RESET_COMMAND = "/reset"
 
@@ -45,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="after each reply, show prompt/cached/completion tokens and time to first token",
     )
     add_connection_options(parser)
-    add_sampling_options(parser, max_tokens_default=CHAT_MAX_TOKENS)
+    add_sampling_options(parser, chat="")
     add_request_options(parser)
     parser.set_defaults(func=run)
 
@@ -53,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from clients import KVServeError
 
-    sampling = sampling_from_args(args)
+    sampling = sampling_from_args(args, chat=True)
     request = request_from_args(args)
     interactive = sys.stdin.isatty()
     conversation = _fresh(args.system)

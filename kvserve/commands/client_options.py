@@ -1,7 +1,9 @@
 """Options and plumbing shared by the client commands (`generate`, `chat`, `stats`).
 
 Sampling flags mirror api.proto's SamplingParams. They are left unset unless given, so the
-server's defaults (protos/sampling.py) apply; `--help` names those defaults.
+server's defaults apply (the model's generation_config.json where it sets one, else
+protos/sampling.py); `--help` names those defaults. Chat (`kvserve chat`, `generate --chat`)
+sends `CHAT_SAMPLING` for the flags it names that were not given, unless --server-defaults.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ _SAMPLING_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("logprobs", int, f"return the sampled token's logprob plus the top k alternatives (k <= {defaults.MAX_LOGPROBS})"),
 )
 SAMPLING_DESTS = tuple(name for name, _, _ in _SAMPLING_FLAGS) + ("stop", "stop_token_ids", "ignore_eos")
+CHAT_SAMPLING: dict[str, float | int] = {"temperature": 0.7, "top_p": 0.9, "max_tokens": 256}
+"""Chat's own defaults: a conversational temperature and nucleus, and a reply length that ends a
+turn. The server's (temperature 1.0, 16 tokens, or a model's) suit completions, not a dialogue."""
 
 
 def add_connection_options(parser: argparse.ArgumentParser) -> None:
@@ -55,21 +60,32 @@ def add_connection_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_sampling_options(parser: argparse.ArgumentParser, *, max_tokens_default: int | None = None) -> None:
-    """Sampling flags; `max_tokens_default` lets `chat` send a longer limit than the server's."""
+def add_sampling_options(parser: argparse.ArgumentParser, *, chat: str | None = None) -> None:
+    """Sampling flags. `chat`: None = unset flags take the server's defaults; "" = the command
+    always chats and unset CHAT_SAMPLING flags take those values; any other text names the
+    condition under which they do (generate: "with --chat")."""
     server = SamplingParams()
-    group = parser.add_argument_group("sampling (unset flags take the server's defaults)")
+    title = "sampling (unset flags take the server's defaults; a model's generation_config.json may set its own)"
+    if chat == "":
+        title = "sampling (unset flags take chat's defaults where shown, else the server's; see --server-defaults)"
+    elif chat is not None:
+        title = f"sampling ({chat}, unset flags take chat's defaults where shown; otherwise the server's)"
+    group = parser.add_argument_group(title)
     for name, kind, text in _SAMPLING_FLAGS:
         server_default = getattr(server, name)
-        if name == "max_tokens" and max_tokens_default is not None:
-            group.add_argument("--max-tokens", type=int, default=max_tokens_default, help=text)
-            continue
-        shown = "off" if server_default is None else server_default
+        shown = f"server's, {'off' if server_default is None else server_default}"
+        if chat is not None and name in CHAT_SAMPLING:
+            shown = f"{CHAT_SAMPLING[name]}" if not chat else f"{CHAT_SAMPLING[name]} {chat}, else {shown}"
         group.add_argument(
-            f"--{name.replace('_', '-')}",
-            type=kind,
-            default=argparse.SUPPRESS,
-            help=f"{text} (default: server's, {shown})",
+            f"--{name.replace('_', '-')}", type=kind, default=argparse.SUPPRESS, help=f"{text} (default: {shown})"
+        )
+    if chat is not None:
+        names = ", ".join(f"--{n.replace('_', '-')} {v}" for n, v in CHAT_SAMPLING.items())
+        group.add_argument(
+            "--server-defaults",
+            action="store_true",
+            help=f"send only the sampling flags given, so the server's defaults apply to the rest "
+            f"(instead of chat's {names})",
         )
     group.add_argument(
         "--stop",
@@ -104,9 +120,13 @@ def add_request_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--request-id", default=None, help="request id; None = the server assigns one")
 
 
-def sampling_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """Only the sampling flags that were given, as client keyword arguments."""
-    return {name: getattr(args, name) for name in SAMPLING_DESTS if hasattr(args, name)}
+def sampling_from_args(args: argparse.Namespace, *, chat: bool = False) -> dict[str, Any]:
+    """The sampling flags that were given, as client keyword arguments; with `chat`, the chat
+    defaults fill the ones not given (unless --server-defaults)."""
+    given = {name: getattr(args, name) for name in SAMPLING_DESTS if hasattr(args, name)}
+    if chat and not getattr(args, "server_defaults", False):
+        return {**CHAT_SAMPLING, **given}
+    return given
 
 
 def request_from_args(args: argparse.Namespace) -> dict[str, Any]:

@@ -1,4 +1,8 @@
-"""`kvserve generate "PROMPT"`: one request, streamed to the terminal (or one JSON object)."""
+"""`kvserve generate "PROMPT"`: one request, streamed to the terminal (or one JSON object).
+
+With --chat (or --system) unset sampling flags take chat's defaults (client_options.CHAT_SAMPLING),
+as in `kvserve chat`; a plain prompt leaves them to the server.
+"""
 
 from __future__ import annotations
 
@@ -45,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--verbose", action="store_true", help="print finish reason and usage to stderr")
     add_connection_options(parser)
-    add_sampling_options(parser)
+    add_sampling_options(parser, chat="with --chat")
     add_request_options(parser)
     parser.set_defaults(func=run)
 
@@ -54,8 +58,9 @@ def run(args: argparse.Namespace) -> int:
     from clients import KVServeError
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    kwargs: dict[str, Any] = {**sampling_from_args(args), **request_from_args(args)}
-    if args.chat or args.system is not None:
+    chat = args.chat or args.system is not None
+    kwargs: dict[str, Any] = {**sampling_from_args(args, chat=chat), **request_from_args(args)}
+    if chat:
         messages = [{"role": "system", "content": args.system}] if args.system is not None else []
         kwargs["messages"] = messages + [{"role": "user", "content": prompt}]
     else:

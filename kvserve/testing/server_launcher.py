@@ -4,6 +4,10 @@ Each server gets a free loopback port and its own process group, so teardown can
 the scheduler *and* its executor even when it was left in a bad state (SIGSTOP) or a
 run failed half-way. Its output goes to a log file; helpers read the executor pids and
 other events from the JSON log lines.
+
+The OpenAI-compatible HTTP API is off (`--http-port 0`) unless `http=True`, because
+tests run many servers at once and its default port (8000) is fixed; with `http=True`
+it gets a free port of its own, at `ServeProcess.http_url`.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kvserve.testing.ports import free_port
+from kvserve.testing.ports import free_ports
 from protos.kvserve.v1 import api_pb2, api_pb2_grpc
 
 DEFAULT_STARTUP_TIMEOUT_S = 180.0
@@ -71,10 +75,22 @@ class ServeProcess:
     target_host: str = "127.0.0.1"
     options: list[tuple[str, str]] = field(default_factory=list)
     name: str = "serve"
+    http_port: int | None = None
+    """The OpenAI-compatible HTTP API's port; None when it is off (`--http-port 0`)."""
 
     @property
     def address(self) -> str:
         return f"{self.target_host}:{self.port}"
+
+    @property
+    def http_address(self) -> str | None:
+        """The HTTP API as `127.0.0.1:PORT`, None when it is off."""
+        return None if self.http_port is None else f"{self.target_host}:{self.http_port}"
+
+    @property
+    def http_url(self) -> str | None:
+        """The HTTP API as `http://127.0.0.1:PORT` (an OpenAI client's base_url adds `/v1`), None when it is off."""
+        return None if self.http_address is None else f"http://{self.http_address}"
 
     def channel(self) -> grpc.Channel:
         if self.credentials is not None:
@@ -199,11 +215,17 @@ class ServeProcess:
 
 
 def start_serve(
-    args: Sequence[str], log_dir: Path | None = None, *, host: str = "127.0.0.1", name: str = "serve"
+    args: Sequence[str],
+    log_dir: Path | None = None,
+    *,
+    host: str = "127.0.0.1",
+    name: str = "serve",
+    http: bool = False,
 ) -> ServeProcess:
     """Launch `kvserve serve ARGS` on a free port in its own session and return at once
-    (then `wait_serving`). The log goes to `log_dir`, or to a temporary file."""
-    port = free_port(host)
+    (then `wait_serving`). The log goes to `log_dir`, or to a temporary file. `http`: serve
+    the OpenAI-compatible HTTP API too, on a second free port (else `--http-port 0`)."""
+    port, http_port = free_ports(2, host)
     if log_dir is None:
         handle, path = tempfile.mkstemp(prefix=f"kvserve-{name}-", suffix=".log")
         os.close(handle)
@@ -213,7 +235,11 @@ def start_serve(
     env = {**os.environ, "KVSERVE_LOG_LEVEL": "INFO"}
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(
-            [sys.executable, "-m", "kvserve", "serve", "--host", host, "--port", str(port), *args],
+            [
+                *(sys.executable, "-m", "kvserve", "serve", "--host", host, "--port", str(port)),
+                *("--http-port", str(http_port if http else 0)),
+                *args,
+            ],
             stdout=log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -221,7 +247,14 @@ def start_serve(
             env=env,
         )
     target_host = "127.0.0.1" if host in ("0.0.0.0", "") else host  # a wildcard bind is reached via loopback
-    return ServeProcess(process=process, port=port, log_path=log_path, target_host=target_host, name=name)
+    return ServeProcess(
+        process=process,
+        port=port,
+        log_path=log_path,
+        target_host=target_host,
+        name=name,
+        http_port=http_port if http else None,
+    )
 
 
 @contextlib.contextmanager
@@ -232,9 +265,10 @@ def serving(
     host: str = "127.0.0.1",
     name: str = "serve",
     timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+    http: bool = False,
 ) -> Iterator[ServeProcess]:
-    """A SERVING server for the length of a `with` block, stopped however the block ends."""
-    server = start_serve(args, log_dir, host=host, name=name)
+    """A SERVING server for the length of a `with` block, stopped however the block ends (`http`: as in start_serve)."""
+    server = start_serve(args, log_dir, host=host, name=name, http=http)
     try:
         server.wait_serving(timeout_s)
         yield server

@@ -1,6 +1,8 @@
-"""Which addresses the gRPC API may listen on, given its security options.
+"""Which addresses the APIs (gRPC and the OpenAI-compatible HTTP API) may listen on, given their security options.
 
-Without authentication anyone who can reach the port can generate text and read server
+Both APIs share one token table and one set of TLS files, so one policy checks each
+listener (`--host`, and `--http-host` when HTTP is on) the same way. Without
+authentication anyone who can reach the port can generate text and read server
 stats, so the unauthenticated default is safe only on loopback. A non-loopback `--host`
 without `--auth-token-file` is refused with one clear error unless the operator says
 `--allow-insecure-remote` (e.g. behind a gateway that authenticates). A non-loopback

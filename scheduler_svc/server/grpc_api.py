@@ -1,4 +1,4 @@
-"""The gRPC front door: `KVServe`, standard health checking and server reflection.
+"""The gRPC front door: `KVServe`, standard health checking and server reflection (v1 and v1alpha).
 
 The server starts before any executor has registered (health NOT_SERVING, Generate
 UNAVAILABLE) so that orchestrators can watch it come up; `attach` hands it the engine
@@ -7,7 +7,9 @@ once the executor's handshake has sized the scheduler.
 Status codes: INVALID_ARGUMENT "field: message" for bad fields (refused while parsing,
 a duplicate in-flight id, or a request the KV cache can never hold), RESOURCE_EXHAUSTED
 when the queue is full, UNAVAILABLE without a usable executor or while draining,
-INTERNAL when the executor failed a step.
+INTERNAL when the executor failed a step. A body that is not valid protobuf gets
+INVALID_ARGUMENT "request: not a valid <type> message: ..." (strict_handlers.py): every
+service is registered with handlers that decode their own requests.
 """
 
 from __future__ import annotations
@@ -19,8 +21,7 @@ from dataclasses import dataclass
 
 import grpc
 import structlog
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health, health_pb2
 
 from protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from protos.sampling import InvalidFieldError
@@ -33,11 +34,15 @@ from scheduler_svc.server.namespaces import ANONYMOUS_TENANT, prefix_namespace, 
 from scheduler_svc.server.request_parsing import ModelLimits, encode_chat, encode_text, parse_generate
 from scheduler_svc.server.request_stream import CompletionChunk, FailureKind, RequestFailed
 from scheduler_svc.server.server_config import ServerConfig
+from scheduler_svc.server.server_reflection import enable_reflection
+from scheduler_svc.server.strict_handlers import add_strict_service
 from scheduler_svc.server.tokenizer import Tokenizer
 
 log = structlog.get_logger(__name__)
 
-SERVICE_NAME = api_pb2.DESCRIPTOR.services_by_name["KVServe"].full_name
+_KVSERVE = api_pb2.DESCRIPTOR.services_by_name["KVServe"]
+_HEALTH = health_pb2.DESCRIPTOR.services_by_name["Health"]
+SERVICE_NAME = _KVSERVE.full_name
 TRANSPORT_SIZE_FACTOR = 4
 """gRPC accepts messages up to this multiple of --max-request-bytes, so a request somewhat over
 the limit reaches validation and gets INVALID_ARGUMENT naming its prompt field; beyond it the
@@ -272,10 +277,12 @@ class ApiServer:
             ("grpc.so_reuseport", 0),
         ]
         self._server = grpc.aio.server(interceptors=list(interceptors), options=options)
-        api_pb2_grpc.add_KVServeServicer_to_server(servicer, self._server)
+        # Not api_pb2_grpc.add_KVServeServicer_to_server: its deserializers raise inside grpc
+        # (UNKNOWN and a traceback) on a body that is not valid protobuf.
+        add_strict_service(self._server, servicer, _KVSERVE)
         self.health = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server)
+        add_strict_service(self._server, self.health, _HEALTH)
+        enable_reflection(self._server, (SERVICE_NAME, health.SERVICE_NAME))
         self.port: int | None = None
         self._state_tasks: set[asyncio.Task] = set()
 

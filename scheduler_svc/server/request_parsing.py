@@ -7,30 +7,40 @@ the API maps to INVALID_ARGUMENT "field: message". The value ranges of the sampl
 fields are defined by `SamplingParams.validate`; this module adds what needs the model:
 context length, vocabulary, chat template and roles. What needs the KV pool (does it
 ever fit?) is known only to the scheduler and is refused there, as capacity.
+
+Unset sampling fields take `ModelLimits.sampling_defaults` (the model's
+generation_config.json where it sets them, else the API's defaults: generation_defaults.py).
+`top_k = 0` means off, as in Hugging Face and vLLM; it is stored as -1, the one off value
+SamplingParams and the executor know.
 """
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from protos import defaults
 from protos.kvserve.v1 import api_pb2
 from protos.sampling import InvalidFieldError, SamplingParams
+from scheduler_svc.server.generation_defaults import SamplingDefaults
 from scheduler_svc.server.tokenizer import CHAT_ROLES, ChatMessage, ChatTemplateError, Tokenizer
 
 _SAMPLING_FLOATS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 _SAMPLING_INTS = ("top_k", "seed", "n", "min_tokens", "logprobs")
-_DEFAULT_MAX_TOKENS = SamplingParams().max_tokens
+_MODEL_DEFAULTED = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+"""The fields whose unset value comes from `SamplingDefaults` rather than SamplingParams."""
+_TOP_K_OFF = SamplingParams().top_k
 
 
 @dataclass(slots=True)
 class ModelLimits:
-    """What parsing checks against: the served model's limits and the server's request size."""
+    """What parsing checks against: the served model's limits and the server's request size,
+    and the defaults of unset sampling fields (`load_sampling_defaults(model_dir)`)."""
 
     max_model_len: int
     vocab_size: int
     max_request_bytes: int = defaults.MAX_REQUEST_BYTES
+    sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,9 +144,13 @@ def encode_chat(chat: api_pb2.ChatPrompt, tokenizer: Tokenizer, field: str) -> l
 
 
 def sampling_params(pb: api_pb2.SamplingParams, prompt_len: int, limits: ModelLimits) -> SamplingParams:
-    """Proto -> SamplingParams; unset fields keep the defaults, max_tokens is clamped only when unset."""
-    given: dict[str, float | int] = {name: float(getattr(pb, name)) for name in _SAMPLING_FLOATS if pb.HasField(name)}
+    """Proto -> SamplingParams; unset fields take the model's defaults, max_tokens is clamped only when unset."""
+    model_defaults = limits.sampling_defaults
+    given: dict[str, float | int] = {name: getattr(model_defaults, name) for name in _MODEL_DEFAULTED}
+    given.update({name: float(getattr(pb, name)) for name in _SAMPLING_FLOATS if pb.HasField(name)})
     given.update({name: int(getattr(pb, name)) for name in _SAMPLING_INTS if pb.HasField(name)})
+    if given["top_k"] == 0:
+        given["top_k"] = _TOP_K_OFF
     room = limits.max_model_len - prompt_len
     if pb.HasField("max_tokens"):
         max_tokens = int(pb.max_tokens)
@@ -147,7 +161,7 @@ def sampling_params(pb: api_pb2.SamplingParams, prompt_len: int, limits: ModelLi
                 f"({max_tokens}) exceeds the context of {limits.max_model_len} tokens",
             )
     else:
-        max_tokens = min(_DEFAULT_MAX_TOKENS, room)
+        max_tokens = min(model_defaults.max_tokens, room)
     stop_token_ids = tuple(int(t) for t in pb.stop_token_ids)
     if any(not 0 <= t < limits.vocab_size for t in stop_token_ids):
         raise InvalidFieldError("sampling.stop_token_ids", f"token ids must be in [0, {limits.vocab_size})")

@@ -14,8 +14,10 @@ from typing import Any
 from protos import defaults
 from protos.config_flags import flag
 from scheduler_svc.core.scheduler_config import SchedulerConfig
+from scheduler_svc.server.generation_defaults import SOURCE_AUTO
 
 _API = "gRPC API"
+_HTTP = "OpenAI-compatible HTTP API"
 _SECURITY = "API security"
 _LINK = "executor link"
 _SCHEDULING = "scheduling"
@@ -35,12 +37,34 @@ class ServerConfig:
     host: str = field(default=defaults.GRPC_HOST, metadata=flag("address the gRPC API listens on", group=_API))
     port: int = field(default=defaults.GRPC_PORT, metadata=flag("gRPC port (0 picks a free one)", group=_API))
     max_request_bytes: int = field(
-        default=defaults.MAX_REQUEST_BYTES, metadata=flag("largest accepted gRPC message", group=_API)
+        default=defaults.MAX_REQUEST_BYTES,
+        metadata=flag("largest accepted request: a gRPC message or an HTTP body (413 beyond)", group=_API),
     )
     metrics_port: int | None = field(
         default=None,
         metadata=flag(
             "serve Prometheus /metrics on this port, same host as the API (0 picks one); None: off", group=_API
+        ),
+    )
+
+    # --- OpenAI-compatible HTTP API (scheduler_svc.server.http), same engine, security and limits as gRPC
+    http_host: str | None = field(
+        default=None,
+        metadata=flag(
+            "address the HTTP API listens on; None: the same as --host (the same bind policy applies)", group=_HTTP
+        ),
+    )
+    http_port: int = field(
+        default=defaults.HTTP_PORT,
+        metadata=flag("port of the HTTP API (/v1/chat/completions, /v1/completions, ...); 0: HTTP off", group=_HTTP),
+    )
+    served_model_name: tuple[str, ...] = field(
+        default=(),
+        metadata=flag(
+            "another name the HTTP API accepts as `model` and lists in /v1/models, beside the model id; "
+            "repeat for several",
+            metavar="NAME",
+            group=_HTTP,
         ),
     )
 
@@ -51,8 +75,10 @@ class ServerConfig:
             "file of `TOKEN TENANT` lines; every API call then needs `authorization: Bearer TOKEN`", group=_SECURITY
         ),
     )
-    tls_cert: str | None = field(default=None, metadata=flag("PEM certificate chain for gRPC TLS", group=_SECURITY))
-    tls_key: str | None = field(default=None, metadata=flag("PEM private key for gRPC TLS", group=_SECURITY))
+    tls_cert: str | None = field(
+        default=None, metadata=flag("PEM certificate chain for TLS (gRPC and HTTP)", group=_SECURITY)
+    )
+    tls_key: str | None = field(default=None, metadata=flag("PEM private key for TLS (gRPC and HTTP)", group=_SECURITY))
     tls_client_ca: str | None = field(
         default=None, metadata=flag("PEM CA bundle; clients must then present a certificate it signed", group=_SECURITY)
     )
@@ -146,6 +172,16 @@ class ServerConfig:
     cache_aware_max_skips: int = _policy("cache_aware_max_skips")
     debug_invariants: bool = _policy("debug_invariants")
 
+    generation_config: str = field(
+        default=SOURCE_AUTO,
+        metadata=flag(
+            "where sampling fields a request leaves unset get their defaults: auto = the model's "
+            "generation_config.json (else the API defaults), api = the API's documented defaults, or a "
+            "directory holding a generation_config.json",
+            group=_SCHEDULING,
+        ),
+    )
+
     # --- admission and streaming
     max_queued_requests: int = field(
         default=defaults.MAX_QUEUED_REQUESTS, metadata=flag("queued requests before RESOURCE_EXHAUSTED", group=_QUEUE)
@@ -164,6 +200,13 @@ class ServerConfig:
         default=defaults.DRAIN_GRACE_S,
         metadata=flag("on SIGTERM, seconds in-flight requests get to finish", group=_QUEUE),
     )
+
+    @property
+    def http_listen_host(self) -> str | None:
+        """Where the HTTP API listens: `http_host`, else `host`; None when HTTP is off (`http_port` 0)."""
+        if self.http_port == 0:
+            return None
+        return self.http_host or self.host
 
     def scheduling_policy(self) -> dict[str, Any]:
         """The `SchedulerConfig` fields this config sets, by name (for `SchedulerConfig(**...)`)."""

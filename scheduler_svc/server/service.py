@@ -1,8 +1,10 @@
-"""The scheduler service's async main: link, gRPC API, first executor, engine, drain.
+"""The scheduler service's async main: link, gRPC and HTTP APIs, first executor, engine, drain.
 
-Order matters: the link binds and the gRPC server listens first (health NOT_SERVING),
-so an orchestrator can watch start-up; then the first executor's handshake sizes the
-Scheduler, the engine starts, health turns SERVING and one line says where it listens.
+Order matters: the link binds and both APIs listen first (gRPC health NOT_SERVING, HTTP
+`/ready` 503), so an orchestrator can watch start-up; then the first executor's handshake
+sizes the Scheduler, the engine starts, health turns SERVING and one line says where
+each API listens. The OpenAI-compatible HTTP API (scheduler_svc.server.http) runs as a
+task of this same loop and reads the same `ServingModel` as the gRPC servicer.
 SIGTERM (or SIGINT) drains: health NOT_SERVING, new requests refused, in-flight ones
 get `drain_grace_s` to finish, then the executor is told to shut down and we exit.
 """
@@ -27,11 +29,15 @@ from scheduler_svc.server.bind_policy import BindSecurity, InsecureBindError, ch
 from scheduler_svc.server.engine import Engine
 from scheduler_svc.server.executor_link import ExecutorLink
 from scheduler_svc.server.executor_supervisor import ExecutorSupervisor
+from scheduler_svc.server.generation_defaults import load_sampling_defaults
 from scheduler_svc.server.grpc_api import ApiServer, KVServeServicer, ServingModel
+from scheduler_svc.server.http.app import create_app
+from scheduler_svc.server.http.context import HttpContext
+from scheduler_svc.server.http.http_server import HttpListenError, HttpServer
 from scheduler_svc.server.metrics import ServerMetrics
 from scheduler_svc.server.request_parsing import ModelLimits
 from scheduler_svc.server.server_config import ServerConfig
-from scheduler_svc.server.tls import TlsConfigError, server_credentials, tls_files
+from scheduler_svc.server.tls import TlsConfigError, TlsFiles, server_credentials, tls_files
 from scheduler_svc.server.tokenizer import Tokenizer
 
 log = structlog.get_logger(__name__)
@@ -50,24 +56,31 @@ class ApiSecurity:
     tokens: TokenTable | None
     credentials: grpc.ServerCredentials | None
     curve_keys: CurveKeys | None = None
+    tls: TlsFiles | None = None
+    """The same PEM files, for the HTTP API's TLS."""
 
 
 def load_api_security(config: ServerConfig) -> ApiSecurity:
-    """Check the bind policy and read token and TLS files, before anything listens or starts."""
+    """Check the bind policy of each listener and read token and TLS files, before anything listens or starts."""
     files = tls_files(config.tls_cert, config.tls_key, config.tls_client_ca)
-    check_bind(
-        BindSecurity(
-            host=config.host,
-            auth=config.auth_token_file is not None,
-            tls=files is not None,
-            allow_insecure_remote=config.allow_insecure_remote,
+    hosts = [config.host]
+    if config.http_listen_host is not None and config.http_listen_host != config.host:
+        hosts.append(config.http_listen_host)
+    for host in hosts:
+        check_bind(
+            BindSecurity(
+                host=host,
+                auth=config.auth_token_file is not None,
+                tls=files is not None,
+                allow_insecure_remote=config.allow_insecure_remote,
+            )
         )
-    )
     tokens = load_token_file(config.auth_token_file) if config.auth_token_file is not None else None
     return ApiSecurity(
         tokens=tokens,
         credentials=server_credentials(files) if files is not None else None,
         curve_keys=link_curve_keys(config),
+        tls=files,
     )
 
 
@@ -146,12 +159,25 @@ async def run_service(
     engine_task: asyncio.Task | None = None
     # Always built: it also drives the periodic stats log line; the HTTP endpoint is opt-in.
     metrics = ServerMetrics()
+    http_context = HttpContext(
+        model_source=lambda: servicer.model,
+        tokens=security.tokens,
+        metrics=metrics,
+        max_request_bytes=config.max_request_bytes,
+        served_model_names=config.served_model_name,
+    )
+    http: HttpServer | None = None
+    if config.http_listen_host is not None:
+        http = HttpServer(create_app(http_context), config.http_listen_host, config.http_port, tls=security.tls)
     try:
         port = await api.start()
         if config.metrics_port is not None:
             metrics_port = metrics.start_http_server(config.host, config.metrics_port)
             log.info("metrics_listening", host=config.host, port=metrics_port)
         log.info("grpc_listening", host=config.host, port=port, link=endpoint, health="NOT_SERVING")
+        if http is not None:
+            await http.start()
+            log.info("http_listening", url=http.url, ready=False)
         if supervisor is not None:
             await supervisor.start()
         info = await _first_executor(link, supervisor, shutdown, config.executor_start_timeout_s)
@@ -164,6 +190,7 @@ async def run_service(
             max_model_len=min(info.max_model_len, config.max_model_len or info.max_model_len),
             vocab_size=info.vocab_size,
             max_request_bytes=config.max_request_bytes,
+            sampling_defaults=load_sampling_defaults(info.tokenizer_path, config.generation_config),
         )
         servicer.model = ServingModel(engine=engine, tokenizer=tokenizer, info=info, limits=limits)
         engine_task = loop.create_task(engine.run())
@@ -179,7 +206,8 @@ async def run_service(
             link_curve=security.curve_keys is not None,
             debug_invariants=config.debug_invariants,
         )
-        print(f"kvserve: serving {info.model_id} on {config.host}:{port} (executor {info.executor_kind})", flush=True)
+        where = f"gRPC {config.host}:{port}" + (f", OpenAI HTTP {http.url}/v1" if http is not None else "")
+        print(f"kvserve: serving {info.model_id} on {where} (executor {info.executor_kind})", flush=True)
         stop_wait = loop.create_task(shutdown.wait())
         await asyncio.wait({stop_wait, engine_task}, return_when=asyncio.FIRST_COMPLETED)
         stop_wait.cancel()
@@ -187,6 +215,7 @@ async def run_service(
             engine_task.result()  # the loop never ends on its own: surface its exception
         log.info("draining", active_requests=engine.num_active, grace_s=config.drain_grace_s)
         await api.enter_drain()
+        http_context.draining = True
         await engine.drain(config.drain_grace_s)
         await engine_task
         return 0
@@ -194,12 +223,19 @@ async def run_service(
         log.error("executor_start_failed", error=str(exc))
         print(f"kvserve: {exc}", file=sys.stderr, flush=True)
         return 1
+    except HttpListenError as exc:
+        print(
+            f"kvserve: HTTP API: {exc} (--http-port picks another port, 0 turns HTTP off)", file=sys.stderr, flush=True
+        )
+        return 2
     finally:
         if engine is not None:
             engine.stop()
         if engine_task is not None and not engine_task.done():
             engine_task.cancel()
         await api.stop(1.0)
+        if http is not None:
+            await http.stop()
         metrics.stop_http_server()
         await link.close(shutdown_executor=True)
         if supervisor is not None:

@@ -93,3 +93,32 @@ def test_arrival_offsets():
     assert a == arrival_offsets(2000, 10.0, seed=1)
     assert a[0] == 0.0 and all(x < y for x, y in itertools.pairwise(a))
     assert a[-1] / 1999 == pytest.approx(0.1, rel=0.1)  # mean gap 1/rate
+
+
+def test_target_ratios_compare_kvserve_with_each_target_per_workload():
+    runs = [
+        _run("kvserve", "mixed", [0.1, 0.3], output_tokens=100, duration=1.0),  # 200 tok/s, TTFT 0.2
+        _run("llama-server", "mixed", [0.5, 0.7], output_tokens=100, duration=2.0),  # 100 tok/s, TTFT 0.6
+        _run("kvserve", "shared-prefix", [1.0], output_tokens=10, duration=1.0),
+        _run("slow", "mixed", [0.1], output_tokens=10, duration=1.0),  # 10 tok/s, TTFT 0.1
+    ]
+    report = BenchReport(meta={}, results=[summarize_run(r) for r in runs])
+    lengths = {"mixed": 600, "shared-prefix": 1864}
+    targets = ["llama-server", "slow", "absent"]
+    compute_ratios(report, runs, num_blocks=0, block_size=16, max_request_len_by_workload=lengths, targets=targets)
+    llama = report.target_ratios["llama-server"]
+    assert set(llama) == {"mixed"}  # the target did not run shared-prefix
+    assert llama["mixed"]["output_throughput_ratio"] == pytest.approx(2.0)
+    assert llama["mixed"]["mean_ttft_ratio"] == pytest.approx(3.0)
+    assert llama["mixed"]["met"] is True
+    assert llama["mixed"]["num_requests"] == {"kvserve": 2, "llama-server": 2}
+    slow = report.target_ratios["slow"]["mixed"]
+    assert slow["output_throughput_ratio"] == pytest.approx(20.0)
+    assert slow["mean_ttft_ratio"] == pytest.approx(0.5) and slow["met"] is False  # kvserve's TTFT is higher
+    assert report.target_ratios["absent"] == {}
+    data = json.loads(report.to_json())
+    assert data["target_ratios"]["llama-server"]["mixed"]["met"] is True
+    assert set(data["ratios"]) == set(RATIO_KEYS)  # the headline ratios are unchanged
+    table = render_table(report)
+    assert "vs llama-server (mixed)" in table and "2.00" in table and "3.00" in table
+    assert "vs absent: not measured" in table

@@ -78,8 +78,17 @@ def test_generate_chat_sends_one_user_message(scripted_server) -> None:
         "generate", "--chat", "What is the capital of France?", "--max-tokens", "1", *port_args(scripted_server)
     )
     assert result.returncode == 0, result.stderr
-    chat = scripted_server.servicer.recorded.requests[0].chat
-    assert [(m.role, m.content) for m in chat.messages] == [("user", "What is the capital of France?")]
+    request = scripted_server.servicer.recorded.requests[0]
+    assert [(m.role, m.content) for m in request.chat.messages] == [("user", "What is the capital of France?")]
+    # chat's own defaults fill what was not given; --max-tokens was
+    assert (request.sampling.temperature, request.sampling.top_p, request.sampling.max_tokens) == (0.7, 0.9, 1)
+
+
+def test_generate_plain_prompt_leaves_sampling_to_the_server(scripted_server) -> None:
+    result = run_cli("generate", "hello", *port_args(scripted_server))
+    assert result.returncode == 0, result.stderr
+    sampling = scripted_server.servicer.recorded.requests[0].sampling
+    assert not any(sampling.HasField(name) for name in ("temperature", "top_p", "max_tokens"))
 
 
 def test_generate_json_shape(scripted_server) -> None:
@@ -155,6 +164,24 @@ def test_chat_resends_conversation_and_resets(scripted_server) -> None:
     ]
 
 
+def test_chat_sends_its_own_sampling_defaults(scripted_server) -> None:
+    result = run_cli("chat", *port_args(scripted_server), stdin="hello\n")
+    assert result.returncode == 0, result.stderr
+    sampling = scripted_server.servicer.recorded.requests[0].sampling
+    assert (sampling.temperature, sampling.top_p, sampling.max_tokens) == (0.7, 0.9, 256)
+    assert not sampling.HasField("top_k") and not sampling.HasField("min_p")  # the rest: the server's
+
+
+def test_chat_flags_override_its_defaults_and_server_defaults_sends_none(scripted_server) -> None:
+    given = run_cli("chat", "--temperature", "0", "--max-tokens", "9", *port_args(scripted_server), stdin="hi\n")
+    server_side = run_cli("chat", "--server-defaults", "--top-p", "0.5", *port_args(scripted_server), stdin="hi\n")
+    assert given.returncode == 0 and server_side.returncode == 0, (given.stderr, server_side.stderr)
+    first, second = (r.sampling for r in scripted_server.servicer.recorded.requests)
+    assert (first.temperature, first.top_p, first.max_tokens) == (0.0, 0.9, 9) and first.HasField("temperature")
+    assert second.top_p == 0.5
+    assert not any(second.HasField(name) for name in ("temperature", "max_tokens"))
+
+
 def test_chat_exit_command_stops_reading(scripted_server) -> None:
     result = run_cli("chat", *port_args(scripted_server), stdin="/exit\nnever sent\n")
     assert result.returncode == 0 and scripted_server.servicer.recorded.requests == []
@@ -186,3 +213,9 @@ def test_help_shows_defaults(command: str) -> None:
     assert f"(default: {defaults.GRPC_PORT})" in result.stdout
     if command != "stats":
         assert "--temperature" in result.stdout and "(default: server's, 1.0)" in result.stdout
+    if command == "chat":
+        assert "greedy (default: 0.7)" in result.stdout and "to generate (default: 256)" in result.stdout
+        assert "(default: 0.9)" in result.stdout and "--server-defaults" in result.stdout
+    if command == "generate":
+        assert "greedy (default: 0.7 with --chat, else server's, 1.0)" in result.stdout
+        assert "to generate (default: 256 with --chat, else server's, 16)" in result.stdout

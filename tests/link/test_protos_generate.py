@@ -22,8 +22,12 @@ def test_committed_generated_code_is_fresh() -> None:
 
 
 def test_every_proto_is_covered() -> None:
-    names = {p.name for p in generate.proto_files()}
-    assert "executor_link.proto" in names
+    protos = {str(p) for p in generate.proto_files()}
+    assert {
+        "protos/kvserve/v1/api.proto",
+        "protos/kvserve/v1/executor_link.proto",
+        "protos/grpc/reflection/v1/reflection.proto",
+    } <= protos
     for proto in generate.proto_files():
         for generated in generate.generated_names(proto):
             assert (REPO_ROOT / generated).is_file(), f"{generated} is missing"
@@ -34,7 +38,6 @@ def repo_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A copy of protos/ that the generator treats as the repository."""
     shutil.copytree(REPO_ROOT / "protos", tmp_path / "protos", ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(generate, "REPO_ROOT", tmp_path)
-    monkeypatch.setattr(generate, "PROTO_DIR", tmp_path / "protos" / "kvserve" / "v1")
     return tmp_path
 
 
@@ -52,12 +55,16 @@ def test_check_detects_a_stale_and_a_missing_file(repo_copy: Path) -> None:
     assert generate.stale_files() == []
 
 
-def test_a_new_proto_file_is_picked_up(repo_copy: Path) -> None:
-    v1 = repo_copy / "protos" / "kvserve" / "v1"
-    (v1 / "extra.proto").write_text('syntax = "proto3";\npackage kvserve.v1;\nmessage Extra { string a = 1; }\n')
+@pytest.mark.parametrize("folder", ["kvserve/v1", "grpc/other/v2"])
+def test_a_new_proto_file_is_picked_up(repo_copy: Path, folder: str) -> None:
+    """Anywhere under protos/: a new file beside ours, or a new tree like protos/grpc/."""
+    where = repo_copy / "protos" / folder
+    where.mkdir(parents=True, exist_ok=True)
+    package = folder.replace("/", ".")
+    (where / "extra.proto").write_text(f'syntax = "proto3";\npackage {package};\nmessage Extra {{ string a = 1; }}\n')
     assert {p.name for p in generate.stale_files()} == {"extra_pb2.py", "extra_pb2.pyi", "extra_pb2_grpc.py"}
     generate.main([])
-    assert (v1 / "extra_pb2.py").is_file() and generate.stale_files() == []
+    assert (where / "extra_pb2.py").is_file() and generate.stale_files() == []
 
 
 def test_version_stamps_alone_are_not_stale(repo_copy: Path) -> None:

@@ -113,6 +113,14 @@ def test_bad_field_gets_invalid_argument_naming_it(stub, case: str) -> None:
     assert details.startswith(field), details
 
 
+@pytest.mark.parametrize("top_k", [0, -1])
+def test_top_k_zero_or_minus_one_is_off(stub, top_k: int) -> None:
+    """0 used to be refused; now it means off, like -1 (and like Hugging Face and vLLM)."""
+    code, details, chunks = _code_and_details(stub, _text("hi", top_k=top_k, max_tokens=2, temperature=0.5))
+    assert code == grpc.StatusCode.OK, (code, details)
+    assert chunks[-1].finish_reason == api_pb2.FINISH_REASON_LENGTH
+
+
 def test_token_id_outside_the_vocabulary(stub, vocab_size: int) -> None:
     code, details, _ = _code_and_details(stub, _ids([1, vocab_size]))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("token_ids"), details

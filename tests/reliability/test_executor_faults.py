@@ -193,7 +193,9 @@ def test_executor_exits_when_its_scheduler_vanishes(serve, tmp_path: Path, super
         print(f"MEASURED supervised executor exit after scheduler kill -9 {time.monotonic() - started:.2f}s")
         return
     link = f"tcp://127.0.0.1:{free_port()}"
-    scheduler = _spawn(["scheduler", "--port", str(free_port()), "--link", link], tmp_path / "scheduler.log")
+    scheduler = _spawn(
+        ["scheduler", "--port", str(free_port()), "--http-port", "0", "--link", link], tmp_path / "scheduler.log"
+    )
     executor = _spawn(
         ["executor", "--executor", "fake", "--num-blocks", "256", "--link", link, "--scheduler-timeout-s", "2"],
         tmp_path / "executor.log",
@@ -239,7 +241,7 @@ def test_reregistering_executor_survives_its_scheduler_and_serves_the_next(tmp_p
     try:
         for generation in range(2):
             log_path = tmp_path / f"scheduler-{generation}.log"
-            schedulers.append(_spawn(["scheduler", "--port", str(port), "--link", link], log_path))
+            schedulers.append(_spawn(["scheduler", "--port", str(port), "--http-port", "0", "--link", link], log_path))
             server = ServeProcess(process=schedulers[-1], port=port, log_path=log_path)
             server.wait_serving()
 

@@ -185,7 +185,7 @@ def test_tls_with_tokens(serve, tmp_path: Path) -> None:
 
 def _run_serve(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "kvserve", "serve", "--executor", "fake", "--port", "0", *args],
+        [sys.executable, "-m", "kvserve", "serve", "--executor", "fake", "--port", "0", "--http-port", "0", *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -257,6 +257,8 @@ def test_curve_link_admits_only_the_listed_executor(tmp_path: Path) -> None:
                 "scheduler",
                 "--port",
                 str(port),
+                "--http-port",
+                "0",
                 "--link",
                 link,
                 "--curve-secret-key",

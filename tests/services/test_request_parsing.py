@@ -119,6 +119,16 @@ def test_unset_max_tokens_is_clamped_to_the_context(tokenizer: Tokenizer) -> Non
     assert v.request_id  # assigned by the server
 
 
+@pytest.mark.parametrize(("sent", "stored"), [(0, -1), (-1, -1), (1, 1), (40, 40)])
+def test_top_k_zero_means_off_like_minus_one(tokenizer: Tokenizer, sent: int, stored: int) -> None:
+    """0 and -1 both switch top-k off; SamplingParams (and the executor) hold -1 for off."""
+    assert parse_generate(_request(top_k=sent), tokenizer, LIMITS).sampling.top_k == stored
+
+
+def test_unset_top_k_is_off(tokenizer: Tokenizer) -> None:
+    assert parse_generate(_request(), tokenizer, LIMITS).sampling.top_k == -1
+
+
 def test_chat_prompt_uses_the_template(tokenizer: Tokenizer) -> None:
     chat = api_pb2.ChatPrompt(messages=[api_pb2.ChatMessage(role="user", content="Hi")])
     v = parse_generate(api_pb2.GenerateRequest(chat=chat), tokenizer, ModelLimits(2048, 49152))

@@ -1,0 +1,1 @@
+"""Standard gRPC protocols that the installed grpcio packages do not ship (see reflection/v1/)."""

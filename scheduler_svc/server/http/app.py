@@ -1,0 +1,23 @@
+"""The FastAPI application: the OpenAI routes, the service routes, and OpenAI-shaped errors.
+
+No interactive docs or OpenAPI schema (they would be open routes describing a private
+server); no middleware (Starlette's base middleware would break disconnect detection
+of streams), so auth is a call at the top of each protected route.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from scheduler_svc.server.http.context import HttpContext
+from scheduler_svc.server.http.errors import install_error_handlers
+from scheduler_svc.server.http.openai_routes import openai_router
+from scheduler_svc.server.http.service_routes import kvserve_version, service_router
+
+
+def create_app(ctx: HttpContext) -> FastAPI:
+    app = FastAPI(title="kvserve", version=kvserve_version(), docs_url=None, redoc_url=None, openapi_url=None)
+    app.include_router(openai_router(ctx))
+    app.include_router(service_router(ctx))
+    install_error_handlers(app)
+    return app

@@ -1,0 +1,73 @@
+"""What every HTTP route shares with the rest of the service: the model, tokens, metrics, names.
+
+The gRPC servicer and the HTTP app read the same `ServingModel` (set once the first
+executor registered) through `model`, so both APIs reach one engine, one tokenizer and
+one prefix cache. Authentication is the gRPC API's token table: `Authorization: Bearer
+TOKEN` names the tenant, and with it the prefix namespace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+from fastapi import Request
+
+from scheduler_svc.server.auth import TokenTable, bearer_token
+from scheduler_svc.server.grpc_api import ServingModel
+from scheduler_svc.server.http.errors import ApiError
+from scheduler_svc.server.metrics import ServerMetrics
+from scheduler_svc.server.namespaces import ANONYMOUS_TENANT
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(slots=True)
+class HttpContext:
+    model_source: Callable[[], ServingModel | None]
+    tokens: TokenTable | None
+    metrics: ServerMetrics
+    max_request_bytes: int
+    served_model_names: tuple[str, ...] = ()
+    draining: bool = False
+
+    def authenticate(self, request: Request) -> str:
+        """The caller's tenant; 401 without a valid bearer token when auth is on."""
+        if self.tokens is None:
+            return ANONYMOUS_TENANT
+        token = bearer_token(request.headers.items())
+        tenant = self.tokens.tenant_for(token)
+        if tenant is not None:
+            return tenant
+        why = "missing bearer token" if token is None else "invalid bearer token"
+        log.warning("unauthenticated_call", method=f"{request.method} {request.url.path}", reason=why)
+        raise ApiError(
+            401, f"{why}: send `Authorization: Bearer TOKEN`", type="invalid_request_error", code="invalid_api_key"
+        )
+
+    def require_model(self) -> ServingModel:
+        model = self.model_source()
+        if model is None:
+            raise ApiError(
+                503, "no executor has registered yet", type="service_unavailable", code="service_unavailable"
+            )
+        return model
+
+    def model_names(self, model: ServingModel) -> list[str]:
+        """The served model id first, then every `--served-model-name` alias."""
+        return [model.info.model_id, *(n for n in self.served_model_names if n != model.info.model_id)]
+
+    def resolve_model(self, name: str | None, model: ServingModel) -> str:
+        """The `model` a request named (the served id when omitted); 404 `model_not_found` for any other."""
+        names = self.model_names(model)
+        if name is None:
+            return names[0]
+        if name in names:
+            return name
+        raise ApiError(
+            404,
+            f"the model {name[:200]!r} does not exist; this server serves {', '.join(map(repr, names))}",
+            param="model",
+            code="model_not_found",
+        )

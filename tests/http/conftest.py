@@ -1,0 +1,49 @@
+"""Servers with the OpenAI-compatible HTTP API on (`http=True`) for the tests of tests/http.
+
+The HTTP API runs inside `kvserve serve --executor fake`, on a free port of its own
+(`ServeProcess.http_url`); SDK clients and polling helpers are in `http_clients.py`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from kvserve.testing.server_launcher import ServeProcess, start_serve
+from tests.http.http_clients import FAKE_ARGS
+
+
+@pytest.fixture(scope="module")
+def http_server() -> Iterator[ServeProcess]:
+    """One fake-executor server with HTTP on, shared by a module's tests."""
+    tmp_dir = Path(tempfile.mkdtemp(prefix="kvserve-http-"))
+    server = start_serve(FAKE_ARGS, tmp_dir, http=True)
+    try:
+        server.wait_serving()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def http_serve_factory() -> Iterator[Callable[..., ServeProcess]]:
+    """`start(args, wait=True)`: `kvserve serve ARGS` with HTTP on; every server is stopped at teardown."""
+    started: list[ServeProcess] = []
+    tmp_dir = Path(tempfile.mkdtemp(prefix="kvserve-http-"))
+
+    def start(args: list[str], *, wait: bool = True) -> ServeProcess:
+        server = start_serve(args, tmp_dir, http=True)
+        started.append(server)
+        if wait:
+            server.wait_serving()
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+    shutil.rmtree(tmp_dir, ignore_errors=True)

@@ -1,0 +1,40 @@
+"""The README's OpenAI SDK example runs as written, against a fake-executor server instead of :8000."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kvserve.testing.server_launcher import ServeProcess
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+EXAMPLE_URL = "http://127.0.0.1:8000/v1"
+
+
+def openai_block() -> str:
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(), re.S) if "from openai" in b]
+    return block
+
+
+def test_readme_openai_example_runs(http_server: ServeProcess, capsys: pytest.CaptureFixture) -> None:
+    source = openai_block()
+    assert EXAMPLE_URL in source
+    exec(compile(source.replace(EXAMPLE_URL, f"{http_server.http_url}/v1"), "README-openai", "exec"), {})
+    out = capsys.readouterr().out
+    assert "cached prompt tokens" in out and out.split("\n")[0].strip()
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
+def test_readme_curl_example_runs(http_server: ServeProcess) -> None:
+    (block,) = [b for b in re.findall(r"```bash\n(.*?)```", README.read_text(), re.S) if b.startswith("curl")]
+    assert "http://127.0.0.1:8000/" in block
+    command = block.replace("http://127.0.0.1:8000/", f"{http_server.http_url}/")
+    result = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    answer = json.loads(result.stdout)
+    assert answer["object"] == "chat.completion" and answer["choices"][0]["message"]["content"]
