@@ -36,3 +36,8 @@ protos:
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache .import_linter_cache
+
+# Opt-in, not in CI: the containers for real on a machine without a GPU (root, dockerd, PyPI).
+.PHONY: test-compose
+test-compose: setup
+	scripts/container_test.sh

@@ -59,6 +59,9 @@ class FakeExecutorConfig:
 
     num_blocks: int = field(default=8192, metadata=flag("KV blocks"))
     block_size: int = defaults.BLOCK_SIZE
+    """Any positive size here: the scheduler's tests use blocks of 1-4 tokens to cross many block
+    boundaries. From the command line it is the runner's `--block-size` (`RunnerConfig.block_size`),
+    so a served fake executor takes only `protos.defaults.BLOCK_SIZES`, like the model runner."""
     num_cpu_blocks: int = field(default=0, metadata=flag("CPU swap blocks (0: no swap-preemption)"))
     max_model_len: int | None = None
     """None: the tokenizer dir's config.json max_position_embeddings, else 8192."""
@@ -108,8 +111,10 @@ class FakeExecutor:
 
     def __init__(self, config: FakeExecutorConfig | None = None) -> None:
         self.config = config = config or FakeExecutorConfig()
-        if config.num_blocks < 1 or config.block_size < 1 or config.num_cpu_blocks < 0:
-            raise ValueError("num_blocks and block_size must be positive, num_cpu_blocks non-negative")
+        if config.block_size < 1:
+            raise ValueError(f"--block-size must be positive, got {config.block_size!r}")
+        if config.num_blocks < 1 or config.num_cpu_blocks < 0:
+            raise ValueError("num_blocks must be positive, num_cpu_blocks non-negative")
         if config.strict and config.vocab_size and not config.tokenizer_path:
             self.tokenizer_path = ""
             self.vocab = plain_vocabulary(config.vocab_size)

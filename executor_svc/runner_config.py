@@ -25,7 +25,14 @@ class RunnerConfig:
     attention_backend: str = field(
         default="auto", metadata=flag("torch, triton, or auto (triton on cuda, torch on cpu)")
     )
-    block_size: int = field(default=defaults.BLOCK_SIZE, metadata=flag("tokens per KV block"))
+    block_size: int = field(
+        default=defaults.BLOCK_SIZE,
+        # choices are ints (argparse compares them after type=int), so they bypass flag()'s str choices
+        metadata={
+            **flag("tokens per KV block (the scheduler plans with the size the executor reports)"),
+            "choices": defaults.BLOCK_SIZES,
+        },
+    )
     kv_cache_gb: float | None = field(
         default=None,
         metadata=flag(
@@ -55,6 +62,16 @@ class RunnerConfig:
     )
     # One core is left to the scheduler process and the link: oversubscribed OpenMP threads
     # stall for whole seconds.
+
+    def __post_init__(self) -> None:
+        check_block_size(self.block_size)
+
+
+def check_block_size(block_size: int) -> None:
+    """Refuse a block size the kernels and backends are not tested at (`protos.defaults.BLOCK_SIZES`)."""
+    if block_size not in defaults.BLOCK_SIZES:
+        allowed = ", ".join(map(str, defaults.BLOCK_SIZES))
+        raise ValueError(f"--block-size must be one of {allowed}, got {block_size!r}")
 
 
 def resolve_device(config: RunnerConfig) -> str:

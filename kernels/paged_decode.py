@@ -3,9 +3,9 @@
 One program handles one (sequence, KV head, split): the query heads that share the KV
 head are packed into the rows of one tile (GQA packing), so each K/V block is read from
 memory once per KV head rather than once per query head. Each split runs an online
-softmax over its range of blocks and writes a partial output plus its log-sum-exp; a
-second kernel merges the splits. Splitting the context keeps the GPU busy when the batch
-is small but contexts are long.
+softmax over its range of KV tiles (`kernels.kv_tile`: one block, or two 8-token blocks)
+and writes a partial output plus its log-sum-exp; a second kernel merges the splits.
+Splitting the context keeps the GPU busy when the batch is small but contexts are long.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from kernels.kv_tile import kv_tile_tokens, tile_slots
 
 
 @triton.jit
@@ -25,7 +27,7 @@ def _decode_split_kernel(
     out_ptr,
     lse_ptr,
     scale,
-    blocks_per_split,
+    tiles_per_split,
     stride_q_b,
     stride_q_h,
     stride_bt_b,
@@ -33,6 +35,7 @@ def _decode_split_kernel(
     BLOCK_G: tl.constexpr,
     KV_HEADS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
 ):
@@ -40,13 +43,12 @@ def _decode_split_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
-    num_blocks = tl.cdiv(seq_len, BLOCK_SIZE)
-    first = split * blocks_per_split
-    last = tl.minimum(first + blocks_per_split, num_blocks)
+    num_tiles = tl.cdiv(seq_len, TILE_N)
+    first = split * tiles_per_split
+    last = tl.minimum(first + tiles_per_split, num_tiles)
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, HEAD_DIM)
-    offs_n = tl.arange(0, BLOCK_SIZE)
     heads = kv_head * GROUP + offs_g
     g_mask = offs_g < GROUP
     q = tl.load(
@@ -57,13 +59,12 @@ def _decode_split_kernel(
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
     token_stride = KV_HEADS * HEAD_DIM
-    for blk in range(first, last):
-        phys = tl.load(block_table_ptr + seq * stride_bt_b + blk).to(tl.int64)
-        kv_offs = (phys * BLOCK_SIZE + offs_n[:, None]) * token_stride + kv_head * HEAD_DIM + offs_d[None, :]
+    for tile in range(first, last):
+        slots, pos = tile_slots(block_table_ptr + seq * stride_bt_b, tile, seq_len, BLOCK_SIZE, TILE_N)
+        kv_offs = slots[:, None] * token_stride + kv_head * HEAD_DIM + offs_d[None, :]
         k = tl.load(k_cache_ptr + kv_offs)
         v = tl.load(v_cache_ptr + kv_offs)
         scores = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
-        pos = blk * BLOCK_SIZE + offs_n
         scores = tl.where(pos[None, :] < seq_len, scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         p = tl.exp(scores - m_new[:, None])
@@ -106,10 +107,10 @@ def _merge_splits_kernel(
     tl.store(out_ptr + seq * stride_o_b + head * stride_o_h + offs_d, out.to(out_ptr.dtype.element_ty))
 
 
-def choose_num_splits(num_seqs: int, kv_heads: int, max_blocks: int, target_programs: int = 256) -> int:
-    """Enough splits to fill the device, never more than one per KV block."""
+def choose_num_splits(num_seqs: int, kv_heads: int, max_tiles: int, target_programs: int = 256) -> int:
+    """Enough splits to fill the device, never more than one per KV tile."""
     wanted = triton.cdiv(target_programs, max(1, num_seqs * kv_heads))
-    return max(1, min(wanted, max_blocks, 64))
+    return max(1, min(wanted, max_tiles, 64))
 
 
 def paged_decode_attention(
@@ -127,10 +128,11 @@ def paged_decode_attention(
     num_seqs, num_heads, head_dim = query.shape
     _, block_size, kv_heads, _ = k_cache.shape
     group = num_heads // kv_heads
-    max_blocks = triton.cdiv(max_seq_len, block_size)
+    tile_n = kv_tile_tokens(block_size)
+    max_tiles = triton.cdiv(max_seq_len, tile_n)
     if num_splits is None:
-        num_splits = choose_num_splits(num_seqs, kv_heads, max_blocks)
-    blocks_per_split = triton.cdiv(max_blocks, num_splits)
+        num_splits = choose_num_splits(num_seqs, kv_heads, max_tiles)
+    tiles_per_split = triton.cdiv(max_tiles, num_splits)
     out = torch.empty_like(query) if out is None else out
     if num_seqs == 0:
         return out
@@ -146,7 +148,7 @@ def paged_decode_attention(
         part,
         lse,
         scale,
-        blocks_per_split,
+        tiles_per_split,
         query.stride(0),
         query.stride(1),
         block_tables.stride(0),
@@ -154,6 +156,7 @@ def paged_decode_attention(
         BLOCK_G=max(16, triton.next_power_of_2(group)),
         KV_HEADS=kv_heads,
         BLOCK_SIZE=block_size,
+        TILE_N=tile_n,
         HEAD_DIM=head_dim,
         NUM_SPLITS=num_splits,
     )

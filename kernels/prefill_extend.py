@@ -3,9 +3,10 @@
 New tokens of many sequences are packed back to back (`query_start_loc`), with no
 padding. A program owns one tile of BLOCK_M new tokens of one sequence and one query
 head. The new tokens' K/V are stored into the cache before this kernel runs, so one
-loop over the block table covers both the cached context (fully visible) and the
-causal part over the new tokens (masked by position); the loop stops at the tile's
-last query position, so causal work above the diagonal is skipped.
+loop over the block table, a KV tile at a time (`kernels.kv_tile`: one block, or two
+8-token blocks), covers both the cached context (fully visible) and the causal part over
+the new tokens (masked by position); the loop stops at the tile's last query position,
+so causal work above the diagonal is skipped.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from kernels.kv_tile import kv_tile_tokens, tile_slots
 
 
 @triton.jit
@@ -34,6 +37,7 @@ def _extend_kernel(
     KV_HEADS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
 ):
     tile = tl.program_id(0)
@@ -49,7 +53,6 @@ def _extend_kernel(
 
     offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    offs_n = tl.arange(0, BLOCK_SIZE)
     m_mask = offs_m < q_len
     rows = (q_start + offs_m).to(tl.int64)
     q = tl.load(
@@ -62,13 +65,12 @@ def _extend_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     kv_end = tl.minimum(seq_len, context + (tile + 1) * BLOCK_M)
     token_stride = KV_HEADS * HEAD_DIM
-    for blk in range(tl.cdiv(kv_end, BLOCK_SIZE)):
-        phys = tl.load(block_table_ptr + seq * stride_bt_b + blk).to(tl.int64)
-        kv_offs = (phys * BLOCK_SIZE + offs_n[:, None]) * token_stride + kv_head * HEAD_DIM + offs_d[None, :]
+    for kv_tile in range(tl.cdiv(kv_end, TILE_N)):
+        slots, k_pos = tile_slots(block_table_ptr + seq * stride_bt_b, kv_tile, seq_len, BLOCK_SIZE, TILE_N)
+        kv_offs = slots[:, None] * token_stride + kv_head * HEAD_DIM + offs_d[None, :]
         k = tl.load(k_cache_ptr + kv_offs)
         v = tl.load(v_cache_ptr + kv_offs)
         scores = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
-        k_pos = blk * BLOCK_SIZE + offs_n
         visible = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] < seq_len)
         scores = tl.where(visible, scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
@@ -127,6 +129,7 @@ def extend_attention(
         KV_HEADS=kv_heads,
         BLOCK_M=block_m,
         BLOCK_SIZE=block_size,
+        TILE_N=kv_tile_tokens(block_size),
         HEAD_DIM=head_dim,
     )
     return out

@@ -10,6 +10,10 @@ from __future__ import annotations
 # --- KV cache geometry -------------------------------------------------------
 BLOCK_SIZE = 16
 """Tokens per KV block. 16 keeps partial-block waste small (≤ 8 tokens per sequence on average)."""
+BLOCK_SIZES = (8, 16, 32, 64)
+"""The block sizes `--block-size` accepts (`kvserve serve`, `kvserve executor`): the ones both attention
+backends and every kernel are tested at. Smaller blocks waste less KV in each sequence's last block;
+larger ones mean shorter block tables and fewer, bigger reads per attention step."""
 
 # --- Default model ----------------------------------------------------------
 DEFAULT_MODEL = "smollm2-135m-instruct"

@@ -100,6 +100,8 @@ class RunResult:
     preemptions: int = 0
     prefix_queried_tokens: int = 0
     prefix_hit_tokens: int = 0
+    block_size: int = 0
+    """The KV block size of the server that ran it (ModelInfo); 0: unknown (a foreign server)."""
 
 
 def arrival_offsets(num_sessions: int, request_rate: float | None, seed: int) -> list[float]:

@@ -6,9 +6,14 @@ exactly the workload's largest prompt + max_tokens, not the model's context leng
 concurrency in a KV budget of B tokens is then B // max_request_len; kvserve's is the peak
 number of sequences it actually ran at once in the same budget.
 
+`bench serve --baselines prealloc` also runs that baseline for real (a server started with
+`--kv-reservation max-model-len --no-prefix-caching --max-model-len` = the workload's longest
+request); this estimate stays beside it as the cross-check: a reservation is whole blocks, so
+the run fits num_blocks // ceil(L/b) sequences, at most the estimate's B // L.
+
 Partial-block waste: a paged cache loses only the unused tail of each sequence's last
 block. For final lengths L_i and block size b, waste = Σ(ceil(L_i/b)·b − L_i) over
-Σ ceil(L_i/b)·b allocated slots.
+Σ ceil(L_i/b)·b allocated slots; each run is counted at its own server's block size.
 """
 
 from __future__ import annotations
@@ -66,6 +71,16 @@ class BlockWaste:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "waste_pct": self.waste_pct}
+
+    @classmethod
+    def combined(cls, parts: Iterable[BlockWaste]) -> BlockWaste:
+        """The waste of several runs together (each counted at its own block size)."""
+        total = cls(num_sequences=0, used_tokens=0, allocated_tokens=0)
+        for part in parts:
+            total.num_sequences += part.num_sequences
+            total.used_tokens += part.used_tokens
+            total.allocated_tokens += part.allocated_tokens
+        return total
 
 
 def partial_block_waste(sequence_lengths: Iterable[int], block_size: int) -> BlockWaste:

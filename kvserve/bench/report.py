@@ -10,7 +10,12 @@ Ratios (each None when the run did not measure both sides):
   each request is the shared prefix) over the contiguous preallocation estimate. The estimate
   is also given for every other workload in `prealloc.by_workload`, but only this one is the ratio.
 - `kv_partial_block_waste_pct`: unused slots in last blocks over all allocated slots, from the
-  final lengths of every request kvserve served.
+  final lengths of every request kvserve served, each run at its own server's block size.
+
+`tiers` (one entry per workload the preallocation server ran): the preallocation tier run for
+real (`kvserve-prealloc`: every sequence reserves its whole max_model_len at admission, no
+prefix cache), paged without the cache and paged with it, side by side, with the estimate's
+concurrency beside the measured one.
 
 `target_ratios` (one entry per `--target` server and workload both ran): kvserve's output
 tokens/s over the target's, and the target's mean TTFT over kvserve's (above 1: kvserve's is
@@ -26,11 +31,14 @@ from typing import Any
 
 from kvserve.bench.latency_stats import summarize
 from kvserve.bench.load_driver import RunResult
-from kvserve.bench.prealloc_estimate import estimate, partial_block_waste
+from kvserve.bench.prealloc_estimate import BlockWaste, estimate, partial_block_waste
 
 KVSERVE = "kvserve"
 KVSERVE_NO_CACHE = "kvserve-no-cache"
+KVSERVE_PREALLOC = "kvserve-prealloc"
 HF_GENERATE = "hf-generate"
+TIERS = ((KVSERVE_PREALLOC, "prealloc (run)"), (KVSERVE_NO_CACHE, "paged, no cache"), (KVSERVE, "paged + cache"))
+"""The three tiers of the concurrency comparison: configuration, label."""
 
 GOALS = {
     "vs_hf_throughput": (">=", 6.0),
@@ -74,11 +82,33 @@ def summarize_run(run: RunResult) -> dict[str, Any]:
         ),
         "preemptions": run.preemptions,
         "peak_running": run.peak_running,
+        "block_size": run.block_size or None,
         "ttft": summarize([r.ttft_s for r in ok if not math.isnan(r.ttft_s)]).to_dict(),
         "tpot": summarize([r.tpot_s for r in ok if not math.isnan(r.tpot_s)]).to_dict(),
         "itl": summarize([gap for r in ok for gap in r.itl_s]).to_dict(),
         "e2e": summarize([r.e2e_s for r in ok]).to_dict(),
     }
+
+
+def headline(result: dict[str, Any]) -> dict[str, Any]:
+    """The figures the tier and sweep tables compare, from one `summarize_run` result."""
+    return {
+        "configuration": result["configuration"],
+        "workload": result["workload"],
+        "num_failed": result["num_failed"],
+        "peak_running": result["peak_running"],
+        "preemptions": result["preemptions"],
+        "output_throughput": result["output_throughput"],
+        "ttft_p50": result["ttft"]["p50"],
+        "ttft_p99": result["ttft"]["p99"],
+        "itl_p99": result["itl"]["p99"],
+    }
+
+
+def run_waste(run: RunResult, fallback_block_size: int) -> BlockWaste:
+    """Partial-block waste of one run's successful requests, at the block size its server ran."""
+    lengths = [rec.sequence_len for rec in run.records if rec.ok]
+    return partial_block_waste(lengths, run.block_size or fallback_block_size)
 
 
 @dataclass(slots=True)
@@ -89,6 +119,10 @@ class BenchReport:
     results: list[dict[str, Any]] = field(default_factory=list)
     prealloc: dict[str, Any] | None = None
     kv_waste: dict[str, Any] | None = None
+    tiers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """workload -> the three tiers' headline figures and the estimate (`tier_rows`)."""
+    sweep: dict[str, Any] | None = None
+    """`bench serve --sweep`: the flag, its values and one point per value and workload (sweep.py)."""
     ratios: dict[str, float | None] = field(default_factory=lambda: dict.fromkeys(RATIO_KEYS))
     target_ratios: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     """target name -> workload -> output_throughput_ratio, mean_ttft_ratio, met."""
@@ -113,6 +147,8 @@ class BenchReport:
                 "results": self.results,
                 "prealloc": self.prealloc,
                 "kv_waste": self.kv_waste,
+                "tiers": self.tiers,
+                "sweep": self.sweep,
             }
         )
 
@@ -201,20 +237,43 @@ def compute_ratios(
         if shared is not None:
             report.ratios["concurrency_vs_prealloc"] = shared["ratio"]
 
-    lengths = [rec.sequence_len for r in kv_runs for rec in r.records if rec.ok]
-    if lengths and block_size > 0:
-        waste = partial_block_waste(lengths, block_size)
-        by_workload = {
-            r.workload: partial_block_waste([rec.sequence_len for rec in r.records if rec.ok], block_size).waste_pct
-            for r in kv_runs
+    for workload, p in (report.prealloc or {}).get("by_workload", {}).items():
+        measured = report.find(KVSERVE_PREALLOC, workload)
+        if measured is not None:  # the preallocation tier was run for real: the estimate is its cross-check
+            p["measured_prealloc_concurrency"] = measured["peak_running"]
+            p["measured_ratio"] = _ratio(p["kvserve_peak_concurrency"], measured["peak_running"])
+            report.tiers[workload] = tier_rows(report, workload, p["prealloc_concurrency"])
+
+    sized = [r for r in kv_runs if (r.block_size or block_size) > 0]
+    per_run = {r.workload: run_waste(r, block_size) for r in sized}
+    waste = BlockWaste.combined(per_run.values())
+    if waste.num_sequences:
+        report.kv_waste = {
+            "block_size": sized[0].block_size or block_size,
+            **waste.to_dict(),
+            "by_workload": {workload: w.waste_pct for workload, w in per_run.items()},
         }
-        report.kv_waste = {"block_size": block_size, **waste.to_dict(), "by_workload": by_workload}
         report.ratios["kv_partial_block_waste_pct"] = waste.waste_pct
 
 
-def _ms(summary: dict[str, float], key: str) -> str:
+def tier_rows(report: BenchReport, workload: str, estimated_concurrency: int) -> dict[str, Any]:
+    """The preallocation tier (run), paged without and with the prefix cache, on one workload."""
+    rows = []
+    for configuration, label in TIERS:
+        result = report.find(configuration, workload)
+        if result is not None:
+            rows.append({"tier": label, **headline(result)})
+    return {"tiers": rows, "prealloc_estimate": estimated_concurrency}
+
+
+def format_ms(summary: dict[str, Any], key: str) -> str:
     value = summary.get(key)
     return "-" if value is None or not math.isfinite(value) else f"{value * 1000:.1f}"
+
+
+_TIER_HEADER = (
+    f"{'tier':<16} {'configuration':<18} {'peak running':>16} {'out tok/s':>10} {'TTFT p50':>9} {'TTFT p99':>9}"
+)
 
 
 def render_table(report: BenchReport) -> str:
@@ -230,9 +289,9 @@ def render_table(report: BenchReport) -> str:
         lines.append(
             f"{r['configuration']:<18} {r['workload']:<16} {r['num_requests']:>5} {r['num_failed']:>4} "
             f"{r['request_throughput']:>7.2f} {r['output_throughput']:>10.1f} "
-            f"{_ms(r['ttft'], 'mean'):>10} {_ms(r['ttft'], 'p50'):>8} {_ms(r['ttft'], 'p90'):>8} "
-            f"{_ms(r['ttft'], 'p99'):>8} {_ms(r['tpot'], 'mean'):>10} {_ms(r['itl'], 'p50'):>8} "
-            f"{_ms(r['e2e'], 'p50'):>9} {_ms(r['e2e'], 'p99'):>9} "
+            f"{format_ms(r['ttft'], 'mean'):>10} {format_ms(r['ttft'], 'p50'):>8} {format_ms(r['ttft'], 'p90'):>8} "
+            f"{format_ms(r['ttft'], 'p99'):>8} {format_ms(r['tpot'], 'mean'):>10} {format_ms(r['itl'], 'p50'):>8} "
+            f"{format_ms(r['e2e'], 'p50'):>9} {format_ms(r['e2e'], 'p99'):>9} "
             f"{'-' if hit is None else f'{100 * hit:.1f}':>6} "
             f"{r.get('preemptions', 0):>7} {r.get('peak_running', 0):>5}"
         )
@@ -243,6 +302,16 @@ def render_table(report: BenchReport) -> str:
                 f"prealloc estimate ({workload}): budget {p['budget_tokens']} tokens, max request "
                 f"{p['max_request_len']} tokens -> {p['prealloc_concurrency']} concurrent; "
                 f"kvserve peak {p['kvserve_peak_concurrency']}"
+            )
+    for workload, tiers in report.tiers.items():
+        lines += ["", f"three tiers ({workload}), latencies in ms:", _TIER_HEADER]
+        for t in tiers["tiers"]:
+            peak = str(t["peak_running"])
+            if t["configuration"] == KVSERVE_PREALLOC:
+                peak += f" (estimate {tiers['prealloc_estimate']})"
+            lines.append(
+                f"{t['tier']:<16} {t['configuration']:<18} {peak:>16} "
+                f"{t['output_throughput']:>10.1f} {format_ms(t, 'ttft_p50'):>9} {format_ms(t, 'ttft_p99'):>9}"
             )
     if report.target_ratios:
         lines.append("")

@@ -2,13 +2,20 @@
 
 Configurations, one after another so they never compete for the CPU:
 1. `kvserve` — the server under test, prefix caching on;
-2. `kvserve-no-cache` — a second server started with `--no-prefix-caching` (or an
-   already running one given by `no_cache_target`);
+2. the server baselines (`SERVER_BASELINES`), each a kvserve server of its own:
+   `kvserve-no-cache`, started with `--no-prefix-caching` (or an already running one given by
+   `no_cache_target`), and `kvserve-prealloc`, the contiguous-preallocation tier run for real
+   (`--kv-reservation max-model-len --no-prefix-caching`, one server per workload with
+   `--max-model-len` = that workload's longest request, the setting the estimate assumes);
 3. every `--target NAME=URL`: another OpenAI-compatible server (llama.cpp's llama-server,
    vLLM), driven over HTTP with the same requests (`openai_driver.py`), every workload but
    `cold-warm` (the OpenAI API has no cache namespace to make a cold half with);
 4. `hf-generate` — Hugging Face `generate`, static batches, in this process, on `mixed`;
-5. the contiguous-preallocation estimate, computed from kvserve's trace and KV budget.
+5. the contiguous-preallocation estimate, computed from kvserve's trace and KV budget (beside
+   the `kvserve-prealloc` run as its cross-check).
+
+`sweep` (`--sweep FLAG=V1,V2,...`, sweep.py) replaces all of this with one `kvserve` run per
+value, each on a fresh server started with `--FLAG V`; baselines and targets do not run.
 
 `api` picks how the kvserve configurations are driven: `grpc` (the async client) or `openai`
 (kvserve's own HTTP API: the fair side of a comparison with an HTTP target). Either way the
@@ -19,10 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import os
-import platform
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +40,13 @@ from kvserve.bench.report import (
     HF_GENERATE,
     KVSERVE,
     KVSERVE_NO_CACHE,
+    KVSERVE_PREALLOC,
     BenchReport,
     compute_ratios,
     summarize_run,
 )
+from kvserve.bench.run_meta import run_meta
+from kvserve.bench.sweep import SweepSpec, sweep_points
 from kvserve.testing.server_launcher import DEFAULT_STARTUP_TIMEOUT_S, ServeProcess, serving
 from protos import defaults
 
@@ -47,6 +55,26 @@ log = structlog.get_logger(__name__)
 BASELINES = ("hf", "no-cache", "prealloc")
 APIS = ("grpc", "openai")
 NO_PREFIX_CACHING_FLAG = "--no-prefix-caching"
+PREALLOC_RESERVATION = ("--kv-reservation", "max-model-len")
+"""The scheduler reserves each sequence's whole max_model_len of blocks at admission."""
+RESERVED_NAMES = (KVSERVE, KVSERVE_NO_CACHE, KVSERVE_PREALLOC, HF_GENERATE)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerBaseline:
+    """A `--baselines` value that runs on a kvserve server of its own: its name in the report, its flags."""
+
+    baseline: str
+    configuration: str
+    flags: tuple[str, ...]
+    fit_to_workload: bool = False
+    """One server per workload, `--max-model-len` its longest request (prompt + max_tokens)."""
+
+
+SERVER_BASELINES = (
+    ServerBaseline("no-cache", KVSERVE_NO_CACHE, (NO_PREFIX_CACHING_FLAG,)),
+    ServerBaseline("prealloc", KVSERVE_PREALLOC, (*PREALLOC_RESERVATION, NO_PREFIX_CACHING_FLAG), fit_to_workload=True),
+)
 
 
 @dataclass(slots=True)
@@ -74,34 +102,10 @@ class BenchConfig:
     """With api openai and no start_server: the running server's HTTP port, on `host`."""
     targets: list[str] = field(default_factory=list)
     """Other OpenAI-compatible servers, `NAME=URL[,tokens|,text]`, measured in the same run."""
+    sweep: str | None = None
+    """`FLAG=V1,V2,...`: one kvserve run per value of a `kvserve serve` flag, each on a fresh server."""
     command_line: str = ""
     """How the run was invoked, recorded in the report's meta."""
-
-
-def _machine() -> dict[str, str | int | None]:
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return {
-        "platform": platform.platform(),
-        "cpu": cpu,
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "load_average_1m": round(os.getloadavg()[0], 2),
-    }  # other work on the machine skews every figure
-
-
-def _versions() -> dict[str, str]:
-    from importlib import metadata
-
-    out = {}
-    for name in ("kvserve", "torch", "transformers", "grpcio"):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            out[name] = metadata.version(name)
-    return out
 
 
 async def _run_loads(
@@ -140,19 +144,24 @@ async def _run_against(
 
     async with AsyncClient(target) as client:
         await client.wait_until_serving(config.startup_timeout_s)
+        block_size = int((await client.model_info()).get("block_size") or 0)
         if config.api != "openai":
 
             async def grpc_warm(token_ids: list[int]) -> None:
                 await warm_up(client, token_ids)
 
-            return await _run_loads(configuration, loads, config, warm=grpc_warm, stats_client=client)
-        if http_url is None:
+            runs = await _run_loads(configuration, loads, config, warm=grpc_warm, stats_client=client)
+        elif http_url is None:
             raise ValueError(f"{configuration}: api openai needs the server's HTTP URL")
-        async with OpenAIDriver(http_url, name=configuration, tokenizer=_tokenizer(config)) as http:
-            await http.wait_ready(config.startup_timeout_s)
-            return await _run_loads(
-                configuration, loads, config, warm=http.warm_up, stats_client=client, send_turn=http.send_turn
-            )
+        else:
+            async with OpenAIDriver(http_url, name=configuration, tokenizer=_tokenizer(config)) as http:
+                await http.wait_ready(config.startup_timeout_s)
+                runs = await _run_loads(
+                    configuration, loads, config, warm=http.warm_up, stats_client=client, send_turn=http.send_turn
+                )
+    for run in runs:  # each run's partial-block waste is counted at its own server's block size
+        run.block_size = block_size
+    return runs
 
 
 async def _run_http_target(
@@ -218,84 +227,93 @@ def _http_url(server: ServeProcess | None, config: BenchConfig) -> str | None:
     return server.http_url if server is not None else f"http://{config.host}:{config.http_port}"
 
 
+async def _kvserve_runs(
+    config: BenchConfig, variants: list[tuple[str, list[str]]], *, start: bool
+) -> tuple[list[RunResult], dict, list[wl.Workload]]:
+    """The server under test, every workload once per variant (configuration, extra server flags):
+    one variant unless `--sweep`; each on a fresh server when `start`, else the one at host:port.
+    Also the first server's ModelInfo and the workloads built for its vocabulary."""
+    runs: list[RunResult] = []
+    info: dict = {}
+    loads: list[wl.Workload] = []
+    for name, extra in variants:
+        with contextlib.ExitStack() as stack:
+            server = stack.enter_context(_server(config, name, extra)) if start else None
+            target = server.address if server is not None else f"{config.host}:{config.port}"
+            if not loads:
+                info = await _model_info(target, config.startup_timeout_s)
+                loads = [
+                    w
+                    for workload in config.workloads
+                    for w in wl.build(
+                        workload, config.num_requests, int(info["vocab_size"]), config.seed, config.max_tokens_cap
+                    )
+                ]
+            runs += await _run_against(target, name, loads, config, _http_url(server, config))
+    return runs, info, loads
+
+
+async def _run_server_baseline(
+    baseline: ServerBaseline, loads: list[wl.Workload], config: BenchConfig
+) -> list[RunResult]:
+    """One server baseline on `loads`: on the running `no_cache_target`, else on servers started here."""
+    if baseline.configuration == KVSERVE_NO_CACHE and config.no_cache_target:
+        if config.api == "openai":
+            log.warning("no-cache baseline skipped: --no-cache-target is a gRPC address; use --start-server")
+            return []
+        return await _run_against(config.no_cache_target, KVSERVE_NO_CACHE, loads, config)
+    if not config.start_server:
+        hint = "give --no-cache-target or --start-server" if baseline.baseline == "no-cache" else "give --start-server"
+        log.warning(f"{baseline.baseline} baseline run skipped: {hint}")
+        return []
+    runs: list[RunResult] = []
+    for group in [[w] for w in loads] if baseline.fit_to_workload else [loads]:
+        extra = list(baseline.flags)
+        if baseline.fit_to_workload:
+            extra += ["--max-model-len", str(max(w.max_request_len() for w in group))]
+        with _server(config, baseline.configuration, extra) as server:  # after the last one has stopped
+            runs += await _run_against(server.address, baseline.configuration, group, config, _http_url(server, config))
+    return runs
+
+
 async def run_serve_benchmark(config: BenchConfig) -> BenchReport:
-    """Run every configuration and return the filled report."""
+    """Run every configuration (or every value of the sweep) and return the filled report."""
     started = dt.datetime.now(dt.UTC)
     if config.api not in APIS:
         raise ValueError(f"api must be one of {', '.join(APIS)}, got {config.api!r}")
     http_targets = [HttpTarget.parse(spec) for spec in config.targets]
     names = [t.name for t in http_targets]
-    if len(set(names)) != len(names) or set(names) & {KVSERVE, KVSERVE_NO_CACHE, HF_GENERATE}:
-        raise ValueError(f"--target names must be unique and none of {KVSERVE}, {KVSERVE_NO_CACHE}, {HF_GENERATE}")
-    runs: list[RunResult] = []
-    with contextlib.ExitStack() as stack:
-        server = stack.enter_context(_server(config, KVSERVE)) if config.start_server else None
-        target = server.address if server is not None else f"{config.host}:{config.port}"
-        info = await _model_info(target, config.startup_timeout_s)
-        vocab_size = int(info["vocab_size"])
-        loads = [
-            w
-            for name in config.workloads
-            for w in wl.build(name, config.num_requests, vocab_size, config.seed, config.max_tokens_cap)
-        ]
-        runs += await _run_against(target, KVSERVE, loads, config, _http_url(server, config))
+    if len(set(names)) != len(names) or set(names) & set(RESERVED_NAMES):
+        raise ValueError(f"--target names must be unique and none of {', '.join(RESERVED_NAMES)}")
+    spec = SweepSpec.parse(config.sweep) if config.sweep else None
+    variants = spec.variants() if spec is not None else [(KVSERVE, [])]
+    runs, info, loads = await _kvserve_runs(config, variants, start=config.start_server or spec is not None)
+    vocab_size = int(info["vocab_size"])
 
-    no_cache_loads = [w for w in loads if w.name != "cold-warm"]
-    if "no-cache" in config.baselines and no_cache_loads:
-        if config.no_cache_target and config.api == "openai":
-            log.warning("no-cache baseline skipped: --no-cache-target is a gRPC address; use --start-server")
-        elif config.no_cache_target:
-            runs += await _run_against(config.no_cache_target, KVSERVE_NO_CACHE, no_cache_loads, config)
-        elif config.start_server:
-            with _server(config, KVSERVE_NO_CACHE, [NO_PREFIX_CACHING_FLAG]) as nc:
-                runs += await _run_against(nc.address, KVSERVE_NO_CACHE, no_cache_loads, config, _http_url(nc, config))
-        else:
-            log.warning("no-cache baseline skipped: give --no-cache-target or --start-server")
-
+    baseline_loads = [w for w in loads if w.name != "cold-warm"]
     target_meta: dict[str, dict[str, Any]] = {t.name: {} for t in http_targets}
-    for http_target in http_targets:  # after kvserve's servers have stopped: they never share the CPU
-        if no_cache_loads:
-            runs += await _run_http_target(http_target, no_cache_loads, config, target_meta[http_target.name])
-
     hf_extra: dict = {}
-    mixed = next((w for w in loads if w.name == "mixed"), None)
-    if "hf" in config.baselines:
-        if mixed is None:
-            log.warning("hf baseline skipped: it runs on the mixed workload")
-        else:
-            hf = _run_hf(config, mixed, vocab_size)
-            if hf is not None:
-                runs.append(hf[0])
-                hf_extra = {"hf_batch_size": config.hf_batch_size, "hf_generated_tokens": hf[1]}
+    if spec is None:
+        for baseline in SERVER_BASELINES:  # one server at a time: they never share the CPU
+            if baseline.baseline in config.baselines and baseline_loads:
+                runs += await _run_server_baseline(baseline, baseline_loads, config)
+        for http_target in http_targets:  # after kvserve's servers have stopped
+            if baseline_loads:
+                runs += await _run_http_target(http_target, baseline_loads, config, target_meta[http_target.name])
+        mixed = next((w for w in loads if w.name == "mixed"), None)
+        if "hf" in config.baselines:
+            if mixed is None:
+                log.warning("hf baseline skipped: it runs on the mixed workload")
+            else:
+                hf = _run_hf(config, mixed, vocab_size)
+                if hf is not None:
+                    runs.append(hf[0])
+                    hf_extra = {"hf_batch_size": config.hf_batch_size, "hf_generated_tokens": hf[1]}
 
-    report = BenchReport(
-        meta={
-            "date": started.isoformat(timespec="seconds"),
-            "command": config.command_line,
-            "machine": _machine(),
-            "versions": _versions(),
-            "model": {
-                k: info.get(k)
-                for k in (
-                    "model_id",
-                    "executor_kind",
-                    "device",
-                    "dtype",
-                    "attention_backend",
-                    "block_size",
-                    "num_blocks",
-                    "vocab_size",
-                )
-            },
-            "config": asdict(config),
-            "api": config.api,
-            "targets": target_meta,
-            **hf_extra,
-        }
-    )
+    report = BenchReport(meta=run_meta(config, started, info, targets=target_meta, **hf_extra))
     report.results = [summarize_run(r) for r in runs]
     block_size = int(info.get("block_size") or defaults.BLOCK_SIZE)
-    num_blocks = int(info.get("num_blocks") or 0) if "prealloc" in config.baselines else 0
+    num_blocks = int(info.get("num_blocks") or 0) if "prealloc" in config.baselines and spec is None else 0
     max_len: dict[str, int] = {}
     for w in loads:
         max_len[w.name] = max(max_len.get(w.name, 0), w.max_request_len())
@@ -307,6 +325,8 @@ async def run_serve_benchmark(config: BenchConfig) -> BenchReport:
         max_request_len_by_workload=max_len,
         targets=names,
     )
+    if spec is not None:
+        report.sweep = sweep_points(spec, report, runs)
     return report
 
 

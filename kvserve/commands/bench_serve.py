@@ -18,9 +18,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Drive a kvserve server (or start one) with seeded workloads, through the gRPC async "
         "client or (--api openai) its OpenAI-compatible HTTP API, then compare, in the same run, kvserve "
         "with prefix caching off, any other OpenAI-compatible server (--target, e.g. llama.cpp's "
-        "llama-server), Hugging Face generate (static batching) and a contiguous-preallocation estimate. "
-        "Prints a table and the goal ratios of docs/benchmarks.md; --json and --plot write them for "
-        "machines and people.",
+        "llama-server), Hugging Face generate (static batching) and contiguous preallocation (run for real "
+        "with --start-server, and estimated). Prints a table and the goal ratios of docs/benchmarks.md; "
+        "--json and --plot write them for machines and people. --sweep FLAG=V1,V2,... instead runs the "
+        "workload once per value of a kvserve serve flag, each on a fresh server.",
         formatter_class=HelpFormatter,
     )
     parser.add_argument(
@@ -100,7 +101,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         nargs="*",
         choices=("hf", "no-cache", "prealloc"),
         default=["hf", "no-cache", "prealloc"],
-        help="baselines to run in the same run",
+        help="baselines to run in the same run; prealloc: the contiguous-preallocation estimate, and with "
+        "--start-server a server run for real with --kv-reservation max-model-len --no-prefix-caching "
+        "(--max-model-len = each workload's longest request), shown as three tiers with the two paged ones",
+    )
+    parser.add_argument(
+        "--sweep",
+        default=None,
+        metavar="FLAG=V1,V2,...",
+        help="run the workload once per value of one kvserve serve flag, each on a fresh server started "
+        "with --FLAG V (after every --server-arg), e.g. block-size=8,16,32; prints one table of output "
+        "tok/s, TTFT p50/p99, ITL p99, KV partial-block waste and peak running against the value (--json, "
+        "--plot too). Starts its servers itself; baselines and --target do not run",
     )
     parser.add_argument(
         "--model",
@@ -131,17 +143,20 @@ def run(args: argparse.Namespace) -> int:
 
     from kvserve.bench.openai_driver import HttpTarget
     from kvserve.bench.serve_benchmark import BenchConfig, run_serve_benchmark
+    from kvserve.bench.sweep import SweepSpec
     from kvserve.bench.workloads import WORKLOAD_NAMES
     from protos.log_config import configure_logging
 
     configure_logging()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request of the HTTP driver
-    for spec in args.targets:
-        try:
+    try:
+        for spec in args.targets:
             HttpTarget.parse(spec)
-        except ValueError as exc:
-            print(f"kvserve bench serve: {exc}", file=sys.stderr)
-            return 2
+        if args.sweep is not None:
+            SweepSpec.parse(args.sweep).check()  # before any server starts
+    except ValueError as exc:
+        print(f"kvserve bench serve: {exc}", file=sys.stderr)
+        return 2
     config = BenchConfig(
         workloads=list(WORKLOAD_NAMES) if args.workload == "all" else [args.workload],
         num_requests=args.num_requests,
@@ -163,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
         api=args.api,
         http_port=args.http_port,
         targets=list(args.targets),
+        sweep=args.sweep,
         command_line=shlex.join(["kvserve", *sys.argv[1:]]),
     )
     report = asyncio.run(run_serve_benchmark(config))
@@ -177,22 +193,27 @@ def run(args: argparse.Namespace) -> int:
 
 
 def write_outputs(report, *, json_path: str | None, plot_path: str | None, stream) -> int:
-    """Table (stderr when the JSON goes to stdout), JSON, plot. Shared with `bench baseline-hf`."""
+    """Table (stderr when the JSON goes to stdout), JSON, plot; a sweep's own table and plot.
+    Shared with `bench baseline-hf`."""
     import sys
     from pathlib import Path
 
     from kvserve.bench.report import render_table
+    from kvserve.bench.sweep import render_sweep_table
 
     table_stream = sys.stderr if json_path == "-" else stream
-    print(render_table(report), file=table_stream)
+    print(render_table(report) if report.sweep is None else render_sweep_table(report.sweep), file=table_stream)
     if json_path == "-":
         print(report.to_json(), file=stream)
     elif json_path:
         Path(json_path).write_text(report.to_json() + "\n")
         print(f"json: {json_path}", file=table_stream)
     if plot_path:
-        from kvserve.bench.plot import plot_results
+        from kvserve.bench.plot import plot_results, plot_sweep
 
         print(f"plot: {plot_path}", file=table_stream)
-        plot_results(report.results, plot_path)
+        if report.sweep is None:
+            plot_results(report.results, plot_path)
+        else:
+            plot_sweep(report.sweep, plot_path)
     return 1 if any(r["num_failed"] for r in report.results) else 0

@@ -40,6 +40,18 @@ class ServeConfig:
         default=defaults.DEFAULT_MODEL,
         metadata=flag("the default model's name, an HF model directory, or a .gguf file", group=_EXECUTOR),
     )
+    block_size: int = field(
+        default=defaults.BLOCK_SIZE,
+        # int choices (argparse checks them after type=int); flag() takes str choices only
+        metadata={
+            **flag(
+                "tokens per KV block; the executor reports it and the scheduler plans with it "
+                "(smaller: less waste in each sequence's last block; larger: shorter block tables)",
+                group=_EXECUTOR,
+            ),
+            "choices": defaults.BLOCK_SIZES,
+        },
+    )
     kv_cache_gb: float | None = field(
         default=None,
         metadata=flag(
@@ -88,6 +100,8 @@ def executor_args(serve: ServeConfig, server: ServerConfig, endpoint: str) -> li
         endpoint,
         "--model",
         serve.model,
+        "--block-size",
+        str(serve.block_size),
         # the executor sizes its buffers for the same budgets the scheduler will plan with
         "--max-num-batched-tokens",
         str(server.max_num_batched_tokens),

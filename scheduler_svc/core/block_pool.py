@@ -13,6 +13,14 @@ Allocation takes free blocks first and evicts cached ones only when none are fre
 cache hit survives as long as possible. Every operation is O(1) per block; the
 `OrderedDict` is a C doubly linked list, which gives O(1) removal from the middle when a
 cached block is hit again.
+
+Under a preallocating `kv_reservation` policy, `num_reserved` free-or-cached blocks are
+promised to admitted sequences (a count, not particular blocks): `allocate` never hands
+them to anyone else, so a sequence's growth into its reservation cannot fail.
+
+Three monotonic counters account for every reference: `num_allocated_total` (blocks handed
+out by `allocate`), `num_shared_total` (references added by `ref`) and `num_released_total`
+(references dropped by `release`); allocated + shared - released = the sum of ref counts.
 """
 
 from __future__ import annotations
@@ -24,7 +32,18 @@ from collections.abc import Callable, Iterable
 class BlockPool:
     """Device KV blocks `0 .. num_blocks-1` with ref counts, a free stack and an LRU of cached blocks."""
 
-    __slots__ = ("_cached", "_evict_hook", "_free", "_is_cached", "num_blocks", "ref_counts")
+    __slots__ = (
+        "_cached",
+        "_evict_hook",
+        "_free",
+        "_is_cached",
+        "num_allocated_total",
+        "num_blocks",
+        "num_released_total",
+        "num_reserved",
+        "num_shared_total",
+        "ref_counts",
+    )
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 1:
@@ -36,6 +55,13 @@ class BlockPool:
         self._cached: OrderedDict[int, None] = OrderedDict()
         self._is_cached: list[bool] = [False] * num_blocks
         self._evict_hook: Callable[[int], None] = _no_hook
+        # Free or cached blocks promised to admitted sequences (kv_reservation); others cannot allocate them.
+        self.num_reserved = 0
+        # Monotonic since the pool was built: blocks handed out by allocate/allocate_one, references
+        # added by ref (prefix hits, forks, copy pins) and references dropped by release.
+        self.num_allocated_total = 0
+        self.num_shared_total = 0
+        self.num_released_total = 0
 
     def set_evict_hook(self, hook: Callable[[int], None]) -> None:
         """`hook(block_id)` is called when a cached block is evicted, so the tree can drop it."""
@@ -55,7 +81,8 @@ class BlockPool:
 
     @property
     def num_allocatable(self) -> int:
-        return len(self._free) + len(self._cached)
+        """Blocks an allocation may take now: free + cached, less those reserved for admitted sequences."""
+        return len(self._free) + len(self._cached) - self.num_reserved
 
     @property
     def num_referenced(self) -> int:
@@ -66,8 +93,9 @@ class BlockPool:
     def allocate(self, count: int) -> list[int] | None:
         """Take `count` blocks with ref count 1, or return None and change nothing."""
         free = self._free
-        if count > len(free) + len(self._cached):
+        if count > len(free) + len(self._cached) - self.num_reserved:
             return None
+        self.num_allocated_total += count
         refs = self.ref_counts
         if count <= len(free):
             blocks = free[len(free) - count :]
@@ -87,6 +115,8 @@ class BlockPool:
 
     def allocate_one(self) -> int | None:
         """The decode fast path of `allocate(1)`."""
+        if self.num_reserved and len(self._free) + len(self._cached) <= self.num_reserved:
+            return None
         if self._free:
             block = self._free.pop()
         elif self._cached:
@@ -96,7 +126,20 @@ class BlockPool:
         else:
             return None
         self.ref_counts[block] = 1
+        self.num_allocated_total += 1
         return block
+
+    def reserve(self, count: int) -> None:
+        """Promise `count` more of the allocatable blocks to a sequence (the caller checked the room)."""
+        if count > self.num_allocatable:
+            raise ValueError(f"cannot reserve {count} blocks: only {self.num_allocatable} are allocatable")
+        self.num_reserved += count
+
+    def unreserve(self, count: int) -> None:
+        """Give back `count` reserved blocks (the sequence ended or is about to allocate them)."""
+        if count > self.num_reserved:
+            raise ValueError(f"cannot unreserve {count} blocks: only {self.num_reserved} are reserved")
+        self.num_reserved -= count
 
     def ref(self, block: int) -> None:
         """Add a reference to a block that is referenced or cached (a prefix hit or a fork)."""
@@ -106,6 +149,7 @@ class BlockPool:
                 raise ValueError(f"block {block} is free; only cached or referenced blocks can be shared")
             del self._cached[block]
         self.ref_counts[block] = count + 1
+        self.num_shared_total += 1
 
     def release(self, block: int) -> None:
         """Drop one reference; at zero the block becomes cached (if in the tree) or free."""
@@ -113,6 +157,7 @@ class BlockPool:
         if count < 0:
             raise ValueError(f"block {block} released more often than referenced")
         self.ref_counts[block] = count
+        self.num_released_total += 1
         if count == 0:
             if self._is_cached[block]:
                 self._cached[block] = None

@@ -2,10 +2,11 @@
 
 `check` verifies the KV invariants (every block free, cached or referenced; ref counts
 equal the block tables holding them; cached exactly when in the prefix tree; tree chains
-and LRU order; listed in docs/architecture.md) and the queue bookkeeping around them, in
-O(blocks + tokens). Tests call it after every step, and `SchedulerConfig.debug_invariants`
-runs it inside the scheduler. `dump` is what to print when one fails: every live
-sequence's block table with each block's ref count. Both read only a `SchedulerView`.
+and LRU order; reservations; block accounting; listed in docs/architecture.md) and the
+queue bookkeeping around them, in O(blocks + tokens). Tests call it after every step,
+and `SchedulerConfig.debug_invariants` runs it inside the scheduler. `dump` is what to
+print when one fails: every live sequence's block table with each block's ref count.
+Both read only a `SchedulerView`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def check(view: SchedulerView) -> None:
     _check_tree(view)
     _check_queues(view)
     _check_swap_space(view)
+    _check_reservations(view)
+    _check_block_counts(view)
 
 
 def _check_pool(view: SchedulerView) -> None:
@@ -168,6 +171,58 @@ def _check_swap_space(view: SchedulerView) -> None:
         )
 
 
+def _check_reservations(view: SchedulerView) -> None:
+    """The pool holds back exactly what running sequences may still grow into, and can honour it."""
+    pool, config = view.pool, view.config
+    _require(
+        0 <= pool.num_reserved <= pool.num_free + pool.num_cached,
+        f"{pool.num_reserved} blocks reserved but only {pool.num_free + pool.num_cached} are free or cached",
+    )
+    held = 0
+    for request_id, request in view.requests.items():
+        expected = config.reserved_blocks(len(request.prompt_token_ids), request.sampling.max_tokens)
+        _require(
+            request.reserve_blocks == expected,
+            f"request {request_id} reserves {request.reserve_blocks} blocks, "
+            f"kv_reservation={config.kv_reservation} says {expected}",
+        )
+        for seq in request.seqs:
+            if seq.status is not SequenceStatus.RUNNING:
+                _require(seq.reserved_blocks == 0, f"{seq.status.value} seq {seq.seq_id} still holds a reservation")
+                continue
+            held += seq.reserved_blocks
+            reach = len(seq.block_table) + seq.reserved_blocks
+            _require(
+                reach == request.reserve_blocks if request.reserve_blocks else seq.reserved_blocks == 0,
+                f"running seq {seq.seq_id}: {len(seq.block_table)} blocks + {seq.reserved_blocks} reserved "
+                f"!= its reservation of {request.reserve_blocks}",
+            )
+    _require(held == pool.num_reserved, f"sequences hold {held} reserved blocks, the pool {pool.num_reserved}")
+
+
+def _check_block_counts(view: SchedulerView) -> None:
+    """Every reference taken is held or given back: per request, and for the pool as a whole."""
+    pool = view.pool
+    outstanding = pool.num_allocated_total + pool.num_shared_total - pool.num_released_total
+    _require(
+        outstanding == sum(pool.ref_counts),
+        f"pool counters: allocated {pool.num_allocated_total} + shared {pool.num_shared_total} - released "
+        f"{pool.num_released_total} != {sum(pool.ref_counts)} references held",
+    )
+    for request_id, request in view.requests.items():
+        counts = request.blocks
+        held = sum(len(seq.block_table) for seq in request.seqs)
+        _require(
+            min(counts.hit, counts.allocated, counts.copied, counts.freed) >= 0 and counts.copied <= counts.hit,
+            f"request {request_id}: negative block counts or more copies than hits: {counts}",
+        )
+        _require(
+            counts.allocated + counts.hit - counts.copied - counts.freed == held,
+            f"request {request_id}: allocated {counts.allocated} + hit {counts.hit} - copied {counts.copied} "
+            f"- freed {counts.freed} != {held} blocks its tables hold",
+        )
+
+
 def dump(view: SchedulerView) -> str:
     """Step ids, pool/CPU/tree figures, then every request's sequences with their block tables."""
     pool, tree = view.pool, view.tree
@@ -176,6 +231,8 @@ def dump(view: SchedulerView) -> str:
         f"step {view.step_id}  in flight: {view.inflight_step_id}",
         f"blocks: total {pool.num_blocks}  free {pool.num_free}  cached {pool.num_cached}  "
         f"referenced {pool.num_referenced}  tree nodes {tree.num_nodes} in {len(tree.namespaces())} namespaces",
+        f"reserved {pool.num_reserved} ({view.config.kv_reservation})  allocated total {pool.num_allocated_total}  "
+        f"shared total {pool.num_shared_total}  released total {pool.num_released_total}",
         f"cpu blocks: total {view.cpu.num_blocks}  free {view.cpu.num_free}",
         f"pending drops: {list(view.pending_drops)}",
     ]
@@ -191,7 +248,8 @@ def dump(view: SchedulerView) -> str:
             lines.append(
                 f"  seq {seq.seq_id} #{seq.index} {seq.status.value:9} computed {seq.num_computed}/"
                 f"{len(seq.token_ids)} tree_blocks {seq.num_tree_blocks}"
-                f"{' frozen' if seq.cache_frozen else ''}  blocks [{table}]"
+                f"{' frozen' if seq.cache_frozen else ''}"
+                f"{f' reserved {seq.reserved_blocks}' if seq.reserved_blocks else ''}  blocks [{table}]"
                 + (f"  cpu {seq.cpu_table}" if seq.cpu_table else "")
             )
     lines.append(f"evictable (LRU first): {pool.cached_blocks_lru()}")

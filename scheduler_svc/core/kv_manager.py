@@ -9,7 +9,11 @@ section of docs/architecture.md):
 - a block enters the tree only once its tokens are computed (confirmed by a StepResult),
   so a prefix hit never reads KV that the same step is still writing;
 - a block that a plan reads (a copy source) stays pinned until the plan is built, so no
-  allocation in the same plan can hand it out.
+  allocation in the same plan can hand it out;
+- under a `kv_reservation` policy a running sequence's table can always grow to
+  `request.reserve_blocks`: the pool holds back `seq.reserved_blocks` for it.
+
+It also bumps each request's `BlockCounts` where it shares, allocates, copies and drops blocks.
 """
 
 from __future__ import annotations
@@ -59,14 +63,18 @@ class KvManager:
     def admit(self, seq: Sequence, match: PrefixMatch, forked: bool, budget: int, plan: StepPlan) -> int:
         """Give `seq` its block table if the pool can hold all its known tokens; return tokens to schedule.
 
-        Returns 0 (and changes nothing) when there is no room.
+        Under a `kv_reservation` policy the pool must hold the whole reservation instead, and
+        what is not allocated now is reserved for the sequence until it ends. Returns 0 (and
+        changes nothing) when there is no room.
         """
         pool, bs = self.pool, self.block_size
         num_tokens = len(seq.token_ids)
         full = match.full_blocks
         refs = pool.ref_counts
+        request = seq.request
         revived = sum(1 for block in full if refs[block] == 0)  # cached blocks about to be referenced
-        total_new = -(-num_tokens // bs) - len(full)
+        # The blocks this table must be able to reach: its known tokens' or, reserving, the reservation's.
+        total_new = max(-(-num_tokens // bs), request.reserve_blocks) - len(full)
         room = pool.num_allocatable - revived
         if match.partial_block is not None and total_new + (refs[match.partial_block] == 0) > room:
             match.num_tokens -= match.partial_slots  # no room to pin the copy source: recompute those slots
@@ -83,8 +91,16 @@ class KvManager:
             self._pinned.append(source)
         new_blocks = pool.allocate((computed + count + bs - 1) // bs - len(full))
         assert new_blocks is not None, "admission checked the room"
+        counts = request.blocks
+        counts.hit += len(full)
+        counts.allocated += len(new_blocks)
         if source is not None:
             plan.copies.append((source, new_blocks[0]))
+            counts.hit += 1
+            counts.copied += 1
+        if request.reserve_blocks:
+            seq.reserved_blocks = total_new - len(new_blocks)
+            pool.reserve(seq.reserved_blocks)
         seq.block_table = full + new_blocks
         seq.num_computed = computed
         admission.place_in_tree(seq, match, forked, self.caching)
@@ -98,12 +114,29 @@ class KvManager:
 
     # --- growth and release ----------------------------------------------------------
 
-    def allocate(self, need: int) -> list[int] | None:
-        """`need` fresh blocks, or None (nothing changed)."""
-        if need == 1:
-            block = self.pool.allocate_one()
-            return None if block is None else [block]
-        return self.pool.allocate(need)
+    def allocate(self, seq: Sequence, need: int) -> list[int] | None:
+        """`need` fresh blocks for `seq` to grow into, out of its reservation if it has one; None: nothing changed."""
+        pool = self.pool
+        reserved = seq.reserved_blocks
+        if reserved:
+            take = need if need < reserved else reserved
+            pool.num_reserved -= take  # its own reservation becomes allocatable to it, and only to it
+            blocks = pool.allocate(need)
+            if blocks is None:
+                pool.num_reserved += take
+                return None
+            seq.reserved_blocks = reserved - take
+        elif need == 1:
+            block = pool.allocate_one()
+            if block is None:
+                return None
+            blocks = [block]
+        else:
+            blocks = pool.allocate(need)
+            if blocks is None:
+                return None
+        seq.request.blocks.allocated += need
+        return blocks
 
     def cache_full_blocks(self, seq: Sequence) -> None:
         """Add the sequence's newly computed full blocks to the tree, so others hit them while it runs."""
@@ -120,7 +153,10 @@ class KvManager:
         seq.tree_node = node
 
     def release(self, seq: Sequence) -> None:
-        """Return the block table to the pool, first caching the computed part of its partial tail block."""
+        """Return the block table (and any reservation) to the pool, first caching the computed part of its tail."""
+        if seq.reserved_blocks:
+            self.pool.unreserve(seq.reserved_blocks)
+            seq.reserved_blocks = 0
         table = seq.block_table
         if not table:
             return
@@ -130,6 +166,7 @@ class KvManager:
                 key = tuple(seq.token_ids[full * self.block_size : seq.num_computed])
                 self.tree.insert(seq.request.namespace, seq.tree_node, key, table[full])
         self.pool.release_table(table)
+        seq.request.blocks.freed += len(table)
         seq.block_table = []
 
     def forget(self, seq: Sequence) -> None:
@@ -148,18 +185,29 @@ class KvManager:
             return False
         plan.swap_out.extend(zip(seq.block_table[:used], cpu_blocks))
         seq.cpu_table = cpu_blocks
+        if seq.reserved_blocks:
+            self.pool.unreserve(seq.reserved_blocks)
+            seq.reserved_blocks = 0
         self.pool.release_table(seq.block_table)
+        seq.request.blocks.freed += len(seq.block_table)
         seq.block_table = []
         # Swapped-in blocks will be private copies, not the tree's: the chain ends here.
         seq.tree_node, seq.num_tree_blocks, seq.cache_frozen = None, 0, True
         return True
 
     def swap_in(self, seq: Sequence, count: int, plan: StepPlan) -> bool:
-        """Bring a swapped sequence back with room for `count` more tokens; False if the pool is short."""
+        """Bring a swapped sequence back with room for `count` more tokens (and its reservation); False if short."""
+        pool = self.pool
         need = -(-(seq.num_computed + count) // self.block_size)
-        blocks = self.pool.allocate(need)
-        if blocks is None:
+        reserve = max(seq.request.reserve_blocks - need, 0)
+        if need + reserve > pool.num_allocatable:
             return False
+        blocks = pool.allocate(need)
+        assert blocks is not None, "swap-in checked the room"
+        if reserve:
+            pool.reserve(reserve)
+            seq.reserved_blocks = reserve
+        seq.request.blocks.allocated += need
         plan.swap_in.extend(zip(seq.cpu_table, blocks))
         self.cpu.release(seq.cpu_table)
         seq.cpu_table = []

@@ -16,6 +16,26 @@ class SampledLogprob:
 
 
 @dataclass(slots=True)
+class BlockCounts:
+    """One request's KV block accounting over its life, summed over its n sequences.
+
+    `KvManager` bumps these where it takes, copies and drops blocks. Every reference a
+    request takes it gives back, so once it has ended `allocated + hit - copied == freed`
+    (the source of a partial hit is only pinned while the plan that copies it is built).
+    """
+
+    hit: int = 0
+    """Blocks reused at admission instead of computed: full blocks shared from the prefix cache (or,
+    for n > 1, from completion 0) plus the source block of each partial copy."""
+    allocated: int = 0
+    """New blocks taken from the pool: at admission, growth, swap-in and recompute after preemption."""
+    copied: int = 0
+    """Block copies planned for it: a partial-block hit or the copy-on-write block of a fork."""
+    freed: int = 0
+    """Block references it dropped: when a sequence ended, was preempted or lost its executor."""
+
+
+@dataclass(slots=True)
 class SequenceOutput:
     """One per sequence that produced a token (or finished) in a step."""
 
@@ -37,6 +57,9 @@ class SequenceOutput:
     """Arrival to first scheduled."""
     ttft_s: float | None
     """Arrival to first output token."""
+    blocks: BlockCounts | None = None
+    """The request's own `BlockCounts`, the same object in each of its outputs (no copy per step):
+    complete once every sequence of the request has finished, as with its last final output."""
 
 
 @dataclass(slots=True)
@@ -59,6 +82,8 @@ class SchedulerStats:
     num_steps: int = 0
     num_requests: int = 0
     """Live (unfinished) requests."""
+    blocks_reserved: int = 0
+    """Free or cached blocks promised to running sequences under a `kv_reservation` policy."""
 
     @property
     def prefix_hit_rate(self) -> float:

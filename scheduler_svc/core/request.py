@@ -20,6 +20,7 @@ from operator import attrgetter
 from protos import defaults
 from protos.sampling import SamplingParams
 from protos.stop_rules import FinishReason
+from scheduler_svc.core.outputs import BlockCounts
 from scheduler_svc.core.prefix_tree import PrefixNode
 
 
@@ -97,6 +98,10 @@ class Request:
     """Arrival to first output token; None until then."""
     prompt_done: bool = False
     """Sequence 0 has computed the whole prompt once: the other completions may fork from it."""
+    reserve_blocks: int = 0
+    """Block-table size each running sequence is guaranteed under `kv_reservation` (0: paged)."""
+    blocks: BlockCounts = field(default_factory=BlockCounts)
+    """Blocks hit, allocated, copied and freed for this request so far (handed out in its outputs)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -129,6 +134,8 @@ class Sequence:
     """Leading blocks of `block_table` that are exactly the tree chain ending at `tree_node`."""
     cache_frozen: bool = False
     """Stop adding this sequence's blocks to the tree (its chain diverged from the tree's)."""
+    reserved_blocks: int = 0
+    """Blocks the pool holds back for this running sequence's growth: reserve_blocks - len(block_table)."""
     skips: int = 0
     """Times the cache-aware order admitted a later sequence before this one."""
     started_step: int = 0

@@ -78,6 +78,7 @@ class Scheduler(StepBuilder):
         request = Request(request_id, prompt, sampling, priority, namespace, arrival, self._next_order, seed)
         request.stop_ids = stop_token_ids(sampling, self._eos)
         request.max_output_tokens = min(sampling.max_tokens, self.config.max_model_len - len(prompt))
+        request.reserve_blocks = self.config.reserved_blocks(len(prompt), sampling.max_tokens)
         self._next_order += 1
         for index in range(sampling.n):
             self._next_seq_id += 1
@@ -115,6 +116,13 @@ class Scheduler(StepBuilder):
             raise RequestRejected(
                 "max_tokens",
                 f"prompt + max_tokens ({total} tokens) needs {blocks} KV blocks "
+                f"but the cache holds only {self._kv.pool.num_blocks}",
+            )
+        reserved = cfg.reserved_blocks(len(prompt), sampling.max_tokens)
+        if reserved > self._kv.pool.num_blocks:
+            raise RequestRejected(
+                "max_tokens",
+                f"kv_reservation={cfg.kv_reservation} reserves {reserved} KV blocks per sequence "
                 f"but the cache holds only {self._kv.pool.num_blocks}",
             )
 
@@ -194,6 +202,7 @@ class Scheduler(StepBuilder):
                     num_output,
                     request.queue_time_s,
                     request.ttft_s,
+                    request.blocks,
                 )
             )
         if any_finished:
@@ -220,6 +229,7 @@ class Scheduler(StepBuilder):
             len(seq.token_ids) - seq.prompt_len,
             request.queue_time_s,
             request.ttft_s,
+            request.blocks,
         )
 
     # --- ending sequences ------------------------------------------------------------
@@ -287,8 +297,10 @@ class Scheduler(StepBuilder):
         """
         self._inflight = None
         for seq in self._running + self._swapped:
+            seq.request.blocks.freed += len(seq.block_table)  # references dropped with the old pool
             seq.cpu_table = []
             seq.block_table = []
+            seq.reserved_blocks = 0
             seq.status = SequenceStatus.PREEMPTED
             bisect.insort(self._waiting, seq, key=QUEUE_ORDER)
         for seq in self._waiting:

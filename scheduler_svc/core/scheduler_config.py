@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from protos import defaults
 
 PREEMPTION_MODES = ("recompute", "swap")
+KV_RESERVATIONS = ("paged", "max-model-len", "prompt-plus-max-tokens")
+"""`paged`: blocks as tokens need them. The others preallocate like a contiguous-KV engine."""
 
 
 @dataclass(slots=True)
@@ -30,6 +32,15 @@ class SchedulerConfig:
     preemption_mode: str = field(
         default="recompute",
         metadata={"help": "how running sequences give up memory under pressure", "choices": PREEMPTION_MODES},
+    )
+    kv_reservation: str = field(
+        default="paged",
+        metadata={
+            "help": "KV memory per sequence: paged = blocks as its tokens need them; max-model-len or "
+            "prompt-plus-max-tokens = reserve that many tokens' blocks at admission and hold them until it "
+            "ends, like a contiguous-preallocation engine (admission waits while they do not fit)",
+            "choices": KV_RESERVATIONS,
+        },
     )
     enable_prefix_caching: bool = field(
         default=True, metadata={"help": "the prefix cache (requests sharing a prompt prefix reuse its KV blocks)"}
@@ -72,7 +83,19 @@ class SchedulerConfig:
             raise ValueError(f"SchedulerConfig.num_cpu_blocks must be >= 0, got {self.num_cpu_blocks}")
         if self.cache_aware_max_skips < 0:
             raise ValueError("SchedulerConfig.cache_aware_max_skips must be >= 0")
+        if self.kv_reservation not in KV_RESERVATIONS:
+            raise ValueError(
+                f"SchedulerConfig.kv_reservation must be one of {KV_RESERVATIONS}, got {self.kv_reservation!r}"
+            )
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(
                 f"SchedulerConfig.preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}"
             )
+
+    def reserved_blocks(self, prompt_len: int, max_tokens: int) -> int:
+        """Blocks a sequence of this request holds from admission to its end under `kv_reservation`; 0: paged."""
+        policy = self.kv_reservation
+        if policy == "paged":
+            return 0
+        tokens = self.max_model_len if policy == "max-model-len" else prompt_len + max_tokens
+        return -(-tokens // self.block_size)

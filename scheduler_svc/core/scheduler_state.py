@@ -62,6 +62,7 @@ class SchedulerState:
             inflight_step_id=self._inflight.step_id if self._inflight else None,
             block_size=self._bs,
             max_num_seqs=self.config.max_num_seqs,
+            config=self.config,
             waiting=tuple(self._waiting),
             running=tuple(self._running),
             swapped=tuple(self._swapped),
@@ -92,6 +93,7 @@ class SchedulerState:
             cpu_blocks_used=cpu.num_blocks - cpu.num_free,
             num_steps=self._num_steps,
             num_requests=len(self._requests),
+            blocks_reserved=pool.num_reserved,
         )
 
     def ref_count(self, block_id: int) -> int:

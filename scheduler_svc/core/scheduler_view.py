@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from scheduler_svc.core.block_pool import BlockPool, CpuBlockPool
 from scheduler_svc.core.prefix_tree import PrefixTree
 from scheduler_svc.core.request import Request, Sequence
+from scheduler_svc.core.scheduler_config import SchedulerConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +29,8 @@ class SchedulerView:
     """Id of the plan awaiting its `update()`, or None."""
     block_size: int
     max_num_seqs: int
+    config: SchedulerConfig
+    """The live config (policies such as `kv_reservation`): read it, never change it."""
     waiting: tuple[Sequence, ...]
     """Waiting and recompute-preempted sequences, in priority order."""
     running: tuple[Sequence, ...]

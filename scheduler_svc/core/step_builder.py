@@ -113,13 +113,13 @@ class StepBuilder(SchedulerState):
 
     def _allocate_or_preempt(self, seq: Sequence, need: int, plan: StepPlan) -> list[int] | None:
         """`need` blocks for `seq`, preempting from the tail of `running` until they fit (None: `seq` went)."""
-        blocks = self._kv.allocate(need)
+        blocks = self._kv.allocate(seq, need)
         while blocks is None:
             victim = self._running[-1]
             self._preempt(victim, plan)
             if victim is seq:
                 return None
-            blocks = self._kv.allocate(need)
+            blocks = self._kv.allocate(seq, need)
         return blocks
 
     def _schedule_swapped(self, plan: StepPlan, scheduled: list[tuple[Sequence, int, bool]], budget: int) -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from protos.stop_rules import FinishReason
-from scheduler_svc.core.outputs import SequenceOutput
+from scheduler_svc.core.outputs import BlockCounts, SequenceOutput
 from scheduler_svc.server.detokenizer import CompletionText, Decoder
 from scheduler_svc.server.metrics import ServerMetrics
 from scheduler_svc.server.request_stream import CompletionChunk, RequestStream, Usage
@@ -22,6 +22,7 @@ from scheduler_svc.server.request_stream import CompletionChunk, RequestStream, 
 log = structlog.get_logger(__name__)
 
 _TOKEN_FINISHES = (FinishReason.STOP, FinishReason.EOS)
+_NO_BLOCKS = BlockCounts()
 
 
 @dataclass(slots=True)
@@ -52,6 +53,8 @@ class ActiveRequest:
     """A stop string ended a completion and the scheduler still runs its sequence until the next boundary."""
     executor_losses: int = 0
     """Executor losses this request lived through; past the limit it fails instead of recomputing."""
+    blocks: BlockCounts | None = None
+    """The scheduler's block accounting for this request (from its outputs); final by the time it closes."""
 
     @classmethod
     def create(
@@ -95,6 +98,8 @@ class ActiveRequest:
         to the match and not the token the executor may already be sampling for it.
         """
         completion = self.completions[output.index]
+        if self.blocks is None:
+            self.blocks = output.blocks
         token_ids = list(output.new_token_ids)
         finish = output.finish_reason
         # The token that finished a sequence (eos or a stop token id) is not part of the text.
@@ -138,11 +143,17 @@ class ActiveRequest:
         return stopped
 
     def close(self, reason: FinishReason | None) -> None:
-        """End the stream and write the request's one canonical log line; `reason` covers unfinished completions."""
+        """End the stream and write the request's one canonical log line; `reason` covers unfinished completions.
+
+        The engine closes a request only once the scheduler has ended all its sequences, so the
+        block counts are final: blocks_allocated + blocks_hit - blocks_copied == blocks_freed.
+        """
         self.stream.close()
         usages = [u for u in self.usage if u is not None]
         first = usages[0] if usages else None
         duration_s = self.clock() - self.arrival
+        # None only if no output ever reached it (failed by fail_all before its first token).
+        blocks = self.blocks if self.blocks is not None else _NO_BLOCKS
         if self.metrics is not None:
             for completion in self.completions:
                 self.metrics.observe_finished(
@@ -162,4 +173,8 @@ class ActiveRequest:
                 sorted({(c.finish_reason or reason or FinishReason.ABORT).value for c in self.completions})
             ),
             n=len(self.completions),
+            blocks_hit=blocks.hit,
+            blocks_allocated=blocks.allocated,
+            blocks_copied=blocks.copied,
+            blocks_freed=blocks.freed,
         )

@@ -166,6 +166,7 @@ class ServerConfig:
     max_num_batched_tokens: int = _policy("max_num_batched_tokens")
     max_num_seqs: int = _policy("max_num_seqs")
     preemption_mode: str = _policy("preemption_mode")
+    kv_reservation: str = _policy("kv_reservation")
     enable_prefix_caching: bool = _policy("enable_prefix_caching", flag="--no-prefix-caching")
     cache_aware_order: bool = _policy("cache_aware_order")
     cache_aware_window: int = _policy("cache_aware_window")

@@ -3,7 +3,8 @@
 The engine feeds every step to `observe_step`; once `interval_s` has passed since the last
 line, and the interval saw tokens or there are requests in flight, one structlog line goes
 out with prompt and generation throughput over the interval, running/waiting/swapped counts,
-KV usage, preemptions in the interval and the prefix-cache hit rate over the interval's queries.
+KV usage, the pool's free, cached (evictable), referenced and reserved blocks at the end of the
+interval, preemptions in the interval and the prefix-cache hit rate over the interval's queries.
 An idle engine takes no steps, so it logs nothing.
 """
 
@@ -70,6 +71,10 @@ class StatsLogger:
                 "waiting": stats.num_waiting,
                 "swapped": stats.num_swapped,
                 "kv_usage_pct": round(100.0 * stats.kv_usage, 1),
+                "blocks_free": stats.blocks_free,
+                "blocks_cached": stats.blocks_cached,
+                "blocks_referenced": stats.blocks_referenced,
+                "blocks_reserved": stats.blocks_reserved,
                 "prefix_hit_rate_pct": round(100.0 * hits / queried, 1) if queried > 0 else 0.0,
                 "preemptions": max(0, stats.num_preemptions - self._base_preemptions),
             }

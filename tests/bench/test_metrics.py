@@ -160,6 +160,10 @@ def test_stats_logger_logs_interval_figures_only_when_busy():
         "kv_usage_pct": 50.0,
         "prefix_hit_rate_pct": 37.5,
         "preemptions": 3,
+        "blocks_free": 100,
+        "blocks_cached": 0,
+        "blocks_referenced": 0,
+        "blocks_reserved": 0,
     }
     assert rec.lines == [("engine stats", fields)]
     now[0] = 12.0  # next window: hit rate only over its own queries

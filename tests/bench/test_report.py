@@ -122,3 +122,28 @@ def test_target_ratios_compare_kvserve_with_each_target_per_workload():
     table = render_table(report)
     assert "vs llama-server (mixed)" in table and "2.00" in table and "3.00" in table
     assert "vs absent: not measured" in table
+
+
+def test_three_tiers_put_the_prealloc_run_beside_its_estimate():
+    runs = [
+        _run("kvserve", "shared-prefix", [0.2, 0.3], output_tokens=4, prompt=1700, peak=30),
+        _run("kvserve-no-cache", "shared-prefix", [1.0, 2.0], output_tokens=4, prompt=1700, peak=4),
+        _run("kvserve-prealloc", "shared-prefix", [3.0, 4.0], output_tokens=4, prompt=1700, peak=3),
+    ]
+    runs[0].block_size = 32  # waste is counted at the run's own block size: 1704 -> 1728
+    report = BenchReport(meta={}, results=[summarize_run(r) for r in runs])
+    lengths = {"shared-prefix": 1864}
+    compute_ratios(report, runs, num_blocks=512, block_size=16, max_request_len_by_workload=lengths)
+    p = report.prealloc["by_workload"]["shared-prefix"]
+    assert (p["prealloc_concurrency"], p["measured_prealloc_concurrency"]) == (4, 3)
+    assert p["measured_ratio"] == pytest.approx(10.0)
+    assert report.ratios["concurrency_vs_prealloc"] == pytest.approx(7.5)  # the headline stays the estimate
+    tiers = report.tiers["shared-prefix"]
+    assert tiers["prealloc_estimate"] == 4
+    assert [t["configuration"] for t in tiers["tiers"]] == ["kvserve-prealloc", "kvserve-no-cache", "kvserve"]
+    assert [t["peak_running"] for t in tiers["tiers"]] == [3, 4, 30]
+    assert tiers["tiers"][0]["ttft_p99"] == pytest.approx(3.99)
+    assert report.ratios["kv_partial_block_waste_pct"] == pytest.approx(100 * 2 * 24 / (2 * 1728))
+    assert json.loads(report.to_json())["tiers"]["shared-prefix"]["tiers"][2]["tier"] == "paged + cache"
+    table = render_table(report)
+    assert "three tiers (shared-prefix)" in table and "3 (estimate 4)" in table

@@ -194,6 +194,7 @@ def test_stats_text_and_json(scripted_server) -> None:
     body = json.loads(run_cli("stats", "--json", *port_args(scripted_server)).stdout)
     assert body["health"] == "SERVING"
     assert body["model"]["block_size"] == 16 and body["stats"]["executor_state"] == "READY"
+    assert "block_size=16" in text.stdout
 
 
 def test_stats_health_probes(scripted_server) -> None:
@@ -219,3 +220,27 @@ def test_help_shows_defaults(command: str) -> None:
     if command == "generate":
         assert "greedy (default: 0.7 with --chat, else server's, 1.0)" in result.stdout
         assert "to generate (default: 256 with --chat, else server's, 16)" in result.stdout
+
+
+@pytest.mark.parametrize("block_size", defaults.BLOCK_SIZES)
+def test_serve_passes_its_block_size_to_the_executor(block_size: int) -> None:
+    from executor_svc.entry import build_parser as executor_parser
+    from executor_svc.entry import fake_config_from_args, runner_config_from_args
+    from kvserve.cli import build_parser
+    from kvserve.commands.serve import ServeConfig, executor_args
+    from protos.config_flags import config_from_args
+    from scheduler_svc.server.server_config import ServerConfig
+
+    argv = ["serve", "--executor", "fake", "--block-size", str(block_size), "--executor-args", "--tokenizer-path ."]
+    args = build_parser().parse_args(argv)  # (a tokenizer path: no default model needed to build the fake config)
+    child = executor_args(config_from_args(ServeConfig, args), config_from_args(ServerConfig, args), "ipc:///tmp/x")
+    child_args = executor_parser().parse_args(child)
+    assert runner_config_from_args(child_args).block_size == block_size
+    assert fake_config_from_args(child_args).block_size == block_size
+
+
+@pytest.mark.parametrize("command", ["serve", "executor"])
+def test_block_size_outside_the_tested_set_is_refused(command: str) -> None:
+    result = run_cli(command, "--block-size", "12")
+    assert result.returncode == 2
+    assert "--block-size: invalid choice: 12 (choose from 8, 16, 32, 64)" in result.stderr

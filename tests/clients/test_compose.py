@@ -1,8 +1,12 @@
-"""docker-compose.yml and docker/Dockerfile, checked by parsing (no Docker engine on these machines)."""
+"""docker-compose.yml and docker/Dockerfile, checked by parsing (no Docker engine on these machines).
+
+test_compose_services.py runs the services; `docker-compose config` validates the file where installed.
+"""
 
 from __future__ import annotations
 
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -12,6 +16,7 @@ import pytest
 import yaml
 
 from protos import defaults
+from tests.clients.compose_services import dockerfile_cmd, kvserve_args, published_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -45,14 +50,26 @@ def test_executor_reserves_an_nvidia_gpu(compose: dict) -> None:
     assert "deploy" not in compose["services"]["scheduler"]  # the scheduler is CPU-only
 
 
-def test_scheduler_publishes_the_grpc_port(compose: dict) -> None:
+def test_scheduler_publishes_both_apis_on_host_loopback(compose: dict) -> None:
     scheduler = compose["services"]["scheduler"]
-    port = int(option(scheduler["command"], "--port"))
-    assert port == defaults.GRPC_PORT
+    grpc_port, http_port = int(option(scheduler["command"], "--port")), int(option(scheduler["command"], "--http-port"))
+    assert (grpc_port, http_port) == (defaults.GRPC_PORT, defaults.HTTP_PORT)
     assert option(scheduler["command"], "--host") == "0.0.0.0"  # reachable from outside its container
-    published = [p for p in scheduler["ports"] if int(p["target"]) == port]
-    assert published and int(published[0]["published"]) == defaults.GRPC_PORT
+    assert "--http-host" not in scheduler["command"]  # HTTP listens where gRPC does
+    published = {p.target: p for p in published_ports(scheduler)}
+    assert set(published) == {grpc_port, http_port}
+    for port in published.values():
+        assert port.host_ip == "127.0.0.1" and port.published == port.target
     assert "ports" not in compose["services"]["executor"]  # the link stays on the compose network
+
+
+def test_unauthenticated_apis_are_allowed_only_because_published_on_loopback(compose: dict) -> None:
+    """The secure default: no token, so --allow-insecure-remote, said to be safe next to it in the file."""
+    scheduler = compose["services"]["scheduler"]
+    assert "--allow-insecure-remote" in scheduler["command"] and "--auth-token-file" not in scheduler["command"]
+    text = COMPOSE.read_text()
+    assert "published on the host's 127.0.0.1 only" in text and "--auth-token-file" in text
+    assert "tensor parallelism" in text  # the issue's two-GPU layout: said not to exist yet, nothing fake
 
 
 def test_link_endpoints_are_consistent(compose: dict) -> None:
@@ -71,7 +88,7 @@ def test_link_endpoints_are_consistent(compose: dict) -> None:
 def test_healthchecks_and_startup_order(compose: dict) -> None:
     services = compose["services"]
     scheduler_check = services["scheduler"]["healthcheck"]["test"]
-    assert scheduler_check[0] == "CMD" and scheduler_check[1:3] == ["kvserve", "stats"]
+    assert scheduler_check[0] == "CMD" and scheduler_check[1:4] == ["kvserve", "stats", "--alive"]  # liveness
     assert int(option(scheduler_check, "--port")) == defaults.GRPC_PORT
     executor_check = services["executor"]["healthcheck"]["test"]
     assert executor_check[-2].endswith("link_healthcheck.py")
@@ -106,6 +123,43 @@ def test_dockerfile_builds_one_cuda_image() -> None:
     assert "WORKDIR /app" in text
     for package in ("kvserve", "protos", "scheduler_svc", "executor_svc", "kernels", "clients"):
         assert f"COPY {package} ./{package}" in text
+
+
+def test_dockerfile_default_cmd_serves_on_loopback_and_exposes_its_ports() -> None:
+    """`docker run -p 50051:50051 kvserve` must not expose an unauthenticated API: the CMD keeps loopback."""
+    args = kvserve_args(dockerfile_cmd())
+    assert args.command == "serve" and args.host == "127.0.0.1" and args.http_host is None
+    assert not args.allow_insecure_remote
+    (expose,) = re.findall(r"^EXPOSE (.+)$", DOCKERFILE.read_text(), re.M)
+    assert {args.port, args.http_port, defaults.LINK_TCP_PORT} <= {int(p) for p in expose.split()}
+    assert "--auth-token-file" in DOCKERFILE.read_text()  # the comment says how to expose it further
+
+
+def _compose_tools() -> list[list[str]]:
+    tools = [["docker-compose"]] if shutil.which("docker-compose") else []
+    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
+        tools.append(["docker", "compose"])
+    return tools
+
+
+COMPOSE_TOOLS = _compose_tools()
+
+
+@pytest.mark.skipif(not COMPOSE_TOOLS, reason="neither docker-compose nor `docker compose` is installed")
+@pytest.mark.parametrize("tool", COMPOSE_TOOLS or [["docker-compose"]], ids=" ".join)
+def test_docker_compose_config_accepts_the_file(tool: list[str], tmp_path: Path) -> None:
+    """The tool's own schema check (no engine needed); Debian's docker-compose 1.29 is the strictest."""
+    result = subprocess.run(
+        [*tool, "--project-directory", str(ROOT), "-f", str(COMPOSE), "config"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    resolved = yaml.safe_load(result.stdout)
+    assert set(resolved["services"]) == {"scheduler", "executor"}
+    assert all(p.host_ip == "127.0.0.1" for p in published_ports(resolved["services"]["scheduler"]))
 
 
 def _run_link_healthcheck(port: int) -> int:

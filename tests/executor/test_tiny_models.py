@@ -103,9 +103,20 @@ CASES = {
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_logits_match_transformers(tmp_path, case, backend):
+    _check_logits(tmp_path, case, backend)
+
+
+@pytest.mark.parametrize("block_size", [8, 64])
+def test_triton_logits_match_transformers_at_other_block_sizes(tmp_path, block_size):
+    """The extend kernel through the whole runner; 8-token blocks take its two-blocks-per-tile path."""
+    _check_logits(tmp_path, "llama-linear-rope", "triton", block_size)
+
+
+def _check_logits(tmp_path, case: str, backend: str, block_size: int = 16) -> None:
     arch, overrides = CASES[case]
     model, path = _tiny_checkpoint(tmp_path, arch, **overrides)
-    runner = ModelRunner(RunnerConfig(model=str(path), kv_cache_gb=0.001, attention_backend=backend))
+    config = RunnerConfig(model=str(path), kv_cache_gb=0.001, attention_backend=backend, block_size=block_size)
+    runner = ModelRunner(config)
     tokens = torch.randint(0, 256, (37,), generator=torch.Generator().manual_seed(1)).tolist()
     with torch.inference_mode():
         expected = model(torch.tensor([tokens])).logits[0]
@@ -113,6 +124,7 @@ def test_logits_match_transformers(tmp_path, case, backend):
     torch.testing.assert_close(got, expected, atol=2e-4, rtol=1e-4)
     info = runner.info()
     assert info.vocab_size == 256 and info.max_model_len == 256 and info.attention_backend == backend
+    assert info.block_size == block_size
     assert info.model_id.startswith(f"{arch}@")
 
 
@@ -145,6 +157,29 @@ def test_triton_backend_generates_the_same_tokens_as_torch(tiny_llama):
         chunk_size=9,
     )
     assert torch_out == triton_out
+
+
+BLOCK_PROMPTS = [*PROMPTS, [(3 * j + 1) % 256 for j in range(77)]]
+"""With 12 new tokens the longest context (89) crosses a 64-token block boundary."""
+
+
+@pytest.fixture(scope="module")
+def greedy_at_block_size_16(tiny_llama):
+    runner = ModelRunner(RunnerConfig(model=str(tiny_llama), kv_cache_gb=0.001))
+    assert runner.info().block_size == 16
+    return _run(runner, BLOCK_PROMPTS, chunk_size=9)
+
+
+@pytest.mark.parametrize("block_size", [8, 64])
+def test_block_size_leaves_greedy_tokens_unchanged(tiny_llama, greedy_at_block_size_16, block_size):
+    runner = ModelRunner(RunnerConfig(model=str(tiny_llama), kv_cache_gb=0.001, block_size=block_size))
+    assert runner.info().block_size == block_size == runner.cache.geometry.block_size
+    assert _run(runner, BLOCK_PROMPTS, chunk_size=9) == greedy_at_block_size_16
+
+
+def test_runner_refuses_an_untested_block_size():
+    with pytest.raises(ValueError, match=r"--block-size must be one of 8, 16, 32, 64, got 12"):
+        RunnerConfig(block_size=12)
 
 
 def test_swap_out_and_in_preserves_the_sequence(tiny_llama):

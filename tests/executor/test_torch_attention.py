@@ -1,5 +1,6 @@
 """The torch attention backend against the one-sequence-at-a-time reference, including
-decode batches spread over many context lengths (split into length buckets)."""
+decode batches spread over many context lengths (split into length buckets), at every
+block size `--block-size` accepts."""
 
 from __future__ import annotations
 
@@ -11,17 +12,18 @@ import torch
 from executor_svc.attention.base import AttentionMetadata
 from executor_svc.attention.torch_backend import MIN_BUCKET_SEQS, TorchAttentionBackend, context_buckets
 from kernels.reference import paged_attention_reference
+from protos.defaults import BLOCK_SIZES
 
-BLOCK_SIZE, KV_HEADS, HEADS, HEAD_DIM = 4, 2, 6, 8
+KV_HEADS, HEADS, HEAD_DIM = 2, 6, 8
 
 
-def _case(query_lens: list[int], seq_lens: list[int], seed: int):
+def _case(query_lens: list[int], seq_lens: list[int], seed: int, block_size: int):
     rng = random.Random(seed)
     torch.manual_seed(seed)
-    num_blocks = sum(-(-n // BLOCK_SIZE) for n in seq_lens) + 1
+    num_blocks = sum(-(-n // block_size) for n in seq_lens) + 1
     free = list(range(1, num_blocks))
     rng.shuffle(free)
-    tables = [[free.pop() for _ in range(-(-n // BLOCK_SIZE))] for n in seq_lens]
+    tables = [[free.pop() for _ in range(-(-n // block_size))] for n in seq_lens]
     width = max(len(t) for t in tables)
     padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
     starts = [0]
@@ -37,16 +39,17 @@ def _case(query_lens: list[int], seq_lens: list[int], seed: int):
         max_query_len=max(query_lens),
         max_seq_len=max(seq_lens),
         scale=HEAD_DIM**-0.5,
-        block_size=BLOCK_SIZE,
+        block_size=block_size,
         num_kv_heads=KV_HEADS,
     )
-    k_cache = torch.randn(num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
-    v_cache = torch.randn(num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
+    k_cache = torch.randn(num_blocks, block_size, KV_HEADS, HEAD_DIM)
+    v_cache = torch.randn(num_blocks, block_size, KV_HEADS, HEAD_DIM)
     query = torch.randn(starts[-1], HEADS, HEAD_DIM)
     expected = paged_attention_reference(query, k_cache, v_cache, starts, seq_lens, tables, meta.scale)
     return meta, query, k_cache, v_cache, expected
 
 
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
 @pytest.mark.parametrize(
     "query_lens, seq_lens",
     [
@@ -54,10 +57,11 @@ def _case(query_lens: list[int], seq_lens: list[int], seed: int):
         ([1] * 24, [random.Random(1).randrange(1, 200) for _ in range(24)]),  # decodes over many lengths: buckets
         ([7, 1, 1, 12, 1, 7, 1] + [1] * 10, [7, 40, 2, 30, 90, 19, 5] + list(range(100, 200, 10))),  # mixed step
         ([16], [16]),  # a fresh prefill
+        ([70, 1, 64], [134, 64, 64]),  # an extend over 64 cached tokens, a decode and a prefill of whole blocks
     ],
 )
-def test_matches_reference(query_lens, seq_lens):
-    meta, query, k_cache, v_cache, expected = _case(query_lens, seq_lens, seed=len(seq_lens))
+def test_matches_reference(query_lens, seq_lens, block_size):
+    meta, query, k_cache, v_cache, expected = _case(query_lens, seq_lens, seed=len(seq_lens), block_size=block_size)
     backend = TorchAttentionBackend()
     backend.prepare(meta)
     for _ in range(2):  # a second layer reuses the prepared groups and the workspace

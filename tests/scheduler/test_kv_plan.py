@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvserve.commands import kv_plan
+from protos.defaults import BLOCK_SIZES
 from protos.kv_geometry import GIB, KvGeometry, bytes_per_token
 from scheduler_svc.core.kv_capacity import plan_kv
 
@@ -59,15 +60,42 @@ def test_cli_json_from_a_config_file(tmp_path: Path, capsys) -> None:
     assert out["bytes_per_token"] == 819_200
     assert out["num_blocks"] == 8 * GIB // (819_200 * 16)
     assert out["max_concurrency"] == out["num_blocks"] // 128
+    by_size = out["by_block_size"]
+    assert [entry["block_size"] for entry in by_size] == list(BLOCK_SIZES)
+    for entry in by_size:
+        assert set(entry) == set(kv_plan.BY_BLOCK_SIZE_KEYS)
+        size = entry["block_size"]
+        assert entry["fragmentation_pct"] == pytest.approx(100 * (size / 2) / (2048 + size / 2))
+        assert entry["num_blocks"] == 8 * GIB // (819_200 * size)
+    assert by_size[1]["num_blocks"] == out["num_blocks"]  # the selected size (16) agrees with the plan
 
 
 def test_cli_text_names_every_figure(tmp_path: Path, capsys) -> None:
     path = tmp_path / "config.json"
     path.write_text(json.dumps(LLAMA2_7B))
-    text = run_cli([str(path), "--dtype", "bfloat16", "--block-size", "32"], capsys)
+    text = run_cli([str(path), "--dtype", "bfloat16", "--block-size", "32", "--avg-context", "1000"], capsys)
     for label in ("bytes per token", "bytes per block", "blocks", "token capacity", "concurrency", "fragmentation"):
         assert label in text
     assert "524,288" in text
+    table = text[text.index("by block size") :].splitlines()
+    assert table[0] == "by block size, at 1,000 tokens per sequence:"
+    assert table[1].split() == ["block", "size", "blocks", "concurrency", "fragmentation"]
+    rows = [line.split() for line in table[2:]]
+    assert [row[0] for row in rows] == [str(size) for size in BLOCK_SIZES]
+    geometry = KvGeometry.from_hf_config(LLAMA2_7B)
+    for row, size in zip(rows, BLOCK_SIZES, strict=True):
+        plan = plan_kv(geometry, 4 * GIB, size, "bfloat16", 1000)
+        assert row[1:4] == [f"{plan.num_blocks:,}", f"{plan.max_concurrency:,}", f"{plan.fragmentation_pct:.2f}%"]
+        assert ("<-" in row) == (size == 32)  # the --block-size row is marked
+    assert rows[0][3] == "0.40%" and rows[3][3] == "3.10%"  # 4 / 1004 and 32 / 1032 tail tokens
+
+
+def test_cli_refuses_a_block_size_the_server_does_not_accept(capsys) -> None:
+    parser = argparse.ArgumentParser()
+    kv_plan.register(parser.add_subparsers(dest="command"))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["kv-plan", "--block-size", "12"])
+    assert "--block-size" in capsys.readouterr().err
 
 
 def test_cli_reports_a_bad_config(tmp_path: Path, capsys) -> None:

@@ -3,7 +3,8 @@
 Tiny pools force preemption (both modes) and eviction. The strict fake executor checks every
 plan against the KV slots; `check_invariants()` runs after every operation; each
 completion's tokens must equal an undisturbed run's; at the end every block is free or
-cached and nothing is referenced.
+cached, nothing is referenced or reserved, and every request gave back each block reference
+it took. Each `kv_reservation` policy gets its own run of examples.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ from __future__ import annotations
 import os
 import random
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from executor_svc.fake_tokens import expected_completion
 from protos.stop_rules import FinishReason
 from scheduler_svc.core.request import RequestRejected, derive_seed
-from scheduler_svc.core.scheduler_config import SchedulerConfig
+from scheduler_svc.core.scheduler_config import KV_RESERVATIONS, SchedulerConfig
 from tests.scheduler.harness import Harness, strict_executor
 
 MAX_EXAMPLES = int(os.environ.get("KVSERVE_PROPERTY_EXAMPLES", "150"))
@@ -27,10 +29,12 @@ OPS = ("add", "add", "add", "add", "step", "step", "step", "abort", "abort_in_fl
 
 
 @st.composite
-def configs(draw) -> SchedulerConfig:
+def configs(draw, kv_reservation: str) -> SchedulerConfig:
     block_size = draw(st.sampled_from([1, 2, 4]))
-    kv_tokens = draw(st.integers(10, 40))  # tight: a few requests of up to ~20 tokens
+    # Tight: a few requests of up to ~20 tokens; reserving max_model_len (24) needs room for one at least.
+    kv_tokens = draw(st.integers(10 if kv_reservation == "paged" else 24, 40 if kv_reservation == "paged" else 60))
     return SchedulerConfig(
+        kv_reservation=kv_reservation,
         num_blocks=-(-kv_tokens // block_size),
         block_size=block_size,
         num_cpu_blocks=draw(st.sampled_from([0, 4, 12, 40])),
@@ -70,9 +74,11 @@ def random_request(rng: random.Random, h: Harness, request_id: str, prompts: dic
     prompts[request_id], seeds[request_id] = prompt, seed
 
 
+@pytest.mark.parametrize("kv_reservation", KV_RESERVATIONS)
 @settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(config=configs(), ops=st.lists(st.sampled_from(OPS), min_size=4, max_size=60), seed=st.integers(0, 2**32))
-def test_random_interleavings_keep_every_invariant(config: SchedulerConfig, ops: list[str], seed: int) -> None:
+@given(data=st.data(), ops=st.lists(st.sampled_from(OPS), min_size=4, max_size=60), seed=st.integers(0, 2**32))
+def test_random_interleavings_keep_every_invariant(kv_reservation: str, data, ops: list[str], seed: int) -> None:
+    config = data.draw(configs(kv_reservation), label="config")
     rng = random.Random(seed)
     h = Harness(config)
     sched = h.scheduler
@@ -111,11 +117,13 @@ def test_random_interleavings_keep_every_invariant(config: SchedulerConfig, ops:
     h.run(max_steps=3000)
     sched.check_invariants()
     stats = sched.stats()
-    assert stats.blocks_referenced == 0
+    assert stats.blocks_referenced == stats.blocks_reserved == 0
     assert stats.blocks_free + stats.blocks_cached == stats.num_blocks
     assert stats.cpu_blocks_used == 0 and stats.num_running == stats.num_waiting == stats.num_swapped == 0
     for (request_id, index), completion in h.completions.items():
         assert completion.finish_reason is not None
+        counts = completion.outputs[-1].blocks
+        assert counts is not None and counts.allocated + counts.hit - counts.copied == counts.freed
         if request_id not in prompts:
             continue
         expected = expected_completion(

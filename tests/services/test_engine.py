@@ -346,3 +346,45 @@ def test_a_request_that_can_never_fit_is_rejected_naming_a_field(tokenizer: Toke
     rejected, active = asyncio.run(scenario())
     assert rejected.field == "max_tokens" and "KV blocks" in str(rejected)
     assert active == 0
+
+
+def test_request_finished_block_counts_are_final_on_every_ending(tokenizer: Tokenizer) -> None:
+    """A stop string (the scheduler lets go only at the next boundary), n > 1 forks, an abort and a
+    re-sync after a lost executor: each request_finished line has every reference given back."""
+    from structlog.testing import capture_logs
+
+    async def scenario():
+        link = InProcessLink()
+        engine = _engine(tokenizer, link, executor_restart_timeout_s=5.0)
+
+        async def body():
+            full_text, _, _ = await _drain(engine.submit(_request("plain", PROMPT), "ns"))
+            text = full_text[0]
+            stop = text[len(text) // 2 : len(text) // 2 + 4]
+            await _drain(engine.submit(_request("stopped", PROMPT, stop=(stop,)), "ns"))
+            sampling = SamplingParams(temperature=1.0, seed=1, n=3, max_tokens=5, ignore_eos=True)
+            await _drain(engine.submit(ValidatedRequest("forked", tuple(PROMPT), sampling, 0, ""), "ns"))
+            async for _chunk in engine.submit(_request("aborted", [5, 6, 7, 8] * 8, max_tokens=1000), "ns"):
+                engine.abort("aborted")  # after its first tokens; later chunks may still arrive
+            link.kill_after_steps = link.steps + 3
+            task = asyncio.create_task(_drain(engine.submit(_request("resynced", PROMPT, max_tokens=30), "ns")))
+            while engine.state is not ExecutorState.LOST:
+                await asyncio.sleep(0.001)
+            link.revive()
+            await task
+            return engine.stats()
+
+        return await _run(engine, body())
+
+    with capture_logs() as logs:
+        stats = asyncio.run(scenario())
+    lines = {e["request_id"]: e for e in logs if e["event"] == "request_finished"}
+    assert set(lines) == {"plain", "stopped", "forked", "aborted", "resynced"}
+    for request_id, line in lines.items():
+        allocated, hit, copied, freed = (line[f"blocks_{k}"] for k in ("allocated", "hit", "copied", "freed"))
+        assert allocated >= 1 and allocated + hit - copied == freed, (request_id, line)
+    assert lines["stopped"]["finish_reason"] == "stop" and lines["stopped"]["blocks_hit"] >= 1
+    assert lines["forked"]["blocks_copied"] >= 2  # completions 1 and 2 copy the last prompt token's block
+    assert lines["aborted"]["finish_reason"] == "abort"
+    assert lines["resynced"]["blocks_allocated"] > lines["plain"]["blocks_allocated"]  # recomputed after the loss
+    assert stats.scheduler.blocks_referenced == 0
