@@ -155,11 +155,11 @@ def completion(env: Envelope, choices: list[ChoiceState], n: int, formatter: Log
     }
 
 
-def chat_chunk(env: Envelope, choice: dict[str, Any] | None, *, with_usage: bool) -> dict[str, Any]:
-    """A `ChatCompletionChunk`; with include_usage every chunk says `usage: null` until the last."""
+def _chunk(env: Envelope, obj: str, choice: dict[str, Any] | None, with_usage: bool) -> dict[str, Any]:
+    """One streamed event; with include_usage every chunk says `usage: null` until the last."""
     event: dict[str, Any] = {
         "id": env.id,
-        "object": "chat.completion.chunk",
+        "object": obj,
         "created": env.created,
         "model": env.model,
         "choices": [choice] if choice is not None else [],
@@ -167,17 +167,13 @@ def chat_chunk(env: Envelope, choice: dict[str, Any] | None, *, with_usage: bool
     if with_usage:
         event["usage"] = None
     return event
+
+
+def chat_chunk(env: Envelope, choice: dict[str, Any] | None, *, with_usage: bool) -> dict[str, Any]:
+    """A `ChatCompletionChunk`."""
+    return _chunk(env, "chat.completion.chunk", choice, with_usage)
 
 
 def completion_chunk(env: Envelope, choice: dict[str, Any] | None, *, with_usage: bool) -> dict[str, Any]:
     """A streamed `Completion`: the same object as the final one, with a delta's text."""
-    event: dict[str, Any] = {
-        "id": env.id,
-        "object": "text_completion",
-        "created": env.created,
-        "model": env.model,
-        "choices": [choice] if choice is not None else [],
-    }
-    if with_usage:
-        event["usage"] = None
-    return event
+    return _chunk(env, "text_completion", choice, with_usage)
