@@ -153,10 +153,13 @@ class AsyncClient:
         request_id: str | None = None,
         priority: int = 0,
         cache_salt: str = "",
+        structured: Mapping[str, Any] | None = None,
         timeout_s: float | None = None,
         **sampling: Any,
     ) -> AsyncChunkStream:
-        """Start a Generate call; sampling keywords are api.proto SamplingParams field names."""
+        """Start a Generate call; sampling keywords are api.proto SamplingParams field names.
+
+        `structured` constrains the output, e.g. `{"json_schema": schema}` or `{"choice": ["yes", "no"]}`."""
         request = build_generate_request(
             prompt,
             token_ids=token_ids,
@@ -164,6 +167,7 @@ class AsyncClient:
             request_id=request_id,
             priority=priority,
             cache_salt=cache_salt,
+            structured=structured,
             **sampling,
         )
         call = self._stub.Generate(request, timeout=self._timeout(timeout_s), metadata=self._metadata)

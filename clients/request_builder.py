@@ -6,6 +6,7 @@ responses identically, and so the conversion can be tested without a server.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -28,11 +29,13 @@ def build_generate_request(
     request_id: str | None = None,
     priority: int = 0,
     cache_salt: str = "",
+    structured: Mapping[str, Any] | None = None,
     **sampling: Any,
 ) -> api_pb2.GenerateRequest:
     """Build a GenerateRequest from exactly one prompt form plus sampling keyword arguments.
 
-    Sampling values of None are left unset, so the server default applies.
+    Sampling values of None are left unset, so the server default applies. `structured`
+    constrains the output (see `structured_output`), e.g. `{"json_schema": {...}}`.
     """
     request = api_pb2.GenerateRequest(request_id=request_id or "", priority=priority, cache_salt=cache_salt)
     given = [
@@ -49,7 +52,26 @@ def build_generate_request(
     else:
         request.chat.CopyFrom(chat_prompt(messages or ()))
     fill_sampling(request.sampling, sampling)
+    if structured is not None:
+        request.structured.CopyFrom(structured_output(structured))
     return request
+
+
+STRUCTURED_KINDS: tuple[str, ...] = tuple(f.name for f in api_pb2.StructuredOutput.DESCRIPTOR.fields)
+"""json_schema, json_object, regex, choice, grammar: api.proto's StructuredOutput kinds."""
+
+
+def structured_output(spec: Mapping[str, Any]) -> api_pb2.StructuredOutput:
+    """One constraint as a dict: `{"json_schema": dict or JSON text}`, `{"json_object": True}`,
+    `{"regex": str}`, `{"choice": [str, ...]}` or `{"grammar": str}` (Lark syntax)."""
+    if len(spec) != 1 or next(iter(spec)) not in STRUCTURED_KINDS:
+        raise ValueError(f"structured takes exactly one of {', '.join(STRUCTURED_KINDS)} (got {sorted(spec)})")
+    ((kind, value),) = spec.items()
+    if kind == "json_schema":
+        return api_pb2.StructuredOutput(json_schema=value if isinstance(value, str) else json.dumps(value))
+    if kind == "choice":
+        return api_pb2.StructuredOutput(choice=api_pb2.ChoiceList(choices=list(value)))
+    return api_pb2.StructuredOutput(**{kind: value})
 
 
 def chat_prompt(messages: Iterable[Mapping[str, str]]) -> api_pb2.ChatPrompt:

@@ -109,10 +109,13 @@ class Client:
         request_id: str | None = None,
         priority: int = 0,
         cache_salt: str = "",
+        structured: Mapping[str, Any] | None = None,
         timeout_s: float | None = None,
         **sampling: Any,
     ) -> ChunkStream:
-        """Start a Generate call; sampling keywords are api.proto SamplingParams field names."""
+        """Start a Generate call; sampling keywords are api.proto SamplingParams field names.
+
+        `structured` constrains the output, e.g. `{"json_schema": schema}` or `{"choice": ["yes", "no"]}`."""
         request = build_generate_request(
             prompt,
             token_ids=token_ids,
@@ -120,6 +123,7 @@ class Client:
             request_id=request_id,
             priority=priority,
             cache_salt=cache_salt,
+            structured=structured,
             **sampling,
         )
         return ChunkStream(self._stub.Generate(request, timeout=self._timeout(timeout_s), metadata=self._metadata))

@@ -23,7 +23,9 @@ a cost: slots hold (token id, position), every scheduled sequence's whole contex
 read back after the forward pass, and block moves and empty schedules are refused.
 
 Tokens depend only on the context and the seed, never on the batch, so recompute after
-preemption, swap and executor restarts reproduce outputs exactly. No torch import.
+preemption, swap and executor restarts reproduce outputs exactly. A structured-output
+mask restricts the draw to the tokens it allows (ordinary ones first), so `choice` and
+fixed-string regexes come out whole. No torch import.
 """
 
 from __future__ import annotations
@@ -36,8 +38,10 @@ import structlog
 
 from executor_svc.fake_tokens import (
     DEFAULT_CONTEXT_WINDOW,
+    allowed_token_ids,
     context_hash,
     fake_logprob,
+    pick_allowed,
     pick_token,
     top_logprobs,
     wants_eos,
@@ -126,6 +130,7 @@ class FakeExecutor:
         self.shadow = ShadowKV(config.num_blocks, config.block_size, config.num_cpu_blocks, strict=config.strict)
         self.seqs: dict[int, _Sequence] = {}
         self.steps = 0
+        self._samplable_set = frozenset(self.vocab.samplable)
 
     # --- Executor protocol -------------------------------------------------------
 
@@ -173,11 +178,14 @@ class FakeExecutor:
         for seq_id, seq, num_scheduled in scheduled:  # the forward pass writes every token first
             self._write(seq_id, seq, num_scheduled)
         outputs = []
+        masks = _mask_rows(plan)
         for seq_id, seq, num_scheduled in scheduled:
             if self.config.strict:
                 self.shadow.compare(seq.block_table, seq.token_ids, 0, seq.num_computed, f"seq {seq_id}", "context")
             if num_scheduled > 0 and seq.num_computed == len(seq.token_ids):
-                outputs.append(self._sample(seq_id, seq))
+                outputs.append(self._sample(seq_id, seq, masks.pop(seq_id, None)))
+        if masks:
+            raise PlanError(f"step {plan.step_id}: token masks for sequences that sample nothing: {sorted(masks)}")
         self.steps += 1
         latency = self.config.step_latency_ms / 1000.0
         elapsed = time.perf_counter() - started
@@ -288,7 +296,7 @@ class FakeExecutor:
 
     # --- sampling ------------------------------------------------------------------
 
-    def _sample(self, seq_id: int, seq: _Sequence) -> SampledToken:
+    def _sample(self, seq_id: int, seq: _Sequence, mask: bytes | None) -> SampledToken:
         length = len(seq.token_ids)
         window = self.shadow.compare(
             seq.block_table,
@@ -299,9 +307,13 @@ class FakeExecutor:
             "context",
         )
         h = context_hash(window, length, seq.seed, seq.sampling.temperature == 0.0)
-        token = pick_token(h, self.vocab.samplable)
-        if self._may_end_by_eos(seq, length - seq.prompt_len) and wants_eos(h, self.config.eos_probability):
-            token = self.vocab.eos_token_ids[0]
+        may_end = self._may_end_by_eos(seq, length - seq.prompt_len) and wants_eos(h, self.config.eos_probability)
+        if mask is None:
+            token = self.vocab.eos_token_ids[0] if may_end else pick_token(h, self.vocab.samplable)
+        else:
+            allowed = allowed_token_ids(mask)
+            eos = next((t for t in self.vocab.eos_token_ids if t in allowed), None)
+            token = eos if may_end and eos is not None else pick_allowed(h, allowed, self._samplable_set)
         seq.last_sampled = token
         out = SampledToken(seq_id=seq_id, token_id=token)
         if seq.sampling.logprobs is not None:
@@ -316,6 +328,13 @@ class FakeExecutor:
             and not seq.sampling.ignore_eos
             and stop_tokens_allowed(seq.sampling, num_output_before)
         )
+
+
+def _mask_rows(plan: StepPlan) -> dict[int, bytes]:
+    """Each constrained sequence's mask row (structured output), by sequence id."""
+    width = plan.mask_row_bytes
+    masks = plan.token_masks
+    return {seq_id: masks[i * width : (i + 1) * width] for i, seq_id in enumerate(plan.mask_seq_ids)}
 
 
 __all__ = ["FakeExecutor", "FakeExecutorConfig", "PlanError"]

@@ -35,6 +35,29 @@ def pick_token(h: int, samplable: Sequence[int]) -> int:
     return samplable[h % len(samplable)]
 
 
+def allowed_token_ids(row: bytes) -> list[int]:
+    """The token ids a structured-output mask row allows (little-endian uint32 words, bit t % 32 of word t // 32)."""
+    allowed = []
+    for index in range(0, len(row), 4):
+        word = int.from_bytes(row[index : index + 4], "little")
+        base = index * 8
+        while word:
+            low = word & -word
+            allowed.append(base + low.bit_length() - 1)
+            word ^= low
+    return allowed
+
+
+def pick_allowed(h: int, allowed: Sequence[int], samplable: frozenset[int]) -> int:
+    """The draw within a mask: an ordinary token the mask allows, else the mask's first (e.g. eos at the end)."""
+    ordinary = [t for t in allowed if t in samplable]
+    if ordinary:
+        return ordinary[h % len(ordinary)]
+    if not allowed:
+        raise ValueError("the token mask allows no token")
+    return allowed[0]
+
+
 def wants_eos(h: int, probability: float) -> bool:
     """Whether this draw is eos, deterministic per context; the caller decides if eos may come."""
     return probability > 0.0 and hash_ints([h], 0x5EED, 0) % 1_000_000 < probability * 1_000_000

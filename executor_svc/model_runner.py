@@ -28,6 +28,7 @@ from executor_svc.runner_config import (
 )
 from executor_svc.sampler import sample
 from executor_svc.sequence_state import SequenceState, SequenceTable
+from executor_svc.token_mask import plan_token_masks
 from executor_svc.weights import load_weights, weight_files
 from protos import defaults
 from protos.kv_geometry import GIB
@@ -124,7 +125,9 @@ class ModelRunner:
                     self.model_config.num_kv_heads,
                 )
                 logits = self.model.forward(batch, self.cache, self.backend)
-                outputs = sample(logits, batch.sampling_seqs, self.model_config.eos_token_ids)
+                sampling = batch.sampling_seqs
+                masks = plan_token_masks(plan, [s.seq_id for s in sampling], logits.shape[1], logits.device)
+                outputs = sample(logits, sampling, self.model_config.eos_token_ids, masks)
         return StepResult(step_id=plan.step_id, outputs=outputs, execute_time_s=time.perf_counter() - started)
 
     def reset(self) -> None:

@@ -7,8 +7,10 @@ the batch and after a recompute. Greedy rows take the exact argmax, with no nois
 
 Before a sequence has `min_tokens` outputs, its EOS (unless ignore_eos) and stop token ids
 are masked out, by the rules in `protos.stop_rules` that the scheduler applies too.
-Logprobs are reported from the penalised logits before temperature and filtering (the
-model's distribution, as vLLM reports by default).
+Structured output's token masks (`executor_svc.token_mask`) come after the penalties, so
+nothing can re-admit a token the grammar forbids. Logprobs are reported from the
+penalised, grammar-masked logits before temperature and filtering (the model's
+distribution over what may follow, as vLLM reports by default).
 """
 
 from __future__ import annotations
@@ -18,19 +20,24 @@ import torch
 from executor_svc.penalties import apply_penalties
 from executor_svc.seeded_noise import row_key, uniform_noise
 from executor_svc.sequence_state import SequenceState
+from executor_svc.token_mask import TokenMasks, apply_token_masks
 from protos.step import SampledToken, TokenLogprob
 from protos.stop_rules import stop_token_ids, stop_tokens_allowed
 
 
 def sample(
-    logits: torch.Tensor, seqs: list[SequenceState], eos_token_ids: list[int] | tuple[int, ...] = ()
+    logits: torch.Tensor,
+    seqs: list[SequenceState],
+    eos_token_ids: list[int] | tuple[int, ...] = (),
+    masks: TokenMasks | None = None,
 ) -> list[SampledToken]:
-    """Pick one token per row of `logits` [n, vocab] (float32) for the matching sequence."""
+    """Pick one token per row of `logits` [n, vocab] (float32) for the matching sequence,
+    within `masks` for the constrained rows."""
     n, _vocab = logits.shape
     if n == 0:
         return []
     params = [s.sampling for s in seqs]
-    _suppress_early_stops(logits, seqs, eos_token_ids)
+    held_back = _suppress_early_stops(logits, seqs, eos_token_ids)
     penalised = [
         i
         for i, p in enumerate(params)
@@ -48,6 +55,8 @@ def sample(
             frequency=[params[i].frequency_penalty for i in penalised],
         )
         logits = logits.index_copy(0, rows, sub)
+    if masks is not None:
+        apply_token_masks(logits, masks, may_empty=held_back)
 
     chosen = logits.argmax(dim=-1)
     random_rows = [i for i, p in enumerate(params) if not p.greedy]
@@ -61,16 +70,19 @@ def sample(
 
 def _suppress_early_stops(
     logits: torch.Tensor, seqs: list[SequenceState], eos_token_ids: list[int] | tuple[int, ...]
-) -> None:
+) -> bool:
     """Mask the stop tokens of every row that may not stop yet (protos.stop_rules), so the
-    scheduler never receives a stop token it would have to disregard."""
+    scheduler never receives a stop token it would have to disregard. True if any was masked."""
     vocab = logits.shape[1]
+    held_back = False
     for i, seq in enumerate(seqs):
         if stop_tokens_allowed(seq.sampling, seq.output_len):
             continue
         banned = [t for t in stop_token_ids(seq.sampling, eos_token_ids) if 0 <= t < vocab]
         if banned:
             logits[i, banned] = float("-inf")
+            held_back = True
+    return held_back
 
 
 def filtered_logits(

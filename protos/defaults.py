@@ -39,6 +39,11 @@ MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
 MAX_LOGPROBS = 20
 MAX_SEED = 2**63 - 1
+MAX_STRUCTURED_SPEC_CHARS = 256 * 1024
+"""Longest JSON schema, regex or grammar (or all choices together) of a structured-output request."""
+MAX_STRUCTURED_CHOICES = 1024
+GRAMMAR_CACHE_SIZE = 256
+"""Compiled structured-output grammars the scheduler keeps (LRU), per served tokenizer."""
 
 # --- Executor KV budget ---------------------------------------------------------
 KV_CACHE_GB_CPU = 1.0

@@ -22,7 +22,8 @@ Executor semantics, in order, for one plan:
    their KV goes to slot `block_table[pos // block_size] * block_size + pos % block_size`;
 5. sample one token for each sequence whose scheduled tokens reach the end of its known
    tokens (num_computed_tokens + num_scheduled_tokens == len(token ids)). A chunk in the
-   middle of a prompt samples nothing.
+   middle of a prompt samples nothing. A sequence listed in `mask_seq_ids` (structured
+   output) samples only among the tokens its row of `token_masks` allows.
 The executor does not append the sampled token to its own state: the scheduler decides
 whether it is kept and sends it back in the next plan's `known_seqs[...].new_token_ids`.
 """
@@ -84,6 +85,17 @@ class StepPlan:
     swap_in: list[tuple[int, int]] = field(default_factory=list)
     """(cpu_block, device_block) pairs."""
     drop_seq_ids: list[int] = field(default_factory=list)
+    mask_seq_ids: list[int] = field(default_factory=list)
+    """Constrained sequences that sample this step, one row of `token_masks` each, in this order."""
+    token_masks: bytes = b""
+    """Rows of equal length (`mask_row_bytes`), little-endian uint32 words: token t is allowed iff bit
+    t % 32 of word t // 32 is set; tokens past a row's bits are not. The scheduler's grammar matcher
+    fills them (vLLM v1 also computes the bitmask in its scheduler); the executor only applies them."""
+
+    @property
+    def mask_row_bytes(self) -> int:
+        """Bytes per row of `token_masks` (0 without constrained rows)."""
+        return len(self.token_masks) // len(self.mask_seq_ids) if self.mask_seq_ids else 0
 
     @property
     def num_scheduled_tokens(self) -> int:

@@ -40,7 +40,7 @@ __all__ = [
 T = TypeVar("T")
 
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 """Sent in every Handshake; bump it when a change to executor_link.proto breaks old peers."""
 
 _seq_id = attrgetter("seq_id")
@@ -165,6 +165,9 @@ def encode_plan(plan: StepPlan, out: pb.StepPlan | None = None) -> pb.StepPlan:
     _encode_pairs(plan.swap_out, msg.swap_out)
     _encode_pairs(plan.swap_in, msg.swap_in)
     msg.drop_seq_ids.extend(plan.drop_seq_ids)
+    if plan.mask_seq_ids:
+        msg.mask_seq_ids.extend(plan.mask_seq_ids)
+        msg.token_masks = plan.token_masks
     return msg
 
 
@@ -182,6 +185,7 @@ def decode_plan(msg: pb.StepPlan) -> StepPlan:
         )
         for m in msg.new_seqs
     ]
+    mask_seq_ids = list(msg.mask_seq_ids)
     c = msg.known_seqs
     seq_ids = c.seq_ids[:]
     n = len(seq_ids)
@@ -208,6 +212,8 @@ def decode_plan(msg: pb.StepPlan) -> StepPlan:
         swap_out=_decode_pairs(msg.swap_out),
         swap_in=_decode_pairs(msg.swap_in),
         drop_seq_ids=list(msg.drop_seq_ids),
+        mask_seq_ids=mask_seq_ids,
+        token_masks=_token_masks(msg.token_masks, len(mask_seq_ids)),
     )
 
 
@@ -265,6 +271,17 @@ def _encode_pairs(pairs: list[tuple[int, int]], out: pb.BlockPairs) -> None:
 
 def _decode_pairs(msg: pb.BlockPairs) -> list[tuple[int, int]]:
     return list(zip(msg.src, msg.dst, strict=True))
+
+
+def _token_masks(masks: bytes, rows: int) -> bytes:
+    """The mask rows, checked to split evenly into whole uint32 words per sequence."""
+    if rows == 0:
+        if masks:
+            raise ValueError("token_masks sent without mask_seq_ids")
+        return b""
+    if len(masks) % (4 * rows):
+        raise ValueError(f"token_masks has {len(masks)} bytes, not {rows} rows of whole uint32 words")
+    return masks
 
 
 def _column(values: Sequence[T], expected: int, what: str) -> list[T]:

@@ -22,6 +22,9 @@ class FinishReason(str, enum.Enum):
     STOP = "stop"
     """A stop token id or a stop string."""
     EOS = "eos"
+    GRAMMAR = "grammar"
+    """Structured output is complete (its grammar admits no further token); the APIs report it as stop.
+    Unlike STOP and EOS, the token that ended it is part of the text."""
     LENGTH = "length"
     """max_tokens reached, or the sequence reached max_model_len."""
     ABORT = "abort"

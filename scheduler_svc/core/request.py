@@ -22,6 +22,7 @@ from protos.sampling import SamplingParams
 from protos.stop_rules import FinishReason
 from scheduler_svc.core.outputs import BlockCounts
 from scheduler_svc.core.prefix_tree import PrefixNode
+from scheduler_svc.core.token_matcher import TokenMatcher
 
 
 class RequestRejected(ValueError):
@@ -141,6 +142,8 @@ class Sequence:
     started_step: int = 0
     """Step id of the plan that last sent this sequence as a NewSequence."""
     finish_reason: FinishReason | None = None
+    matcher: TokenMatcher | None = None
+    """Structured output: where this completion is in its grammar (None: unconstrained)."""
 
     @property
     def is_finished(self) -> bool:

@@ -31,6 +31,7 @@ from scheduler_svc.core.request import (
     resolve_seed,
 )
 from scheduler_svc.core.step_builder import StepBuilder
+from scheduler_svc.core.token_matcher import MatcherFactory
 
 log = structlog.get_logger(__name__)
 
@@ -60,6 +61,7 @@ class Scheduler(StepBuilder):
         priority: int = 0,
         namespace: str = "",
         arrival_time: float | None = None,
+        constraint: MatcherFactory | None = None,
     ) -> None:
         """Queue a request; raise RequestRejected if it could never fit the KV capacity.
 
@@ -67,6 +69,7 @@ class Scheduler(StepBuilder):
         `namespace`s never share KV blocks. The caller has validated the request (see
         `scheduler_svc.server.request_parsing`): a reused id, an empty prompt, a negative
         token id or out-of-range sampling fail an assertion here, not a validation.
+        A `constraint` (structured output) gives each completion its own matcher.
         """
         assert request_id not in self._requests, f"request id {request_id!r} is still in progress"
         prompt = list(prompt_token_ids)
@@ -91,6 +94,8 @@ class Scheduler(StepBuilder):
                 derive_seed(seed, index),
                 (priority, arrival, request.order, index),
             )
+            if constraint is not None:
+                seq.matcher = constraint.new_matcher()
             request.seqs.append(seq)
             bisect.insort(self._waiting, seq, key=QUEUE_ORDER)
         request.num_unfinished = sampling.n
@@ -179,6 +184,8 @@ class Scheduler(StepBuilder):
                 reason = stop_reason(
                     request.sampling, token, num_output, len(tokens), self._eos, self.config.max_model_len
                 )
+            if seq.matcher is not None and reason is None:
+                reason = self._advance_matcher(seq, token)
             if request.ttft_s is None:
                 request.ttft_s = now - request.arrival_time
             if not request.prompt_done and seq.index == 0:
@@ -210,6 +217,17 @@ class Scheduler(StepBuilder):
         if self.config.debug_invariants:
             self.check_invariants()
         return outputs
+
+    @staticmethod
+    def _advance_matcher(seq: Sequence, token: int) -> FinishReason | None:
+        """Feed a constrained completion's token to its grammar: GRAMMAR once it admits nothing more."""
+        matcher = seq.matcher
+        assert matcher is not None
+        if not matcher.accept(token):
+            # The plan's mask forbade it: an executor that ignored the mask, never a client error.
+            log.error("executor sampled a token the grammar forbids", seq_id=seq.seq_id, token_id=token)
+            return FinishReason.ERROR
+        return FinishReason.GRAMMAR if matcher.is_finished else None
 
     def _output(
         self, seq: Sequence, tokens: list[int], logprobs: list[SampledLogprob] | None, reason: FinishReason | None

@@ -41,6 +41,18 @@ def _count_decodes(running: list[Sequence], start: int) -> int:
     return count
 
 
+def _attach_masks(plan: StepPlan, scheduled: list[tuple[Sequence, int, bool]]) -> None:
+    """The bitmask of every constrained sequence that samples this step (structured output).
+
+    One pass over the scheduled list: an unconstrained batch pays one attribute test per
+    sequence and sends no mask bytes.
+    """
+    rows = [(seq.seq_id, seq.matcher) for seq, _count, samples in scheduled if samples and seq.matcher is not None]
+    if rows:
+        plan.mask_seq_ids = [seq_id for seq_id, _ in rows]
+        plan.token_masks = b"".join(matcher.next_token_bitmask() for _, matcher in rows)
+
+
 class StepBuilder(SchedulerState):
     """`schedule()`: packs running, swapped and waiting sequences into one plan; preempts when blocks run out."""
 
@@ -60,6 +72,7 @@ class StepBuilder(SchedulerState):
             if not self._swapped:
                 self._schedule_waiting(plan, scheduled, budget)
         self._kv.unpin()
+        _attach_masks(plan, scheduled)
         if not plan.is_empty:
             self._inflight = InFlight(plan.step_id, scheduled)
         if self.config.debug_invariants:

@@ -31,6 +31,7 @@ from protos.step import ExecutorInfo, StepPlan
 from protos.stop_rules import FinishReason
 from scheduler_svc.core.outputs import SchedulerStats, SequenceOutput
 from scheduler_svc.core.scheduler import Scheduler
+from scheduler_svc.core.token_matcher import MatcherFactory
 from scheduler_svc.server.executor_link import ExecutorLink, ExecutorLost, ExecutorStepError
 from scheduler_svc.server.metrics import ServerMetrics
 from scheduler_svc.server.request_delivery import ActiveRequest
@@ -102,9 +103,13 @@ class Engine:
 
     # --- API side -------------------------------------------------------------------
 
-    def submit(self, request: ValidatedRequest, namespace: str) -> RequestStream:
-        """Queue a parsed request; raise InvalidFieldError (id in flight), RequestRejected (can never fit,
-        from the scheduler, which alone knows its capacity) or RequestFailed (busy or down)."""
+    def submit(
+        self, request: ValidatedRequest, namespace: str, constraint: MatcherFactory | None = None
+    ) -> RequestStream:
+        """Queue a parsed request, with its compiled structured-output `constraint` if any.
+
+        Raise InvalidFieldError (id in flight), RequestRejected (can never fit, from the
+        scheduler, which alone knows its capacity) or RequestFailed (busy or down)."""
         if self._draining or self._stopping:
             raise RequestFailed(FailureKind.UNAVAILABLE, "the server is shutting down")
         if self._unavailable_reason is not None:
@@ -130,6 +135,7 @@ class Engine:
             priority=request.priority,
             namespace=namespace,
             arrival_time=arrival,
+            constraint=constraint,
         )
         context = list(request.prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:])
         stream = RequestStream(request.request_id, self._config.stream_buffer_chunks)

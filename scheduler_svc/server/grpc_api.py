@@ -36,6 +36,7 @@ from scheduler_svc.server.request_stream import CompletionChunk, FailureKind, Re
 from scheduler_svc.server.server_config import ServerConfig
 from scheduler_svc.server.server_reflection import enable_reflection
 from scheduler_svc.server.strict_handlers import add_strict_service
+from scheduler_svc.server.structured.compiler import GrammarCompiler
 from scheduler_svc.server.tokenizer import Tokenizer
 
 log = structlog.get_logger(__name__)
@@ -56,6 +57,7 @@ _FAILURE_CODES = {
 _FINISH_REASONS = {
     FinishReason.STOP: api_pb2.FINISH_REASON_STOP,
     FinishReason.EOS: api_pb2.FINISH_REASON_EOS,
+    FinishReason.GRAMMAR: api_pb2.FINISH_REASON_STOP,
     FinishReason.LENGTH: api_pb2.FINISH_REASON_LENGTH,
     FinishReason.ABORT: api_pb2.FINISH_REASON_ABORT,
     FinishReason.ERROR: api_pb2.FINISH_REASON_ERROR,
@@ -75,6 +77,8 @@ class ServingModel:
     tokenizer: Tokenizer
     info: ExecutorInfo
     limits: ModelLimits
+    grammars: GrammarCompiler
+    """Structured-output specs, compiled for this model's tokenizer before their request is queued."""
 
 
 def scoped_request_id(tenant: str, request_id: str) -> str:
@@ -115,7 +119,8 @@ class KVServeServicer(api_pb2_grpc.KVServeServicer):
             namespace = prefix_namespace(model.info.model_id, tenant, validated.cache_salt)
             request_id = validated.request_id
             scoped = dataclasses.replace(validated, request_id=scoped_request_id(tenant, request_id))
-            stream = model.engine.submit(scoped, namespace)
+            constraint = await model.grammars.compile(validated.structured) if validated.structured else None
+            stream = model.engine.submit(scoped, namespace, constraint)
         except InvalidFieldError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except RequestRejected as exc:

@@ -23,6 +23,7 @@ from protos import defaults
 from protos.kvserve.v1 import api_pb2
 from protos.sampling import InvalidFieldError, SamplingParams
 from scheduler_svc.server.generation_defaults import SamplingDefaults
+from scheduler_svc.server.structured.spec import StructuredSpec, structured_spec
 from scheduler_svc.server.tokenizer import CHAT_ROLES, ChatMessage, ChatTemplateError, Tokenizer
 
 _SAMPLING_FLOATS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
@@ -52,6 +53,8 @@ class ValidatedRequest:
     sampling: SamplingParams
     priority: int
     cache_salt: str
+    structured: StructuredSpec | None = None
+    """Structured output, shape-checked; compiled (and refused if the engine cannot) before queueing."""
 
 
 def parse_generate(request: api_pb2.GenerateRequest, tokenizer: Tokenizer, limits: ModelLimits) -> ValidatedRequest:
@@ -77,6 +80,7 @@ def parse_generate(request: api_pb2.GenerateRequest, tokenizer: Tokenizer, limit
         sampling=sampling,
         priority=int(request.priority),
         cache_salt=request.cache_salt,
+        structured=structured_spec(request),
     )
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import grpc
 import structlog
 
+from protos import defaults
 from protos.link_curve import CurveKeys, load_keys
 from protos.link_endpoint import private_ipc_endpoint
 from protos.step import ExecutorInfo
@@ -37,6 +38,8 @@ from scheduler_svc.server.http.http_server import HttpListenError, HttpServer
 from scheduler_svc.server.metrics import ServerMetrics
 from scheduler_svc.server.request_parsing import ModelLimits
 from scheduler_svc.server.server_config import ServerConfig
+from scheduler_svc.server.structured.compiler import GrammarCompiler
+from scheduler_svc.server.structured.llguidance_backend import LlguidanceBackend
 from scheduler_svc.server.tls import TlsConfigError, TlsFiles, server_credentials, tls_files
 from scheduler_svc.server.tokenizer import Tokenizer
 
@@ -116,6 +119,15 @@ def build_scheduler(config: ServerConfig, info: ExecutorInfo) -> Scheduler:
     )
 
 
+def grammar_compiler(tokenizer: Tokenizer, info: ExecutorInfo) -> GrammarCompiler:
+    """Structured output through llguidance for the served tokenizer, whose vocabulary index is
+    built on the first structured request (about half a second), not at start-up."""
+    return GrammarCompiler(
+        lambda: LlguidanceBackend(tokenizer.to_json(), info.vocab_size, info.eos_token_ids),
+        defaults.GRAMMAR_CACHE_SIZE,
+    )
+
+
 async def run_service(
     config: ServerConfig, *, endpoint: str | None = None, supervisor: ExecutorSupervisor | None = None
 ) -> int:
@@ -192,7 +204,9 @@ async def run_service(
             max_request_bytes=config.max_request_bytes,
             sampling_defaults=load_sampling_defaults(info.tokenizer_path, config.generation_config),
         )
-        servicer.model = ServingModel(engine=engine, tokenizer=tokenizer, info=info, limits=limits)
+        servicer.model = ServingModel(
+            engine=engine, tokenizer=tokenizer, info=info, limits=limits, grammars=grammar_compiler(tokenizer, info)
+        )
         engine_task = loop.create_task(engine.run())
         await api.set_serving(True)
         log.info(

@@ -78,6 +78,10 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return self._template is not None
 
+    def to_json(self) -> str:
+        """The tokenizer as tokenizer.json text (what the grammar engine indexes)."""
+        return self._fast.to_str()
+
     def token_id(self, token: str) -> int | None:
         return self._fast.token_to_id(token)
 

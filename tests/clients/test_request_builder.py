@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import grpc
 import pytest
 
@@ -169,3 +171,17 @@ def test_clients_import_no_kvserve_internals() -> None:
                 top = name.split(".")[0]
                 stdlib = top in __import__("sys").stdlib_module_names
                 assert stdlib or name.startswith(allowed), f"{path.name} imports {name}"
+
+
+def test_structured_constraints_become_the_proto_oneof() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    request = build_generate_request("p", structured={"json_schema": schema})
+    assert request.structured.WhichOneof("kind") == "json_schema"
+    assert json.loads(request.structured.json_schema) == schema
+    choice = build_generate_request("p", structured={"choice": ("yes", "no")}).structured
+    assert list(choice.choice.choices) == ["yes", "no"]
+    assert build_generate_request("p", structured={"json_object": True}).structured.json_object
+    assert not build_generate_request("p").HasField("structured")
+    for bad in ({}, {"regex": "a", "choice": ["b"]}, {"xml": "<a/>"}):
+        with pytest.raises(ValueError, match="exactly one of json_schema"):
+            build_generate_request("p", structured=bad)

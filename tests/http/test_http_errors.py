@@ -46,7 +46,7 @@ def small_server() -> Iterator[ServeProcess]:
         ({"max_completion_tokens": 0}, "max_completion_tokens"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
         ({"messages": []}, "messages"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
         ({"extra_body": {"top_k": -5}}, "top_k"),
         ({"extra_body": {"min_p": 2}}, "min_p"),

@@ -131,7 +131,7 @@ def test_completion_prompt_shapes(prompt, shapes) -> None:
             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
             "messages[0].content[0].type",
         ),
-        ({"messages": USER, "response_format": {"type": "json_object"}}, "response_format"),
+        ({"messages": USER, "response_format": {"type": "xml"}}, "response_format.type"),
         ({"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"messages": USER, "tool_choice": "auto"}, "tool_choice"),
         ({"messages": USER, "logit_bias": {"1": 5}}, "logit_bias"),

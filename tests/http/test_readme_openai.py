@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import shutil
@@ -16,17 +17,28 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 EXAMPLE_URL = "http://127.0.0.1:8000/v1"
 
 
-def openai_block() -> str:
-    (block,) = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(), re.S) if "from openai" in b]
+def openai_block(marker: str) -> str:
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    (block,) = [b for b in blocks if "from openai" in b and marker in b]
     return block
 
 
 def test_readme_openai_example_runs(http_server: ServeProcess, capsys: pytest.CaptureFixture) -> None:
-    source = openai_block()
+    source = openai_block("stream_options")
     assert EXAMPLE_URL in source
     exec(compile(source.replace(EXAMPLE_URL, f"{http_server.http_url}/v1"), "README-openai", "exec"), {})
     out = capsys.readouterr().out
     assert "cached prompt tokens" in out and out.split("\n")[0].strip()
+
+
+def test_readme_structured_output_example_prints_schema_valid_json(
+    http_server: ServeProcess, capsys: pytest.CaptureFixture
+) -> None:
+    source = openai_block("response_format")
+    assert EXAMPLE_URL in source
+    exec(compile(source.replace(EXAMPLE_URL, f"{http_server.http_url}/v1"), "README-structured", "exec"), {})
+    place = ast.literal_eval(capsys.readouterr().out.strip())  # the example prints the parsed dict
+    assert set(place) == {"city", "country"} and all(isinstance(v, str) and len(v) <= 30 for v in place.values())
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")

@@ -155,6 +155,22 @@ def test_inconsistent_columns_are_rejected() -> None:
         step_codec.decode_result(result)
 
 
+@given(st.lists(ids, max_size=6, unique=True), st.integers(1, 4), st.randoms(use_true_random=False))
+def test_token_masks_round_trip(seq_ids: list[int], words: int, rng) -> None:
+    masks = rng.randbytes(4 * words * len(seq_ids))
+    plan = StepPlan(step_id=1, mask_seq_ids=seq_ids, token_masks=masks)
+    back = _wire_plan(plan)
+    assert back.mask_seq_ids == seq_ids and back.token_masks == masks
+    assert back.mask_row_bytes == (4 * words if seq_ids else 0)
+
+
+def test_token_masks_of_uneven_rows_are_rejected() -> None:
+    with pytest.raises(ValueError, match="whole uint32 words"):
+        step_codec.decode_plan(pb.StepPlan(mask_seq_ids=[1, 2], token_masks=b"\xff" * 12))
+    with pytest.raises(ValueError, match="without mask_seq_ids"):
+        step_codec.decode_plan(pb.StepPlan(token_masks=b"\xff" * 4))
+
+
 def decode_step_plan(num_seqs: int) -> StepPlan:
     return StepPlan(
         step_id=7,

@@ -62,7 +62,7 @@ class Harness:
     def add(self, request_id: str, prompt: list[int], **sampling_and_options) -> None:
         options = {
             k: sampling_and_options.pop(k)
-            for k in ("priority", "namespace", "arrival_time")
+            for k in ("priority", "namespace", "arrival_time", "constraint")
             if k in sampling_and_options
         }
         sampling_and_options.setdefault("seed", 7)

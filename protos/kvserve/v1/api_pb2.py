@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bprotos/kvserve/v1/api.proto\x12\nkvserve.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"7\n\nChatPrompt\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.kvserve.v1.ChatMessage\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x03\"\x96\x04\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x02 \x01(\x03H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x12\n\x05min_p\x18\x04 \x01(\x01H\x03\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x05 \x01(\x01H\x04\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x06 \x01(\x01H\x05\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x07 \x01(\x01H\x06\x88\x01\x01\x12\x11\n\x04seed\x18\x08 \x01(\x03H\x07\x88\x01\x01\x12\x0e\n\x01n\x18\t \x01(\x03H\x08\x88\x01\x01\x12\x17\n\nmax_tokens\x18\n \x01(\x03H\t\x88\x01\x01\x12\x17\n\nmin_tokens\x18\x0b \x01(\x03H\n\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x0c \x03(\x03\x12\x0c\n\x04stop\x18\r \x03(\t\x12\x12\n\nignore_eos\x18\x0e \x01(\x08\x12\x15\n\x08logprobs\x18\x0f \x01(\x03H\x0b\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x08\n\x06_min_pB\x15\n\x13_repetition_penaltyB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x07\n\x05_seedB\x04\n\x02_nB\r\n\x0b_max_tokensB\r\n\x0b_min_tokensB\x0b\n\t_logprobs\"\xe6\x01\n\x0fGenerateRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x14.kvserve.v1.TokenIdsH\x00\x12&\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x16.kvserve.v1.ChatPromptH\x00\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.kvserve.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x10\n\x08priority\x18\x06 \x01(\x03\x12\x12\n\ncache_salt\x18\x07 \x01(\tB\x08\n\x06prompt\",\n\x07Logprob\x12\x10\n\x08token_id\x18\x01 \x01(\x03\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\"T\n\rTokenLogprobs\x12\x10\n\x08token_id\x18\x01 \x01(\x03\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\x12 \n\x03top\x18\x03 \x03(\x0b\x32\x13.kvserve.v1.Logprob\"\x85\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x03\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x03\x12\x15\n\rcached_tokens\x18\x03 \x01(\x03\x12\x14\n\x0cqueue_time_s\x18\x04 \x01(\x01\x12\x0e\n\x06ttft_s\x18\x05 \x01(\x01\x12\r\n\x05\x65\x32\x65_s\x18\x06 \x01(\x01\"\xd6\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x03\x12\x11\n\ttoken_ids\x18\x03 \x03(\x03\x12\x0c\n\x04text\x18\x04 \x01(\t\x12+\n\x08logprobs\x18\x05 \x03(\x0b\x32\x19.kvserve.v1.TokenLogprobs\x12/\n\rfinish_reason\x18\x06 \x01(\x0e\x32\x18.kvserve.v1.FinishReason\x12 \n\x05usage\x18\x07 \x01(\x0b\x32\x11.kvserve.v1.Usage\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"R\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12&\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x16.kvserve.v1.ChatPromptH\x00\x42\x07\n\x05input\"5\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x03\x12\x0e\n\x06tokens\x18\x02 \x03(\t\"\x12\n\x10ModelInfoRequest\"\xfb\x01\n\x11ModelInfoResponse\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x03\x12\x15\n\rmax_model_len\x18\x03 \x01(\x03\x12\x12\n\nblock_size\x18\x04 \x01(\x03\x12\x12\n\nnum_blocks\x18\x05 \x01(\x03\x12\x15\n\reos_token_ids\x18\x06 \x03(\x03\x12\x15\n\rexecutor_kind\x18\x07 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x08 \x01(\t\x12\r\n\x05\x64type\x18\t \x01(\t\x12\x19\n\x11\x61ttention_backend\x18\n \x01(\t\x12\x19\n\x11has_chat_template\x18\x0b \x01(\x08\"\x14\n\x12ServerStatsRequest\"\x80\x03\n\x13ServerStatsResponse\x12\x12\n\nnum_blocks\x18\x01 \x01(\x03\x12\x13\n\x0b\x62locks_free\x18\x02 \x01(\x03\x12\x15\n\rblocks_cached\x18\x03 \x01(\x03\x12\x19\n\x11\x62locks_referenced\x18\x04 \x01(\x03\x12\x10\n\x08kv_usage\x18\x05 \x01(\x01\x12\x18\n\x10requests_waiting\x18\x06 \x01(\x03\x12\x18\n\x10requests_running\x18\x07 \x01(\x03\x12\x18\n\x10requests_swapped\x18\x08 \x01(\x03\x12\x1d\n\x15prefix_queried_tokens\x18\t \x01(\x03\x12\x19\n\x11prefix_hit_tokens\x18\n \x01(\x03\x12\x17\n\x0fnum_preemptions\x18\x0b \x01(\x03\x12\x31\n\x0e\x65xecutor_state\x18\x0c \x01(\x0e\x32\x19.kvserve.v1.ExecutorState\x12\x19\n\x11\x65xecutor_restarts\x18\r \x01(\x03\x12\r\n\x05steps\x18\x0e \x01(\x03*\xa8\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x02\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x03\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x04\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x05*~\n\rExecutorState\x12\x1e\n\x1a\x45XECUTOR_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x45XECUTOR_STATE_WAITING\x10\x01\x12\x18\n\x14\x45XECUTOR_STATE_READY\x10\x02\x12\x17\n\x13\x45XECUTOR_STATE_LOST\x10\x03\x32\xf1\x02\n\x07KVServe\x12G\n\x08Generate\x12\x1b.kvserve.v1.GenerateRequest\x1a\x1c.kvserve.v1.GenerateResponse0\x01\x12<\n\x05\x41\x62ort\x12\x18.kvserve.v1.AbortRequest\x1a\x19.kvserve.v1.AbortResponse\x12\x45\n\x08Tokenize\x12\x1b.kvserve.v1.TokenizeRequest\x1a\x1c.kvserve.v1.TokenizeResponse\x12H\n\tModelInfo\x12\x1c.kvserve.v1.ModelInfoRequest\x1a\x1d.kvserve.v1.ModelInfoResponse\x12N\n\x0bServerStats\x12\x1e.kvserve.v1.ServerStatsRequest\x1a\x1f.kvserve.v1.ServerStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bprotos/kvserve/v1/api.proto\x12\nkvserve.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"7\n\nChatPrompt\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.kvserve.v1.ChatMessage\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x03\"\x96\x04\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x02 \x01(\x03H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x12\n\x05min_p\x18\x04 \x01(\x01H\x03\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x05 \x01(\x01H\x04\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x06 \x01(\x01H\x05\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x07 \x01(\x01H\x06\x88\x01\x01\x12\x11\n\x04seed\x18\x08 \x01(\x03H\x07\x88\x01\x01\x12\x0e\n\x01n\x18\t \x01(\x03H\x08\x88\x01\x01\x12\x17\n\nmax_tokens\x18\n \x01(\x03H\t\x88\x01\x01\x12\x17\n\nmin_tokens\x18\x0b \x01(\x03H\n\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x0c \x03(\x03\x12\x0c\n\x04stop\x18\r \x03(\t\x12\x12\n\nignore_eos\x18\x0e \x01(\x08\x12\x15\n\x08logprobs\x18\x0f \x01(\x03H\x0b\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x08\n\x06_min_pB\x15\n\x13_repetition_penaltyB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x07\n\x05_seedB\x04\n\x02_nB\r\n\x0b_max_tokensB\r\n\x0b_min_tokensB\x0b\n\t_logprobs\"\x98\x02\n\x0fGenerateRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x14.kvserve.v1.TokenIdsH\x00\x12&\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x16.kvserve.v1.ChatPromptH\x00\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.kvserve.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x10\n\x08priority\x18\x06 \x01(\x03\x12\x12\n\ncache_salt\x18\x07 \x01(\t\x12\x30\n\nstructured\x18\x08 \x01(\x0b\x32\x1c.kvserve.v1.StructuredOutputB\x08\n\x06prompt\"\x96\x01\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12(\n\x06\x63hoice\x18\x04 \x01(\x0b\x32\x16.kvserve.v1.ChoiceListH\x00\x12\x11\n\x07grammar\x18\x05 \x01(\tH\x00\x42\x06\n\x04kind\"\x1d\n\nChoiceList\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\",\n\x07Logprob\x12\x10\n\x08token_id\x18\x01 \x01(\x03\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\"T\n\rTokenLogprobs\x12\x10\n\x08token_id\x18\x01 \x01(\x03\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\x12 \n\x03top\x18\x03 \x03(\x0b\x32\x13.kvserve.v1.Logprob\"\x85\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x03\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x03\x12\x15\n\rcached_tokens\x18\x03 \x01(\x03\x12\x14\n\x0cqueue_time_s\x18\x04 \x01(\x01\x12\x0e\n\x06ttft_s\x18\x05 \x01(\x01\x12\r\n\x05\x65\x32\x65_s\x18\x06 \x01(\x01\"\xd6\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x03\x12\x11\n\ttoken_ids\x18\x03 \x03(\x03\x12\x0c\n\x04text\x18\x04 \x01(\t\x12+\n\x08logprobs\x18\x05 \x03(\x0b\x32\x19.kvserve.v1.TokenLogprobs\x12/\n\rfinish_reason\x18\x06 \x01(\x0e\x32\x18.kvserve.v1.FinishReason\x12 \n\x05usage\x18\x07 \x01(\x0b\x32\x11.kvserve.v1.Usage\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"R\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12&\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x16.kvserve.v1.ChatPromptH\x00\x42\x07\n\x05input\"5\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x03\x12\x0e\n\x06tokens\x18\x02 \x03(\t\"\x12\n\x10ModelInfoRequest\"\xfb\x01\n\x11ModelInfoResponse\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x03\x12\x15\n\rmax_model_len\x18\x03 \x01(\x03\x12\x12\n\nblock_size\x18\x04 \x01(\x03\x12\x12\n\nnum_blocks\x18\x05 \x01(\x03\x12\x15\n\reos_token_ids\x18\x06 \x03(\x03\x12\x15\n\rexecutor_kind\x18\x07 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x08 \x01(\t\x12\r\n\x05\x64type\x18\t \x01(\t\x12\x19\n\x11\x61ttention_backend\x18\n \x01(\t\x12\x19\n\x11has_chat_template\x18\x0b \x01(\x08\"\x14\n\x12ServerStatsRequest\"\x80\x03\n\x13ServerStatsResponse\x12\x12\n\nnum_blocks\x18\x01 \x01(\x03\x12\x13\n\x0b\x62locks_free\x18\x02 \x01(\x03\x12\x15\n\rblocks_cached\x18\x03 \x01(\x03\x12\x19\n\x11\x62locks_referenced\x18\x04 \x01(\x03\x12\x10\n\x08kv_usage\x18\x05 \x01(\x01\x12\x18\n\x10requests_waiting\x18\x06 \x01(\x03\x12\x18\n\x10requests_running\x18\x07 \x01(\x03\x12\x18\n\x10requests_swapped\x18\x08 \x01(\x03\x12\x1d\n\x15prefix_queried_tokens\x18\t \x01(\x03\x12\x19\n\x11prefix_hit_tokens\x18\n \x01(\x03\x12\x17\n\x0fnum_preemptions\x18\x0b \x01(\x03\x12\x31\n\x0e\x65xecutor_state\x18\x0c \x01(\x0e\x32\x19.kvserve.v1.ExecutorState\x12\x19\n\x11\x65xecutor_restarts\x18\r \x01(\x03\x12\r\n\x05steps\x18\x0e \x01(\x03*\xa8\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x02\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x03\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x04\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x05*~\n\rExecutorState\x12\x1e\n\x1a\x45XECUTOR_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x45XECUTOR_STATE_WAITING\x10\x01\x12\x18\n\x14\x45XECUTOR_STATE_READY\x10\x02\x12\x17\n\x13\x45XECUTOR_STATE_LOST\x10\x03\x32\xf1\x02\n\x07KVServe\x12G\n\x08Generate\x12\x1b.kvserve.v1.GenerateRequest\x1a\x1c.kvserve.v1.GenerateResponse0\x01\x12<\n\x05\x41\x62ort\x12\x18.kvserve.v1.AbortRequest\x1a\x19.kvserve.v1.AbortResponse\x12\x45\n\x08Tokenize\x12\x1b.kvserve.v1.TokenizeRequest\x1a\x1c.kvserve.v1.TokenizeResponse\x12H\n\tModelInfo\x12\x1c.kvserve.v1.ModelInfoRequest\x1a\x1d.kvserve.v1.ModelInfoResponse\x12N\n\x0bServerStats\x12\x1e.kvserve.v1.ServerStatsRequest\x1a\x1f.kvserve.v1.ServerStatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.kvserve.v1.api_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=2317
-  _globals['_FINISHREASON']._serialized_end=2485
-  _globals['_EXECUTORSTATE']._serialized_start=2487
-  _globals['_EXECUTORSTATE']._serialized_end=2613
+  _globals['_FINISHREASON']._serialized_start=2551
+  _globals['_FINISHREASON']._serialized_end=2719
+  _globals['_EXECUTORSTATE']._serialized_start=2721
+  _globals['_EXECUTORSTATE']._serialized_end=2847
   _globals['_CHATMESSAGE']._serialized_start=43
   _globals['_CHATMESSAGE']._serialized_end=87
   _globals['_CHATPROMPT']._serialized_start=89
@@ -44,31 +44,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SAMPLINGPARAMS']._serialized_start=172
   _globals['_SAMPLINGPARAMS']._serialized_end=706
   _globals['_GENERATEREQUEST']._serialized_start=709
-  _globals['_GENERATEREQUEST']._serialized_end=939
-  _globals['_LOGPROB']._serialized_start=941
-  _globals['_LOGPROB']._serialized_end=985
-  _globals['_TOKENLOGPROBS']._serialized_start=987
-  _globals['_TOKENLOGPROBS']._serialized_end=1071
-  _globals['_USAGE']._serialized_start=1074
-  _globals['_USAGE']._serialized_end=1207
-  _globals['_GENERATERESPONSE']._serialized_start=1210
-  _globals['_GENERATERESPONSE']._serialized_end=1424
-  _globals['_ABORTREQUEST']._serialized_start=1426
-  _globals['_ABORTREQUEST']._serialized_end=1460
-  _globals['_ABORTRESPONSE']._serialized_start=1462
-  _globals['_ABORTRESPONSE']._serialized_end=1492
-  _globals['_TOKENIZEREQUEST']._serialized_start=1494
-  _globals['_TOKENIZEREQUEST']._serialized_end=1576
-  _globals['_TOKENIZERESPONSE']._serialized_start=1578
-  _globals['_TOKENIZERESPONSE']._serialized_end=1631
-  _globals['_MODELINFOREQUEST']._serialized_start=1633
-  _globals['_MODELINFOREQUEST']._serialized_end=1651
-  _globals['_MODELINFORESPONSE']._serialized_start=1654
-  _globals['_MODELINFORESPONSE']._serialized_end=1905
-  _globals['_SERVERSTATSREQUEST']._serialized_start=1907
-  _globals['_SERVERSTATSREQUEST']._serialized_end=1927
-  _globals['_SERVERSTATSRESPONSE']._serialized_start=1930
-  _globals['_SERVERSTATSRESPONSE']._serialized_end=2314
-  _globals['_KVSERVE']._serialized_start=2616
-  _globals['_KVSERVE']._serialized_end=2985
+  _globals['_GENERATEREQUEST']._serialized_end=989
+  _globals['_STRUCTUREDOUTPUT']._serialized_start=992
+  _globals['_STRUCTUREDOUTPUT']._serialized_end=1142
+  _globals['_CHOICELIST']._serialized_start=1144
+  _globals['_CHOICELIST']._serialized_end=1173
+  _globals['_LOGPROB']._serialized_start=1175
+  _globals['_LOGPROB']._serialized_end=1219
+  _globals['_TOKENLOGPROBS']._serialized_start=1221
+  _globals['_TOKENLOGPROBS']._serialized_end=1305
+  _globals['_USAGE']._serialized_start=1308
+  _globals['_USAGE']._serialized_end=1441
+  _globals['_GENERATERESPONSE']._serialized_start=1444
+  _globals['_GENERATERESPONSE']._serialized_end=1658
+  _globals['_ABORTREQUEST']._serialized_start=1660
+  _globals['_ABORTREQUEST']._serialized_end=1694
+  _globals['_ABORTRESPONSE']._serialized_start=1696
+  _globals['_ABORTRESPONSE']._serialized_end=1726
+  _globals['_TOKENIZEREQUEST']._serialized_start=1728
+  _globals['_TOKENIZEREQUEST']._serialized_end=1810
+  _globals['_TOKENIZERESPONSE']._serialized_start=1812
+  _globals['_TOKENIZERESPONSE']._serialized_end=1865
+  _globals['_MODELINFOREQUEST']._serialized_start=1867
+  _globals['_MODELINFOREQUEST']._serialized_end=1885
+  _globals['_MODELINFORESPONSE']._serialized_start=1888
+  _globals['_MODELINFORESPONSE']._serialized_end=2139
+  _globals['_SERVERSTATSREQUEST']._serialized_start=2141
+  _globals['_SERVERSTATSREQUEST']._serialized_end=2161
+  _globals['_SERVERSTATSRESPONSE']._serialized_start=2164
+  _globals['_SERVERSTATSRESPONSE']._serialized_end=2548
+  _globals['_KVSERVE']._serialized_start=2850
+  _globals['_KVSERVE']._serialized_end=3219
 # @@protoc_insertion_point(module_scope)

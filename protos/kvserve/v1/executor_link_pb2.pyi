@@ -135,7 +135,7 @@ class BlockPairs(_message.Message):
     def __init__(self, src: _Optional[_Iterable[int]] = ..., dst: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StepPlan(_message.Message):
-    __slots__ = ("step_id", "new_seqs", "known_seqs", "copies", "swap_out", "swap_in", "drop_seq_ids")
+    __slots__ = ("step_id", "new_seqs", "known_seqs", "copies", "swap_out", "swap_in", "drop_seq_ids", "mask_seq_ids", "token_masks")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_SEQS_FIELD_NUMBER: _ClassVar[int]
     KNOWN_SEQS_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +143,8 @@ class StepPlan(_message.Message):
     SWAP_OUT_FIELD_NUMBER: _ClassVar[int]
     SWAP_IN_FIELD_NUMBER: _ClassVar[int]
     DROP_SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
+    MASK_SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_MASKS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     new_seqs: _containers.RepeatedCompositeFieldContainer[NewSequence]
     known_seqs: KnownSequences
@@ -150,7 +152,9 @@ class StepPlan(_message.Message):
     swap_out: BlockPairs
     swap_in: BlockPairs
     drop_seq_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, step_id: _Optional[int] = ..., new_seqs: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., known_seqs: _Optional[_Union[KnownSequences, _Mapping]] = ..., copies: _Optional[_Union[BlockPairs, _Mapping]] = ..., swap_out: _Optional[_Union[BlockPairs, _Mapping]] = ..., swap_in: _Optional[_Union[BlockPairs, _Mapping]] = ..., drop_seq_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    mask_seq_ids: _containers.RepeatedScalarFieldContainer[int]
+    token_masks: bytes
+    def __init__(self, step_id: _Optional[int] = ..., new_seqs: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., known_seqs: _Optional[_Union[KnownSequences, _Mapping]] = ..., copies: _Optional[_Union[BlockPairs, _Mapping]] = ..., swap_out: _Optional[_Union[BlockPairs, _Mapping]] = ..., swap_in: _Optional[_Union[BlockPairs, _Mapping]] = ..., drop_seq_ids: _Optional[_Iterable[int]] = ..., mask_seq_ids: _Optional[_Iterable[int]] = ..., token_masks: _Optional[bytes] = ...) -> None: ...
 
 class StepResult(_message.Message):
     __slots__ = ("step_id", "execute_time_s", "seq_ids", "token_ids", "has_logprob", "logprobs", "top_counts", "top_token_ids", "top_logprobs")

@@ -4,8 +4,10 @@
 "chat.messages[0].role", "token_ids"); an OpenAI client expects the name it sent
 ("top_p", "messages[0].role", "prompt"). Three names depend on the request: the prompt
 ("prompt", or "prompt[2]" for the third of several), the length limit ("max_tokens" or
-"max_completion_tokens", whichever was sent) and the logprobs count ("top_logprobs" in
-chat, "logprobs" in completions); the table holds a placeholder for each.
+"max_completion_tokens", whichever was sent), the logprobs count ("top_logprobs" in
+chat, "logprobs" in completions) and the structured-output constraint (wherever it was
+sent: "response_format.json_schema.schema", "guided_regex", ...); the table holds a
+placeholder for each.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 PROMPT = "<prompt>"
 MAX_TOKENS = "<max_tokens>"
 LOGPROBS = "<logprobs>"
+STRUCTURED = "<structured>"
 
 GRPC_TO_OPENAI: dict[str, str] = {
     "text": PROMPT,
@@ -40,6 +43,12 @@ GRPC_TO_OPENAI: dict[str, str] = {
     "sampling.ignore_eos": "ignore_eos",
     "priority": "priority",
     "cache_salt": "cache_salt",
+    "structured": STRUCTURED,
+    "structured.json_schema": STRUCTURED,
+    "structured.json_object": STRUCTURED,
+    "structured.regex": STRUCTURED,
+    "structured.choice": STRUCTURED,
+    "structured.grammar": STRUCTURED,
 }
 """Every field path the shared validation can name; `chat.messages[i]...` is mapped by prefix."""
 
@@ -54,6 +63,7 @@ class ParamNames:
     prompt: str = "prompt"
     max_tokens: str = "max_tokens"
     logprobs: str = "logprobs"
+    structured: str = "response_format"
 
 
 def openai_param(grpc_field: str, names: ParamNames) -> str:
@@ -61,7 +71,13 @@ def openai_param(grpc_field: str, names: ParamNames) -> str:
     if grpc_field.startswith("chat.messages["):
         return grpc_field.removeprefix("chat.")
     mapped = GRPC_TO_OPENAI.get(grpc_field, grpc_field.removeprefix("sampling."))
-    return {PROMPT: names.prompt, MAX_TOKENS: names.max_tokens, LOGPROBS: names.logprobs}.get(mapped, mapped)
+    placeholders = {
+        PROMPT: names.prompt,
+        MAX_TOKENS: names.max_tokens,
+        LOGPROBS: names.logprobs,
+        STRUCTURED: names.structured,
+    }
+    return placeholders.get(mapped, mapped)
 
 
 def capacity_param(scheduler_field: str, names: ParamNames) -> str:

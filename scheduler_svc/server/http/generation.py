@@ -107,16 +107,18 @@ async def submit(model: ServingModel, parsed: OpenAiRequest, tenant: str, base_i
         request_pb = prompt.request
         request_pb.request_id = base_id if len(parsed.prompts) == 1 else f"{base_id}-{i}"
         try:
-            validated.append((await _validate(request_pb, model), prompt.names))
+            request = await _validate(request_pb, model)
+            constraint = await model.grammars.compile(request.structured) if request.structured else None
         except InvalidFieldError as exc:
             raise bad_field(openai_param(exc.field, prompt.names), exc.reason) from None
+        validated.append((request, constraint, prompt.names))
     submission = Submission(model)
     try:
-        for request, names in validated:
+        for request, constraint, names in validated:
             namespace = prefix_namespace(model.info.model_id, tenant, request.cache_salt)
             scoped = dataclasses.replace(request, request_id=scoped_request_id(tenant, request.request_id))
             try:
-                stream = model.engine.submit(scoped, namespace)
+                stream = model.engine.submit(scoped, namespace, constraint)
             except RequestRejected as exc:
                 raise bad_field(capacity_param(exc.field, names), exc.reason) from None
             except InvalidFieldError as exc:

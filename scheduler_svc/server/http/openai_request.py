@@ -20,6 +20,7 @@ from protos.kvserve.v1 import api_pb2
 from scheduler_svc.server.http.errors import bad_field, unsupported
 from scheduler_svc.server.http.field_names import ParamNames
 from scheduler_svc.server.http.json_fields import JsonObject, as_integer, as_list, as_object, as_string, json_type
+from scheduler_svc.server.http.structured_body import structured_output
 
 _FLOATS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 _INTS = ("seed", "n", "min_tokens")
@@ -63,8 +64,10 @@ def parse_chat_body(data: dict[str, Any]) -> OpenAiRequest:
     if logprobs:
         sampling.logprobs = top_logprobs or 0
     request = api_pb2.GenerateRequest(chat=chat, sampling=sampling)
-    _request_options(body, request)
-    names = ParamNames(prompt="messages", max_tokens=max_tokens_param, logprobs="top_logprobs")
+    structured_param = _request_options(body, request)
+    names = ParamNames(
+        prompt="messages", max_tokens=max_tokens_param, logprobs="top_logprobs", structured=structured_param
+    )
     return _finish(body, unknown, True, (PromptRequest(request, names),), logprobs=logprobs, echo=False)
 
 
@@ -90,8 +93,12 @@ def parse_completion_body(data: dict[str, Any]) -> OpenAiRequest:
             request.text = prompt
         else:
             request.token_ids.ids.extend(prompt)
-        _request_options(body, request)
-        names = ParamNames(prompt="prompt" if len(prompts) == 1 else f"prompt[{i}]", max_tokens=max_tokens_param)
+        structured_param = _request_options(body, request)
+        names = ParamNames(
+            prompt="prompt" if len(prompts) == 1 else f"prompt[{i}]",
+            max_tokens=max_tokens_param,
+            structured=structured_param,
+        )
         built.append(PromptRequest(request, names))
     return _finish(body, unknown, False, tuple(built), logprobs=logprobs is not None, echo=echo)
 
@@ -167,14 +174,19 @@ def _sampling(body: JsonObject, *, chat: bool) -> tuple[api_pb2.SamplingParams, 
     return pb, name
 
 
-def _request_options(body: JsonObject, request: api_pb2.GenerateRequest) -> None:
-    """vLLM's request-level extras: scheduling priority and a prefix-cache salt."""
+def _request_options(body: JsonObject, request: api_pb2.GenerateRequest) -> str:
+    """vLLM's request-level extras (scheduling priority, a prefix-cache salt) and the structured-output
+    constraint; returns the OpenAI name of the constraint's field, for its errors."""
     priority = body.integer("priority")
     if priority is not None:
         request.priority = priority
     salt = body.string("cache_salt")
     if salt is not None:
         request.cache_salt = salt
+    structured, param = structured_output(body)
+    if structured is not None:
+        request.structured.CopyFrom(structured)
+    return param
 
 
 def parse_messages(body: JsonObject, unknown: list[str]) -> list[api_pb2.ChatMessage]:
@@ -245,7 +257,6 @@ def _prompts(body: JsonObject) -> list[str | list[int]]:
 
 def _refuse_chat_only(body: JsonObject) -> None:
     """The chat fields whose behaviour kvserve does not implement: a 400 naming them, never a silent no-op."""
-    _refuse_if(body, "response_format", lambda v: v != {"type": "text"}, "structured output is not implemented")
     _refuse_if(body, "tools", lambda v: v != [], _NO_TOOLS)
     _refuse_if(body, "tool_choice", lambda v: v != "none", _NO_TOOLS)
     _refuse_if(body, "parallel_tool_calls", lambda v: True, _NO_TOOLS)

@@ -18,7 +18,12 @@ from scheduler_svc.core.outputs import SampledLogprob
 from scheduler_svc.server.request_stream import Usage
 from scheduler_svc.server.tokenizer import Tokenizer
 
-FINISH_REASONS = {FinishReason.STOP: "stop", FinishReason.EOS: "stop", FinishReason.LENGTH: "length"}
+FINISH_REASONS = {
+    FinishReason.STOP: "stop",
+    FinishReason.EOS: "stop",
+    FinishReason.GRAMMAR: "stop",
+    FinishReason.LENGTH: "length",
+}
 """eos, a stop token and a stop string are all OpenAI's "stop"; ABORT and ERROR end with an error instead."""
 SSE_DONE = b"data: [DONE]\n\n"
 MIN_LOGPROB = -9999.0

@@ -1,0 +1,162 @@
+"""`kvserve bench structured`: the per-step cost of structured output, constrained against free text.
+
+One process runs the whole step path: the real `Scheduler` (which fills each constrained
+row's bitmask through llguidance), the plan and result through the wire codec (what
+ZeroMQ would carry), the real `ModelRunner` (which unpacks and applies the masks), and
+`Scheduler.update` (which advances each matcher). Both runs decode the same chat prompts
+at the same batch size; the constrained one follows a JSON schema long enough that every
+row is still decoding in every timed step. Only steps in which all `batch` rows decode
+are timed, so the two runs compare equal work; the two alternate `repeats` times.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from executor_svc.model_runner import ModelRunner
+from protos import step_codec
+from protos.kvserve.v1 import executor_link_pb2 as pb
+from protos.sampling import SamplingParams
+from scheduler_svc.core.scheduler import Scheduler
+from scheduler_svc.core.scheduler_config import SchedulerConfig
+from scheduler_svc.core.token_matcher import MatcherFactory
+from scheduler_svc.server.structured.llguidance_backend import LlguidanceBackend
+from scheduler_svc.server.structured.spec import StructuredSpec
+from scheduler_svc.server.tokenizer import ChatMessage, Tokenizer
+
+BENCH_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string", "maxLength": 40},
+        "year": {"type": "integer", "minimum": 1900, "maximum": 2100},
+        "genre": {"enum": ["drama", "comedy", "horror", "documentary"]},
+        "scenes": {
+            "type": "array",
+            "items": {"type": "string", "minLength": 8, "maxLength": 40},
+            "minItems": 12,
+            "maxItems": 12,
+        },
+    },
+    "required": ["title", "year", "genre", "scenes"],
+    "additionalProperties": False,
+}
+"""At least ~60 tokens of output, so every row decodes through the timed steps."""
+TOPICS = ["a heist", "a lighthouse", "a chess match", "a storm at sea", "a lost dog", "a space station", "a wedding"]
+
+
+@dataclass(slots=True)
+class StepTimes:
+    schedule_ms: float
+    """Plan building, including the constrained rows' bitmasks."""
+    wire_ms: float
+    """Plan and result through the protobuf codec, both ways."""
+    execute_ms: float
+    """Forward pass, mask application, sampling."""
+    update_ms: float
+    """Results applied, including each matcher advancing."""
+
+    @property
+    def total_ms(self) -> float:
+        return self.schedule_ms + self.wire_ms + self.execute_ms + self.update_ms
+
+
+@dataclass(slots=True)
+class StructuredBenchResult:
+    batch: int
+    free: StepTimes
+    constrained: StepTimes
+    timed_steps: int
+
+    @property
+    def overhead(self) -> float:
+        """How much longer a constrained step takes: constrained / free - 1."""
+        return self.constrained.total_ms / self.free.total_ms - 1.0
+
+
+def bench_schema_factory(tokenizer: Tokenizer, runner: ModelRunner) -> MatcherFactory:
+    info = runner.info()
+    backend = LlguidanceBackend(tokenizer.to_json(), info.vocab_size, info.eos_token_ids)
+    return backend.compile(StructuredSpec("json_schema", "bench", text=json.dumps(BENCH_SCHEMA)))
+
+
+def run_structured_bench(
+    runner: ModelRunner,
+    tokenizer: Tokenizer,
+    batches: list[int],
+    steps: int,
+    repeats: int = 3,
+    progress: Callable[[str], None] = lambda _line: None,
+) -> list[StructuredBenchResult]:
+    factory = bench_schema_factory(tokenizer, runner)
+    prompts = [
+        tokenizer.encode_chat([ChatMessage("user", f"Describe a film about {TOPICS[i % len(TOPICS)]} as JSON.")])
+        for i in range(max(batches))
+    ]
+    results = []
+    for batch in batches:
+        runs: dict[bool, list[StepTimes]] = {False: [], True: []}
+        for repeat in range(repeats):  # interleaved, so drift in the machine's speed hits both alike
+            for constrained in (False, True):
+                times = _decode_steps(runner, prompts[:batch], factory if constrained else None, steps)
+                runs[constrained].append(times)
+                kind = "constrained" if constrained else "free text"
+                progress(f"batch {batch} run {repeat + 1}/{repeats} {kind}: {times.total_ms:.2f} ms/step")
+        results.append(StructuredBenchResult(batch, _median(runs[False]), _median(runs[True]), steps))
+    return results
+
+
+def _median(runs: list[StepTimes]) -> StepTimes:
+    """The run with the median total: one consistent split, not medians of parts from different runs."""
+    return sorted(runs, key=lambda t: t.total_ms)[len(runs) // 2]
+
+
+def _decode_steps(
+    runner: ModelRunner, prompts: list[list[int]], factory: MatcherFactory | None, steps: int
+) -> StepTimes:
+    """Median times of `steps` decode steps in which every row decodes (prefill and one warm-up untimed)."""
+    info = runner.info()
+    scheduler = Scheduler(
+        SchedulerConfig(
+            num_blocks=info.num_blocks,
+            block_size=info.block_size,
+            max_model_len=info.max_model_len,
+            eos_token_ids=tuple(info.eos_token_ids),
+            enable_prefix_caching=False,
+        )
+    )
+    sampling = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=factory is None)
+    for i, prompt in enumerate(prompts):
+        scheduler.add_request(f"r{i}", prompt, sampling, constraint=factory)
+    timed: list[StepTimes] = []
+    warmed = False
+    while scheduler.has_unfinished() and len(timed) < steps:
+        t0 = time.perf_counter()
+        plan = scheduler.schedule()
+        t1 = time.perf_counter()
+        sent = step_codec.decode_plan(pb.StepPlan.FromString(step_codec.encode_plan(plan).SerializeToString()))
+        t2 = time.perf_counter()
+        result = runner.execute(sent)
+        t3 = time.perf_counter()
+        got = step_codec.decode_result(pb.StepResult.FromString(step_codec.encode_result(result).SerializeToString()))
+        t4 = time.perf_counter()
+        outputs = scheduler.update(got)
+        t5 = time.perf_counter()
+        decoding = plan.num_scheduled_tokens == len(prompts) and not plan.new_seqs
+        if decoding and warmed:
+            timed.append(StepTimes(1e3 * (t1 - t0), 1e3 * (t2 - t1 + t4 - t3), 1e3 * (t3 - t2), 1e3 * (t5 - t4)))
+        warmed = warmed or decoding
+        if any(o.finish_reason is not None for o in outputs) and len(timed) < steps:
+            raise RuntimeError("a row finished before the timed steps ended: lengthen BENCH_SCHEMA or lower --steps")
+    for request_id in [f"r{i}" for i in range(len(prompts))]:
+        scheduler.abort(request_id)
+    runner.reset()
+    return StepTimes(
+        statistics.median(t.schedule_ms for t in timed),
+        statistics.median(t.wire_ms for t in timed),
+        statistics.median(t.execute_ms for t in timed),
+        statistics.median(t.update_ms for t in timed),
+    )
