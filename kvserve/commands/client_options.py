@@ -120,6 +120,39 @@ def add_request_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--request-id", default=None, help="request id; None = the server assigns one")
 
 
+def add_structured_options(parser: argparse.ArgumentParser) -> None:
+    """One structured-output constraint (api.proto StructuredOutput); the server refuses a bad spec by name."""
+    group = parser.add_argument_group("structured output (at most one)").add_mutually_exclusive_group()
+    group.add_argument(
+        "--json-schema", default=None, metavar="SCHEMA", help="a JSON Schema: inline JSON, or @FILE to read one"
+    )
+    group.add_argument("--json-object", action="store_true", help="any JSON object")
+    group.add_argument("--regex", default=None, help="the whole output matches this regular expression")
+    group.add_argument(
+        "--choice", action="append", default=None, metavar="TEXT", help="the output is one of these (repeat the flag)"
+    )
+    group.add_argument("--grammar", default=None, metavar="LARK", help="a Lark grammar: inline, or @FILE")
+
+
+def structured_from_args(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The constraint flag given, as the clients' `structured` dict (None: free text)."""
+    if args.json_schema is not None:
+        return {"json_schema": _inline_or_file(args.json_schema)}
+    if args.json_object:
+        return {"json_object": True}
+    if args.regex is not None:
+        return {"regex": args.regex}
+    if args.choice is not None:
+        return {"choice": args.choice}
+    if args.grammar is not None:
+        return {"grammar": _inline_or_file(args.grammar)}
+    return None
+
+
+def _inline_or_file(value: str) -> str:
+    return Path(value[1:]).read_text(encoding="utf-8") if value.startswith("@") else value
+
+
 def sampling_from_args(args: argparse.Namespace, *, chat: bool = False) -> dict[str, Any]:
     """The sampling flags that were given, as client keyword arguments; with `chat`, the chat
     defaults fill the ones not given (unless --server-defaults)."""

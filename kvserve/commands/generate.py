@@ -16,10 +16,12 @@ from kvserve.commands.client_options import (
     add_connection_options,
     add_request_options,
     add_sampling_options,
+    add_structured_options,
     make_client,
     report_error,
     request_from_args,
     sampling_from_args,
+    structured_from_args,
 )
 
 if TYPE_CHECKING:
@@ -50,6 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--verbose", action="store_true", help="print finish reason and usage to stderr")
     add_connection_options(parser)
     add_sampling_options(parser, chat="with --chat")
+    add_structured_options(parser)
     add_request_options(parser)
     parser.set_defaults(func=run)
 
@@ -60,6 +63,12 @@ def run(args: argparse.Namespace) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     chat = args.chat or args.system is not None
     kwargs: dict[str, Any] = {**sampling_from_args(args, chat=chat), **request_from_args(args)}
+    try:
+        structured = structured_from_args(args)
+    except OSError as error:  # an unreadable @FILE
+        return report_error("generate", error)
+    if structured is not None:
+        kwargs["structured"] = structured
     if chat:
         messages = [{"role": "system", "content": args.system}] if args.system is not None else []
         kwargs["messages"] = messages + [{"role": "user", "content": prompt}]

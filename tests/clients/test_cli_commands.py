@@ -244,3 +244,25 @@ def test_block_size_outside_the_tested_set_is_refused(command: str) -> None:
     result = run_cli(command, "--block-size", "12")
     assert result.returncode == 2
     assert "--block-size: invalid choice: 12 (choose from 8, 16, 32, 64)" in result.stderr
+
+
+def test_generate_structured_flags_fill_the_request(scripted_server, tmp_path: Path) -> None:
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"type": "object"}')
+    cases = [
+        (["--json-schema", f"@{schema}"], "json_schema", '{"type": "object"}'),
+        (["--choice", "yes", "--choice", "no"], "choice", ["yes", "no"]),
+        (["--regex", "[0-9]+"], "regex", "[0-9]+"),
+        (["--json-object"], "json_object", True),
+    ]
+    for i, (flags, kind, value) in enumerate(cases):
+        result = run_cli("generate", "hi", "--max-tokens", "1", *flags, *port_args(scripted_server))
+        assert result.returncode == 0, result.stderr
+        structured = scripted_server.servicer.recorded.requests[i].structured
+        assert structured.WhichOneof("kind") == kind
+        got = list(structured.choice.choices) if kind == "choice" else getattr(structured, kind)
+        assert got == value
+    both = run_cli("generate", "hi", "--regex", "a", "--json-object", *port_args(scripted_server))
+    assert both.returncode == 2 and "not allowed with" in both.stderr
+    missing = run_cli("generate", "hi", "--grammar", f"@{tmp_path / 'nope.lark'}", *port_args(scripted_server))
+    assert missing.returncode == 1 and "nope.lark" in missing.stderr

@@ -12,18 +12,15 @@ import asyncio
 import json
 import os
 import re
-import shutil
 import signal
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import jsonschema
 import openai
 import pytest
 from grpc_health.v1 import health_pb2
 
-from kvserve.testing.server_launcher import ServeProcess, start_serve
+from kvserve.testing.server_launcher import ServeProcess, serving
 from protos.kvserve.v1 import api_pb2, api_pb2_grpc
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -60,14 +57,8 @@ def _person_prompt(who: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def real_server() -> Iterator[ServeProcess]:
-    tmp_dir = Path(tempfile.mkdtemp(prefix="kvserve-structured-"))
-    server = start_serve(SERVE_ARGS, tmp_dir, http=True)
-    try:
-        server.wait_serving()
+    with serving(SERVE_ARGS, http=True) as server:
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
 def _ask_all(server: ServeProcess, requests: list[dict]) -> list:
