@@ -19,6 +19,7 @@ from executor_svc.input_batch import build_input_batch
 from executor_svc.kv_cache import CacheGeometry, PagedKVCache
 from executor_svc.llama import LlamaModel
 from executor_svc.model_config import load_model_config
+from executor_svc.process_memory import MIB, resident_bytes
 from executor_svc.runner_config import (
     RunnerConfig,
     resolve_attention_backend,
@@ -76,6 +77,7 @@ class ModelRunner:
             num_blocks=num_blocks,
             num_cpu_blocks=num_cpu_blocks,
             threads=torch.get_num_threads() if self.device == "cpu" else None,
+            rss_mib=round(resident_bytes() / MIB),
             seconds=round(time.monotonic() - started, 2),
         )
 

@@ -58,6 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from executor_svc.model_runner import ModelRunner
+    from executor_svc.process_memory import MIB, resident_bytes
     from executor_svc.runner_config import RunnerConfig
     from kvserve.bench.executor_bench import run_executor_bench
     from protos.log_config import configure_logging
@@ -104,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
             f"model {runner.model_config.num_params / 1e6:.1f} M params; "
             f"goal: decode batch 64 >= {100 * GOAL_DECODE64_ROOFLINE:.0f}% of the roofline"
         )
+        print(f"executor resident memory after the run: {resident_bytes() / MIB:.0f} MiB")
     runner.close()
     return 0
 

@@ -1,0 +1,27 @@
+"""The executor's resident memory, reported where weights and the KV cache are sized.
+
+Read from /proc (Linux), with the peak from getrusage as the fallback elsewhere, so no
+extra dependency: the figure goes into the `model runner ready` log line and into
+`kvserve bench executor`, next to the weights and KV budget it should stay close to.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+from pathlib import Path
+
+_STATUS = Path("/proc/self/status")
+MIB = 1024 * 1024
+
+
+def resident_bytes() -> int:
+    """Current resident set size (VmRSS); where /proc is missing, the peak so far."""
+    try:
+        for line in _STATUS.read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # macOS reports bytes, Linux KiB
