@@ -63,11 +63,11 @@ def _pad_id(model) -> int:
     return 0
 
 
-def _warm_up(model, request: HFRequest, pad_id: int) -> None:
+def _warm_up(model, request: HFRequest, pad_id: int, device: str = "cpu") -> None:
     """One short untimed generate, so one-time start-up costs do not count against the baseline."""
     import torch
 
-    prompt = torch.tensor([request.prompt_token_ids[:16]], dtype=torch.long)
+    prompt = torch.tensor([request.prompt_token_ids[:16]], dtype=torch.long, device=device)
     with torch.inference_mode():
         model.generate(
             input_ids=prompt,
@@ -86,9 +86,10 @@ def run_hf_baseline(
     batch_size: int = DEFAULT_BATCH_SIZE,
     workload_name: str = "mixed",
     progress: bool = True,
+    device: str = "cpu",
 ) -> tuple[RunResult, int]:
     """Generate every request with static batches; returns the run and the total tokens generated
-    (useful + padding waste)."""
+    (useful + padding waste). `device`: where `model` is (the GPU check runs it on CUDA)."""
     import torch
 
     if batch_size < 1:
@@ -96,7 +97,7 @@ def run_hf_baseline(
     if not requests:
         raise ValueError("no requests to run")
     pad_id = _pad_id(model)
-    _warm_up(model, requests[0], pad_id)
+    _warm_up(model, requests[0], pad_id, device)
     records: list[RequestRecord] = []
     generated_total = 0
     bar = tqdm(
@@ -107,10 +108,10 @@ def run_hf_baseline(
         batch = requests[first : first + batch_size]
         width = max(len(r.prompt_token_ids) for r in batch)
         new_tokens = max(r.max_tokens for r in batch)
-        input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-        attention = torch.zeros((len(batch), width), dtype=torch.long)
+        input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long, device=device)
+        attention = torch.zeros((len(batch), width), dtype=torch.long, device=device)
         for row, r in enumerate(batch):
-            input_ids[row, width - len(r.prompt_token_ids) :] = torch.tensor(r.prompt_token_ids)
+            input_ids[row, width - len(r.prompt_token_ids) :] = torch.tensor(r.prompt_token_ids, device=device)
             attention[row, width - len(r.prompt_token_ids) :] = 1
         with torch.inference_mode():
             out = model.generate(

@@ -1,0 +1,106 @@
+"""scripts/gpu_wheels.txt is the whole dependency closure the GPU run needs beyond the image.
+
+The closure is walked from pyproject.toml's dependencies and test extra through the installed
+distributions' metadata (Python 3.12 on Linux x86_64), stopping at what the image provides.
+A new dependency (or a new dependency of a dependency) that is not listed fails here, before
+a GPU run discovers it as an import error.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import tomllib
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+from kvserve.gpu_check.wheel_list import (
+    IMAGE_PROVIDES,
+    NOT_NEEDED_ON_GPU,
+    WheelFile,
+    normalize,
+    parse_list,
+    read_list,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+GPU_PLATFORM = {
+    "python_version": "3.12",
+    "python_full_version": "3.12.3",
+    "sys_platform": "linux",
+    "platform_system": "Linux",
+    "platform_machine": "x86_64",
+    "os_name": "posix",
+    "implementation_name": "cpython",
+    "platform_python_implementation": "CPython",
+    "extra": "",
+}
+
+
+def needed_on_gpu() -> set[str]:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pending = [Requirement(r) for r in [*project["dependencies"], *project["optional-dependencies"]["test"]]]
+    needed: set[str] = set()
+    while pending:
+        req = pending.pop()
+        name = normalize(req.name)
+        if name in needed or name in IMAGE_PROVIDES or name in NOT_NEEDED_ON_GPU:
+            continue
+        if req.marker is not None and not req.marker.evaluate(GPU_PLATFORM):
+            continue
+        needed.add(name)
+        try:
+            requires = importlib.metadata.distribution(name).requires or []
+        except importlib.metadata.PackageNotFoundError:
+            continue  # not installed here: listed or not, its own dependencies cannot be walked
+        pending += [r for r in map(Requirement, requires) if r.marker is None or r.marker.evaluate(GPU_PLATFORM)]
+    return needed
+
+
+def test_the_list_holds_the_whole_closure() -> None:
+    listed = {r.name for r in read_list()}
+    missing = needed_on_gpu() - listed
+    assert not missing, f"add to scripts/gpu_wheels.txt (then run scripts/gpu_wheels.sh): {sorted(missing)}"
+
+
+def test_nothing_the_image_provides_is_shipped() -> None:
+    listed = {r.name for r in read_list()}
+    assert not listed & IMAGE_PROVIDES, "shadowing the image's torch/transformers stack breaks its version pins"
+
+
+def test_every_entry_is_pinned() -> None:
+    assert all(r.version for r in read_list())
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [("pyzmq==1\nPyZMQ==2\n", "listed twice"), ("pyzmq>=1\n", "expected NAME==VERSION"), ("# only\n", "no wheels")],
+)
+def test_malformed_lists_are_refused(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_list(text)
+
+
+@pytest.mark.parametrize(
+    "filename, installable",
+    [
+        ("pyzmq-27.3.0-cp312-abi3-manylinux_2_26_x86_64.manylinux_2_28_x86_64.whl", True),
+        ("protobuf-7.36.2-cp310-abi3-manylinux2014_x86_64.whl", True),
+        ("grpcio-1.85.3-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl", True),
+        ("structlog-26.1.0-py3-none-any.whl", True),
+        ("grpcio-1.85.3-cp311-cp311-manylinux2014_x86_64.whl", False),
+        ("grpcio-1.85.3-cp312-cp312-manylinux2014_aarch64.whl", False),
+        ("grpcio-1.85.3-cp312-cp312-win_amd64.whl", False),
+        ("grpcio-1.85.3-cp312-cp312-musllinux_1_1_x86_64.whl", False),
+    ],
+)
+def test_wheel_tags_are_judged_for_cpython_312_on_manylinux_x86_64(filename: str, installable: bool) -> None:
+    wheel = WheelFile.parse(Path(filename))
+    assert wheel is not None and wheel.installable is installable
+
+
+def test_the_glibc_a_wheel_needs_is_its_oldest_tag() -> None:
+    wheel = WheelFile.parse(Path("pyzmq-27.3.0-cp312-abi3-manylinux_2_26_x86_64.manylinux_2_28_x86_64.whl"))
+    assert wheel is not None and wheel.glibc == (2, 26)
+    assert WheelFile.parse(Path("structlog-26.1.0-py3-none-any.whl")).glibc is None
