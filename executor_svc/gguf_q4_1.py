@@ -1,0 +1,93 @@
+"""GGUF Q4_1 weights as they ship, and in the layout of torch's CPU int4 GEMM.
+
+Q4_1 stores each run of 32 weights along a row as an fp16 scale `d`, an fp16 minimum `m`
+and 16 bytes of 4-bit codes (byte j holds weight j in its low nibble and weight j + 16 in
+its high one): w = d·q + m. torch's `_weight_int4pack_mm_for_cpu` computes the
+asymmetric group-wise form w = (q − 8)·scale + zero with groups of 32 along K, so the
+same codes serve it unchanged with scale = d and zero = m + 8d: the weights stay 4-bit
+(about an eighth of fp32) instead of being dequantized at load.
+
+Rows are independent (a group never spans two rows), so concatenating q/k/v or gate/up
+and permuting rows are exact on the codes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+GROUP = 32
+BLOCK_BYTES = 20
+"""2 (d, fp16) + 2 (m, fp16) + 16 (32 four-bit codes)."""
+CODE_OFFSET = 8
+"""The kernel's codes are centred: w = (q − 8)·scale + zero."""
+
+
+@dataclass(slots=True)
+class Q4_1Weight:
+    """One [out, in] weight matrix in Q4_1: codes and per-group scale and minimum."""
+
+    codes: torch.Tensor
+    """[out, in] uint8 in 0..15."""
+    d: torch.Tensor
+    """[out, in / 32] float16."""
+    m: torch.Tensor
+    """[out, in / 32] float16."""
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.codes.shape[0], self.codes.shape[1])
+
+
+def parse_q4_1(raw: np.ndarray) -> Q4_1Weight:
+    """A GGUF Q4_1 tensor's bytes, [out, in / 32 × 20] uint8 (as gguf's reader gives them)."""
+    rows, row_bytes = raw.shape
+    if row_bytes % BLOCK_BYTES:
+        raise ValueError(f"a Q4_1 row holds whole {BLOCK_BYTES}-byte blocks, got {row_bytes} bytes")
+    blocks = np.ascontiguousarray(raw).reshape(rows, row_bytes // BLOCK_BYTES, BLOCK_BYTES)
+    d = blocks[:, :, 0:2].copy().view(np.float16)[..., 0]
+    m = blocks[:, :, 2:4].copy().view(np.float16)[..., 0]
+    packed = blocks[:, :, 4:]
+    codes = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).reshape(rows, -1)
+    return Q4_1Weight(torch.from_numpy(codes), torch.from_numpy(d), torch.from_numpy(m))
+
+
+def dequantize(weight: Q4_1Weight) -> torch.Tensor:
+    """[out, in] float32, d·q + m exactly as GGUF defines it (what the dequantized path loads)."""
+    d = weight.d.float().repeat_interleave(GROUP, dim=1)
+    m = weight.m.float().repeat_interleave(GROUP, dim=1)
+    return d * weight.codes.float() + m
+
+
+def concat_rows(weights: list[Q4_1Weight]) -> Q4_1Weight:
+    """Stack matrices with the same input size along their outputs (fused qkv, gate_up)."""
+    return Q4_1Weight(
+        torch.cat([w.codes for w in weights]), torch.cat([w.d for w in weights]), torch.cat([w.m for w in weights])
+    )
+
+
+def kernel_scales(weight: Q4_1Weight, dtype: torch.dtype) -> torch.Tensor:
+    """[in / 32, out, 2] (scale, zero) in `dtype` for `_weight_int4pack_mm_for_cpu`: scale = d, zero = m + 8d.
+
+    m + 8d is formed in float32 from the fp16 values, then rounded once to `dtype`: in float32 the
+    kernel's weights equal d·q + m to float32 rounding; in bfloat16 each of scale and zero carries
+    a relative rounding error of at most 2^-8 (8 significand bits).
+    """
+    d = weight.d.float()
+    zero = weight.m.float() + CODE_OFFSET * d
+    return torch.stack([d, zero], dim=-1).transpose(0, 1).contiguous().to(dtype)
+
+
+def kernel_weight(weight: Q4_1Weight) -> torch.Tensor:
+    """The codes packed for `_weight_int4pack_mm_for_cpu` (torch's CPU int4 layout)."""
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(weight.codes.to(torch.int32), 1)
+
+
+def kernel_dequantize(weight: Q4_1Weight, dtype: torch.dtype) -> torch.Tensor:
+    """[out, in] float32: the weights the kernel computes with, (q − 8)·scale + zero at `dtype` scales."""
+    scales = kernel_scales(weight, dtype).float().transpose(0, 1)  # [out, groups, 2]
+    scale = scales[..., 0].repeat_interleave(GROUP, dim=1)
+    zero = scales[..., 1].repeat_interleave(GROUP, dim=1)
+    return (weight.codes.float() - CODE_OFFSET) * scale + zero
