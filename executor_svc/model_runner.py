@@ -26,6 +26,7 @@ from executor_svc.runner_config import (
     resolve_device,
     resolve_dtype,
     resolve_num_threads,
+    resolve_weights,
 )
 from executor_svc.sampler import sample
 from executor_svc.sequence_state import SequenceState, SequenceTable
@@ -54,6 +55,9 @@ class ModelRunner:
         self.model_config = load_model_config(self.model_dir)
         self.max_model_len = self._max_model_len()
         weights = load_weights(self.model_dir, self.model_config, self.device, self.dtype)
+        self.weights_mode = resolve_weights(config, self.device, self.dtype_name)
+        if self.weights_mode == "native":
+            self._use_native_weights(weights)
         self.model = LlamaModel(self.model_config, weights, self.max_model_len, self.device, self.dtype)
         self.backend = create_backend(self.backend_name)
         self.geometry = CacheGeometry(
@@ -73,6 +77,7 @@ class ModelRunner:
             model_id=self.model_id,
             device=self.device,
             dtype=self.dtype_name,
+            weights=self.weights_mode,
             attention=self.backend_name,
             num_blocks=num_blocks,
             num_cpu_blocks=num_cpu_blocks,
@@ -179,9 +184,19 @@ class ModelRunner:
         )
         return max(0.0, budget)
 
+    def _use_native_weights(self, weights) -> None:
+        from executor_svc.gguf_weights import use_native_weights
+
+        source = model_store.resolve_source(self.config.model)
+        if source.gguf_file is None:
+            raise ValueError(f"--weights native needs a GGUF model; {source.path} is a safetensors directory")
+        use_native_weights(weights, source.path / source.gguf_file, self.model_config)
+
     def _model_id(self) -> str:
         source = model_store.resolve_source(self.config.model)
         digest = hashlib.sha256((self.model_dir / "config.json").read_bytes())
         for path in weight_files(self.model_dir):
             digest.update(f"{path.name}:{path.stat().st_size}".encode())
-        return f"{source.name}@{digest.hexdigest()[:12]}"
+        # Native 4-bit weights compute other KV than the dequantized ones: never share a prefix cache.
+        native = "+q4_1" if self.weights_mode == "native" else ""
+        return f"{source.name}@{digest.hexdigest()[:12]}{native}"

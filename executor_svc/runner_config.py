@@ -22,6 +22,13 @@ class RunnerConfig:
     dtype: str = field(
         default="auto", metadata=flag("float32, bfloat16, float16, or auto (float32 on cpu, bfloat16 on cuda)")
     )
+    weights: str = field(
+        default="auto",
+        metadata=flag(
+            "dequantized (fp32/bf16 from the converted directory), native (a GGUF's Q4_1 layers as 4-bit, cpu), "
+            "or auto (dequantized until the quality bench sets the bar native must pass)"
+        ),
+    )
     attention_backend: str = field(
         default="auto", metadata=flag("torch, triton, or auto (triton on cuda, torch on cpu)")
     )
@@ -99,6 +106,17 @@ def resolve_dtype(config: RunnerConfig, device: str) -> str:
     if config.dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {config.dtype!r}")
     return config.dtype
+
+
+def resolve_weights(config: RunnerConfig, device: str, dtype: str) -> str:
+    """dequantized or native; native needs the cpu, float32 activations around it, and a GGUF source."""
+    if config.weights not in ("auto", "dequantized", "native"):
+        raise ValueError(f"weights must be auto, dequantized or native, got {config.weights!r}")
+    if config.weights != "native":
+        return "dequantized"
+    if device != "cpu" or dtype != "float32":
+        raise ValueError(f"--weights native runs on cpu with --dtype float32, not {device} / {dtype}")
+    return "native"
 
 
 def resolve_attention_backend(config: RunnerConfig, device: str) -> str:

@@ -3,7 +3,8 @@
 q/k/v projections are concatenated into one matrix and gate/up into another at load
 time, so each layer runs 4 matmuls instead of 7: fewer kernel launches and better
 GEMM shapes, which matters most for small-batch decode. Each matrix becomes a `Linear`
-(transposed, plus a prepacked copy on CPU; see `executor_svc.linear`).
+(transposed, plus a prepacked copy on CPU; see `executor_svc.linear`), or, with
+`--weights native`, an `Int4Linear` on a GGUF's own 4-bit codes (`executor_svc.gguf_weights`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import structlog
 import torch
 from safetensors import safe_open
 
+from executor_svc.int4_linear import Int4Linear
 from executor_svc.linear import Linear, make_linear
 from executor_svc.model_config import ModelConfig
 
@@ -24,13 +26,13 @@ log = structlog.get_logger(__name__)
 @dataclass(slots=True)
 class LayerWeights:
     input_norm: torch.Tensor
-    qkv: Linear
+    qkv: Linear | Int4Linear
     """hidden -> (num_heads + 2 * num_kv_heads) * head_dim, with the bias for Qwen2."""
-    o_proj: Linear
+    o_proj: Linear | Int4Linear
     post_attention_norm: torch.Tensor
-    gate_up: Linear
+    gate_up: Linear | Int4Linear
     """hidden -> 2 * intermediate: gate outputs first, then up."""
-    down: Linear
+    down: Linear | Int4Linear
 
 
 @dataclass(slots=True)

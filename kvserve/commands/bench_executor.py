@@ -32,6 +32,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     parser.add_argument("--attention-backend", default="auto", choices=("auto", "torch", "triton"))
     parser.add_argument(
+        "--weights",
+        default="auto",
+        choices=("auto", "dequantized", "native"),
+        help="native: a GGUF's Q4_1 layers run 4-bit (see `kvserve executor --help`)",
+    )
+    parser.add_argument(
         "--batches", type=int, nargs="+", default=list(DEFAULT_DECODE_BATCHES), help="decode batch sizes"
     )
     parser.add_argument("--prompt-len", type=int, default=128, help="context of each decoding sequence")
@@ -68,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         model=args.model,
         device=args.device,
         attention_backend=args.attention_backend,
+        weights=args.weights,
         kv_cache_gb=args.kv_cache_gb,
         num_threads=args.num_threads,
     )

@@ -1,0 +1,76 @@
+"""`--weights native`: serve a GGUF's Q4_1 linear layers as they ship, through `Int4Linear`.
+
+The runner first loads the converted fp32 directory as always (norms, embeddings, lm_head
+and any tensor that is not Q4_1 stay there: the default model's Q8_0 embedding has no torch
+int8 kernel with per-group scales, so it stays fp32, and a log line says so). Then each
+layer's q/k/v, o, gate/up and down matrices are replaced by the GGUF's own 4-bit codes.
+
+llama.cpp's converter permutes the rows of q and k for its rotary layout; the rows are
+permuted back here (exact: a Q4_1 group runs along a row), and the converted directory's
+fp32 weights equal `dequantize` of the result, which `tests/executor/test_native_weights.py`
+checks layer by layer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import structlog
+import torch
+from gguf import GGMLQuantizationType, GGUFReader
+
+from executor_svc.gguf_q4_1 import Q4_1Weight, concat_rows, parse_q4_1
+from executor_svc.int4_linear import make_int4_linear
+from executor_svc.model_config import ModelConfig
+from executor_svc.weights import ModelWeights
+
+log = structlog.get_logger(__name__)
+
+_LAYER_TENSORS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+class NativeWeightsUnavailable(ValueError):
+    """The model has no Q4_1 linear layers to serve natively (not a GGUF, or another format)."""
+
+
+def read_q4_1_layers(gguf_path: Path, config: ModelConfig) -> list[dict[str, Q4_1Weight]]:
+    """Each layer's Q4_1 matrices, q and k rows back in Hugging Face order."""
+    tensors = {t.name: t for t in GGUFReader(str(gguf_path)).tensors}
+    layers = []
+    for i in range(config.num_layers):
+        layer = {}
+        for name in _LAYER_TENSORS:
+            tensor = tensors.get(f"blk.{i}.{name}.weight")
+            if tensor is None or tensor.tensor_type != GGMLQuantizationType.Q4_1:
+                kind = "missing" if tensor is None else tensor.tensor_type.name
+                raise NativeWeightsUnavailable(f"blk.{i}.{name}.weight is {kind}, not Q4_1")
+            layer[name] = parse_q4_1(np.asarray(tensor.data))
+        layer["attn_q"] = _unpermute_rows(layer["attn_q"], config.num_heads)
+        layer["attn_k"] = _unpermute_rows(layer["attn_k"], config.num_kv_heads)
+        layers.append(layer)
+    return layers
+
+
+def use_native_weights(weights: ModelWeights, gguf_path: Path, config: ModelConfig) -> None:
+    """Swap every layer's linear matrices for `Int4Linear` on the GGUF's codes (the fp32 copies are freed)."""
+    if config.attention_bias:
+        raise NativeWeightsUnavailable("q/k/v biases are not read from GGUF files")
+    layers = read_q4_1_layers(gguf_path, config)
+    for layer, q4 in zip(weights.layers, layers, strict=True):
+        layer.qkv = make_int4_linear(concat_rows([q4["attn_q"], q4["attn_k"], q4["attn_v"]]))
+        layer.o_proj = make_int4_linear(q4["attn_output"])
+        layer.gate_up = make_int4_linear(concat_rows([q4["ffn_gate"], q4["ffn_up"]]))
+        layer.down = make_int4_linear(q4["ffn_down"])
+    log.info(
+        "native Q4_1 weights: every layer's linear matrices run 4-bit (bfloat16 activations)",
+        layers=len(layers),
+        kept_fp32="token embedding and lm_head (Q8_0 in the GGUF, no per-group int8 kernel), norms",
+    )
+
+
+def _unpermute_rows(weight: Q4_1Weight, num_heads: int) -> Q4_1Weight:
+    """Undo llama.cpp's rotary row permutation (rows of each head interleaved in pairs)."""
+    rows = weight.codes.shape[0]
+    order = torch.arange(rows).reshape(num_heads, rows // num_heads // 2, 2).transpose(1, 2).reshape(-1)
+    return Q4_1Weight(weight.codes[order], weight.d[order], weight.m[order])

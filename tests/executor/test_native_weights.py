@@ -1,0 +1,100 @@
+"""`--weights native` on the default model: the GGUF's Q4_1 layers, served 4-bit.
+
+The codes, q/k rows un-permuted, dequantize exactly to the converted directory's fp32
+weights; the int4 kernel and its fp32 fallback agree; and the native path's greedy output
+does not depend on how a sequence is batched, chunked or prefix-shared.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from executor_svc import model_store
+from executor_svc.gguf_q4_1 import dequantize, kernel_dequantize
+from executor_svc.gguf_weights import read_q4_1_layers
+from executor_svc.int4_linear import Int4Linear
+from executor_svc.model_runner import ModelRunner
+from executor_svc.runner_config import RunnerConfig
+from kvserve.testing.plan_driver import PlanDriver
+from scheduler_svc.server.tokenizer import Tokenizer
+
+pytestmark = pytest.mark.slow
+
+HF_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+PROMPTS = [
+    "The capital of France is",
+    "Write a short poem about the sea and the wind, in the style of a children's song:",
+    "Question: What is the boiling point of water at sea level in degrees Celsius?\nAnswer:",
+    "Once upon a time, in a small village at the edge of a dark forest, there lived",
+    "List three benefits of regular exercise for office workers:\n1.",
+    "def fibonacci(n):\n    ",
+]
+NEW_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def runner() -> ModelRunner:
+    runner = ModelRunner(RunnerConfig(weights="native", kv_cache_gb=0.25))
+    yield runner
+    runner.close()
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(default_model_dir) -> list[list[int]]:
+    tokenizer = Tokenizer.from_dir(default_model_dir)
+    return [tokenizer.encode(p) for p in PROMPTS]
+
+
+def test_gguf_codes_dequantize_to_the_converted_fp32_weights(default_model_dir, runner) -> None:
+    source = model_store.default_model_source()
+    layers = read_q4_1_layers(source.path / source.gguf_file, runner.model_config)
+    with safe_open(str(default_model_dir / "model.safetensors"), framework="pt") as converted:
+        for i, layer in enumerate(layers):
+            for gguf_name, hf_name in HF_NAMES.items():
+                expected = converted.get_tensor(f"model.layers.{i}.{hf_name}.weight").float()
+                assert torch.equal(dequantize(layer[gguf_name]), expected), (i, gguf_name)
+
+
+def test_every_layer_runs_4_bit_on_the_codes_it_shipped_with(runner) -> None:
+    layer = runner.model.weights.layers[0]
+    linears = [getattr(layer, n) for n in ("qkv", "o_proj", "gate_up", "down")]
+    assert all(isinstance(lin, Int4Linear) for lin in linears)
+    assert runner.info().model_id.endswith("+q4_1")  # never shares a prefix cache with the fp32 weights
+    source = model_store.default_model_source()
+    q4 = read_q4_1_layers(source.path / source.gguf_file, runner.model_config)[0]
+    x = torch.randn(40, q4["attn_output"].shape[1]).bfloat16()
+    expected = x.float() @ kernel_dequantize(q4["attn_output"], torch.bfloat16).t()
+    got = layer.o_proj(x.float())
+    assert ((got - expected).abs() <= 0.01 * expected.abs().amax(dim=1, keepdim=True)).all()
+
+
+def _greedy(runner, prompt_ids, **add) -> dict[int, list[int]]:
+    driver = PlanDriver(runner)
+    for i, ids in enumerate(prompt_ids):
+        driver.add(i, ids, NEW_TOKENS, **add)
+    return driver.run()
+
+
+def test_native_greedy_output_does_not_depend_on_batching(runner, prompt_ids) -> None:
+    alone: dict[int, list[int]] = {}
+    for i, ids in enumerate(prompt_ids):
+        driver = PlanDriver(runner)
+        driver.add(i, ids, NEW_TOKENS)
+        alone.update(driver.run())
+    assert "Paris" in Tokenizer.from_dir(runner.model_dir).decode(alone[0])
+    # In a batch of 16 (ten more prompts beside them), and prefilled in chunks of 5.
+    fillers = [f"Tell me a fact about the number {k}." for k in range(10)]
+    tokenizer = Tokenizer.from_dir(runner.model_dir)
+    batched = _greedy(runner, prompt_ids + [tokenizer.encode(f) for f in fillers])
+    assert {i: batched[i] for i in alone} == alone
+    assert _greedy(runner, prompt_ids, chunk_size=5) == alone
