@@ -1,9 +1,9 @@
 """`--weights native`: serve a GGUF's Q4_1 linear layers as they ship, through `Int4Linear`.
 
-The runner first loads the converted fp32 directory as always (norms, embeddings, lm_head
-and any tensor that is not Q4_1 stay there: the default model's Q8_0 embedding has no torch
-int8 kernel with per-group scales, so it stays fp32, and a log line says so). Then each
-layer's q/k/v, o, gate/up and down matrices are replaced by the GGUF's own 4-bit codes.
+Each layer's q/k/v, o, gate/up and down matrices come from the GGUF's own 4-bit codes, and
+`load_weights` reads everything else from the converted fp32 directory without ever reading
+those matrices there (norms, embeddings and lm_head stay fp32: the default model's Q8_0
+embedding has no torch int8 kernel with per-group scales, and a log line says so).
 
 llama.cpp's converter permutes the rows of q and k for its rotary layout; the rows are
 permuted back here (exact: a Q4_1 group runs along a row), and the converted directory's
@@ -21,9 +21,8 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader
 
 from executor_svc.gguf_q4_1 import Q4_1Weight, concat_rows, parse_q4_1
-from executor_svc.int4_linear import make_int4_linear
+from executor_svc.int4_linear import Int4Linear, make_int4_linear
 from executor_svc.model_config import ModelConfig
-from executor_svc.weights import ModelWeights
 
 log = structlog.get_logger(__name__)
 
@@ -52,21 +51,25 @@ def read_q4_1_layers(gguf_path: Path, config: ModelConfig) -> list[dict[str, Q4_
     return layers
 
 
-def use_native_weights(weights: ModelWeights, gguf_path: Path, config: ModelConfig) -> None:
-    """Swap every layer's linear matrices for `Int4Linear` on the GGUF's codes (the fp32 copies are freed)."""
+def native_layer_linears(gguf_path: Path, config: ModelConfig) -> list[dict[str, Int4Linear]]:
+    """Each layer's `Int4Linear`s on the GGUF's codes, by `weights.LINEAR_NAMES`, for `load_weights`."""
     if config.attention_bias:
         raise NativeWeightsUnavailable("q/k/v biases are not read from GGUF files")
-    layers = read_q4_1_layers(gguf_path, config)
-    for layer, q4 in zip(weights.layers, layers, strict=True):
-        layer.qkv = make_int4_linear(concat_rows([q4["attn_q"], q4["attn_k"], q4["attn_v"]]))
-        layer.o_proj = make_int4_linear(q4["attn_output"])
-        layer.gate_up = make_int4_linear(concat_rows([q4["ffn_gate"], q4["ffn_up"]]))
-        layer.down = make_int4_linear(q4["ffn_down"])
+    linears = [
+        {
+            "qkv": make_int4_linear(concat_rows([q4["attn_q"], q4["attn_k"], q4["attn_v"]])),
+            "o_proj": make_int4_linear(q4["attn_output"]),
+            "gate_up": make_int4_linear(concat_rows([q4["ffn_gate"], q4["ffn_up"]])),
+            "down": make_int4_linear(q4["ffn_down"]),
+        }
+        for q4 in read_q4_1_layers(gguf_path, config)
+    ]
     log.info(
         "native Q4_1 weights: every layer's linear matrices run 4-bit (bfloat16 activations)",
-        layers=len(layers),
+        layers=len(linears),
         kept_fp32="token embedding and lm_head (Q8_0 in the GGUF, no per-group int8 kernel), norms",
     )
+    return linears
 
 
 def _unpermute_rows(weight: Q4_1Weight, num_heads: int) -> Q4_1Weight:

@@ -54,10 +54,9 @@ class ModelRunner:
         self.model_dir = model_store.ensure_model_dir(config.model)
         self.model_config = load_model_config(self.model_dir)
         self.max_model_len = self._max_model_len()
-        weights = load_weights(self.model_dir, self.model_config, self.device, self.dtype)
         self.weights_mode = resolve_weights(config, self.device, self.dtype_name)
-        if self.weights_mode == "native":
-            self._use_native_weights(weights)
+        native = self._native_linears() if self.weights_mode == "native" else None
+        weights = load_weights(self.model_dir, self.model_config, self.device, self.dtype, native)
         self.model = LlamaModel(self.model_config, weights, self.max_model_len, self.device, self.dtype)
         self.backend = create_backend(self.backend_name)
         self.geometry = CacheGeometry(
@@ -184,13 +183,13 @@ class ModelRunner:
         )
         return max(0.0, budget)
 
-    def _use_native_weights(self, weights) -> None:
-        from executor_svc.gguf_weights import use_native_weights
+    def _native_linears(self):
+        from executor_svc.gguf_weights import native_layer_linears
 
         source = model_store.resolve_source(self.config.model)
         if source.gguf_file is None:
             raise ValueError(f"--weights native needs a GGUF model; {source.path} is a safetensors directory")
-        use_native_weights(weights, source.path / source.gguf_file, self.model_config)
+        return native_layer_linears(source.path / source.gguf_file, self.model_config)
 
     def _model_id(self) -> str:
         source = model_store.resolve_source(self.config.model)

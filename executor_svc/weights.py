@@ -9,8 +9,10 @@ GEMM shapes, which matters most for small-batch decode. Each matrix becomes a `L
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import structlog
 import torch
@@ -51,23 +53,62 @@ def weight_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def load_weights(model_dir: Path, config: ModelConfig, device: str, dtype: torch.dtype) -> ModelWeights:
-    """Read every tensor once, fuse per layer, and move to `device` in `dtype`."""
-    raw: dict[str, torch.Tensor] = {}
-    for path in weight_files(model_dir):
-        with safe_open(str(path), framework="pt") as handle:
-            names = handle.keys()  # a safe_open handle is not iterable itself
-            for name in names:
-                raw[name] = handle.get_tensor(name)
+LINEAR_NAMES = ("qkv", "o_proj", "gate_up", "down")
+"""A layer's matrices that `--weights native` replaces (`executor_svc.gguf_weights`)."""
+_LINEAR_SOURCES = (
+    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+)  # fmt: skip
 
+
+def load_weights(
+    model_dir: Path,
+    config: ModelConfig,
+    device: str,
+    dtype: torch.dtype,
+    layer_linears: list[dict[str, Int4Linear]] | None = None,
+) -> ModelWeights:
+    """Read each tensor once, when it is needed, fuse per layer, and move to `device` in `dtype`.
+
+    `layer_linears` (per layer, by `LINEAR_NAMES`) replaces those matrices: the file's copies are
+    then never read, so they never occupy memory the allocator would keep.
+    """
+    with ExitStack() as files:
+        raw: dict[str, Any] = {}
+        for path in weight_files(model_dir):
+            handle = files.enter_context(safe_open(str(path), framework="pt"))
+            raw.update(dict.fromkeys(handle.keys(), handle))  # a safe_open handle is not iterable itself
+        return _build(raw, model_dir, config, device, dtype, layer_linears)
+
+
+def _build(
+    raw: dict[str, Any],
+    model_dir: Path,
+    config: ModelConfig,
+    device: str,
+    dtype: torch.dtype,
+    layer_linears: list[dict[str, Int4Linear]] | None,
+) -> ModelWeights:
     def take(name: str) -> torch.Tensor:
         if name not in raw:
             raise KeyError(f"weight {name!r} missing from {model_dir}")
-        return raw.pop(name).to(device=device, dtype=dtype).contiguous()
+        return raw.pop(name).get_tensor(name).to(device=device, dtype=dtype).contiguous()
 
     layers = []
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
+        if layer_linears is not None:
+            for name in _LINEAR_SOURCES:
+                raw.pop(p + name, None)
+            linears = layer_linears[i]
+            layers.append(
+                LayerWeights(
+                    input_norm=take(p + "input_layernorm.weight"),
+                    post_attention_norm=take(p + "post_attention_layernorm.weight"),
+                    **{name: linears[name] for name in LINEAR_NAMES},
+                )
+            )
+            continue
         qkv = torch.cat(
             [
                 take(p + "self_attn.q_proj.weight"),

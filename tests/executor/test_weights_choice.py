@@ -33,4 +33,4 @@ def test_native_refuses_a_model_that_is_not_a_gguf(tmp_path) -> None:
     runner = object.__new__(ModelRunner)  # only the source check, without loading a model
     runner.config = RunnerConfig(model=str(tmp_path), weights="native")
     with pytest.raises(ValueError, match="needs a GGUF model"):
-        runner._use_native_weights(None)
+        runner._native_linears()
