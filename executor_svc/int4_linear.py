@@ -27,7 +27,6 @@ class Int4Linear:
     """Codes in torch's CPU int4 layout."""
     scales: torch.Tensor
     """[in / 32, out, 2] bfloat16 (scale, zero)."""
-    in_features: int
     bias: torch.Tensor | None = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -37,4 +36,4 @@ class Int4Linear:
 
 
 def make_int4_linear(weight: Q4_1Weight, bias: torch.Tensor | None = None) -> Int4Linear:
-    return Int4Linear(kernel_weight(weight), kernel_scales(weight, ACTIVATION_DTYPE), weight.shape[1], bias)
+    return Int4Linear(kernel_weight(weight), kernel_scales(weight, ACTIVATION_DTYPE), bias)

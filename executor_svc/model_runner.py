@@ -16,6 +16,7 @@ import torch
 from executor_svc import model_store
 from executor_svc.attention.registry import create_backend
 from executor_svc.input_batch import build_input_batch
+from executor_svc.int4_linear import Int4Linear
 from executor_svc.kv_cache import CacheGeometry, PagedKVCache
 from executor_svc.llama import LlamaModel
 from executor_svc.model_config import load_model_config
@@ -183,7 +184,7 @@ class ModelRunner:
         )
         return max(0.0, budget)
 
-    def _native_linears(self):
+    def _native_linears(self) -> list[dict[str, Int4Linear]]:
         from executor_svc.gguf_weights import native_layer_linears
 
         source = model_store.resolve_source(self.config.model)

@@ -9,6 +9,7 @@ GEMM shapes, which matters most for small-batch decode. Each matrix becomes a `L
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,43 +98,18 @@ def _build(
     layers = []
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
-        if layer_linears is not None:
+        linears: Mapping[str, Linear | Int4Linear]
+        if layer_linears is None:
+            linears = _fused_linears(take, p, config)
+        else:
             for name in _LINEAR_SOURCES:
-                raw.pop(p + name, None)
+                raw.pop(p + name, None)  # replaced: never read
             linears = layer_linears[i]
-            layers.append(
-                LayerWeights(
-                    input_norm=take(p + "input_layernorm.weight"),
-                    post_attention_norm=take(p + "post_attention_layernorm.weight"),
-                    **{name: linears[name] for name in LINEAR_NAMES},
-                )
-            )
-            continue
-        qkv = torch.cat(
-            [
-                take(p + "self_attn.q_proj.weight"),
-                take(p + "self_attn.k_proj.weight"),
-                take(p + "self_attn.v_proj.weight"),
-            ]
-        )
-        bias = None
-        if config.attention_bias:
-            bias = torch.cat(
-                [
-                    take(p + "self_attn.q_proj.bias"),
-                    take(p + "self_attn.k_proj.bias"),
-                    take(p + "self_attn.v_proj.bias"),
-                ]
-            )
-        gate_up = torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])
         layers.append(
             LayerWeights(
                 input_norm=take(p + "input_layernorm.weight"),
-                qkv=make_linear(qkv, bias),
-                o_proj=make_linear(take(p + "self_attn.o_proj.weight")),
                 post_attention_norm=take(p + "post_attention_layernorm.weight"),
-                gate_up=make_linear(gate_up),
-                down=make_linear(take(p + "mlp.down_proj.weight")),
+                **{name: linears[name] for name in LINEAR_NAMES},
             )
         )
     embed = take("model.embed_tokens.weight")
@@ -144,3 +120,22 @@ def _build(
     if leftovers:
         log.warning("ignored unexpected weights", count=len(leftovers), first=leftovers[:3])
     return weights
+
+
+def _fused_linears(take: Callable[[str], torch.Tensor], p: str, config: ModelConfig) -> dict[str, Linear]:
+    """One layer's matrices from the file, q/k/v and gate/up each fused into one `Linear`."""
+    qkv = torch.cat(
+        [take(p + "self_attn.q_proj.weight"), take(p + "self_attn.k_proj.weight"), take(p + "self_attn.v_proj.weight")]
+    )
+    bias = None
+    if config.attention_bias:
+        bias = torch.cat(
+            [take(p + "self_attn.q_proj.bias"), take(p + "self_attn.k_proj.bias"), take(p + "self_attn.v_proj.bias")]
+        )
+    gate_up = torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])
+    return {
+        "qkv": make_linear(qkv, bias),
+        "o_proj": make_linear(take(p + "self_attn.o_proj.weight")),
+        "gate_up": make_linear(gate_up),
+        "down": make_linear(take(p + "mlp.down_proj.weight")),
+    }

@@ -119,7 +119,7 @@ class KVServeServicer(api_pb2_grpc.KVServeServicer):
             namespace = prefix_namespace(model.info.model_id, tenant, validated.cache_salt)
             request_id = validated.request_id
             scoped = dataclasses.replace(validated, request_id=scoped_request_id(tenant, request_id))
-            constraint = await model.grammars.compile(validated.structured) if validated.structured else None
+            constraint = await model.grammars.constraint(validated.structured)
             stream = model.engine.submit(scoped, namespace, constraint)
         except InvalidFieldError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))

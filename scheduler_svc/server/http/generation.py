@@ -108,7 +108,7 @@ async def submit(model: ServingModel, parsed: OpenAiRequest, tenant: str, base_i
         request_pb.request_id = base_id if len(parsed.prompts) == 1 else f"{base_id}-{i}"
         try:
             request = await _validate(request_pb, model)
-            constraint = await model.grammars.compile(request.structured) if request.structured else None
+            constraint = await model.grammars.constraint(request.structured)
         except InvalidFieldError as exc:
             raise bad_field(openai_param(exc.field, prompt.names), exc.reason) from None
         validated.append((request, constraint, prompt.names))

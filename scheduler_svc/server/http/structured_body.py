@@ -82,8 +82,9 @@ def _structured_outputs(options: JsonObject) -> list[tuple[api_pb2.StructuredOut
             found.append((api_pb2.StructuredOutput(json_object=True), param))
         else:
             found.append((_guided(kind, value, param), param))
-    for name in options.unread():
-        raise unsupported(name, f"only {', '.join(_STRUCTURED_KINDS)} are")
+    unread = options.unread()
+    if unread:
+        raise unsupported(unread[0], f"only {', '.join(_STRUCTURED_KINDS)} are")
     return found
 
 

@@ -39,6 +39,10 @@ class GrammarCompiler:
         self.compiled = 0
         """Compilations run (the cache's misses), for tests and logs."""
 
+    async def constraint(self, spec: StructuredSpec | None) -> MatcherFactory | None:
+        """The request's compiled constraint; None for a request without one."""
+        return None if spec is None else await self.compile(spec)
+
     async def compile(self, spec: StructuredSpec) -> MatcherFactory:
         key = spec.cache_key
         cached = self._cache.get(key)
