@@ -10,6 +10,7 @@ gets a flag without touching this file.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import dataclass, field
 
@@ -74,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser,
         LinkWorkerConfig,
         group=_LINK,
-        exclude=("curve_keys",),
+        exclude=("curve_keys", "parent_pid"),
         overrides={"endpoint": {"default": default_tcp_endpoint()}},
     )
     add_flags(parser, EntryOptions)
@@ -102,10 +103,16 @@ def run(args: argparse.Namespace) -> int:
         from protos.link_curve import load_keys
 
         curve = load_keys(options.curve_secret_key, [options.curve_server_key])
-    link = config_from_args(LinkWorkerConfig, args, curve_keys=curve)
+    link = config_from_args(LinkWorkerConfig, args, curve_keys=curve, parent_pid=parent_pid_from_env())
     if options.executor == "fake":
         return run_executor("fake", link, fake=fake_config_from_args(args))
     return run_executor("torch", link, runner=runner_config_from_args(args))
+
+
+def parent_pid_from_env() -> int | None:
+    """The supervisor's pid, taken out of the environment so that our own children do not inherit it."""
+    value = os.environ.pop(defaults.EXECUTOR_PARENT_PID_ENV, "")
+    return int(value) if value.isdigit() else None
 
 
 def runner_config_from_args(args: argparse.Namespace) -> RunnerConfig:

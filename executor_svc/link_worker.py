@@ -8,9 +8,10 @@ Two threads, so liveness never waits on compute:
   answer back to the I/O thread over an inproc socket.
 
 When the scheduler is gone the executor exits (default) or resets itself and registers
-again under a new session (`reregister`). If the main thread is stuck in a step when the
-process should exit, the I/O thread ends the process after a grace period: an executor
-never outlives its scheduler as an orphan.
+again under a new session (`reregister`). A supervised executor (`parent_pid`) also exits
+as soon as its parent process is gone, whatever signals did or did not arrive. If the main
+thread is stuck in a step when the process should exit, the I/O thread ends the process
+after a grace period: an executor never outlives its scheduler as an orphan.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ log = structlog.get_logger(__name__)
 
 EXIT_GRACE_S = 5.0
 """How long the I/O thread lets a busy main thread finish before ending the process."""
+PARENT_LOST_GRACE_S = 1.0
+"""The same once the parent is gone: no one is left to take the step's result."""
+PARENT_CHECK_S = 0.25
+"""How often the I/O thread looks at its parent pid (at most; heartbeats may poll faster)."""
 GOODBYE_LINGER_MS = 200
 _RESULTS_ENDPOINT = "inproc://kvserve-executor-results"
 
@@ -83,6 +88,10 @@ class LinkWorkerConfig:
     )
     curve_keys: CurveKeys | None = None
     """CURVE client keys; `peer_public_keys[0]` must be the scheduler's public key."""
+    parent_pid: int | None = None
+    """Exit (SCHEDULER_LOST) once this is no longer our parent's pid. `kvserve serve` sets it for its
+    child: PR_SET_PDEATHSIG alone is Linux-only and can be lost (a handler that is not running,
+    a step that holds the main thread), while getppid() changes for sure when the parent dies."""
 
 
 @dataclass(slots=True)
@@ -107,7 +116,10 @@ class LinkWorker:
         self._ctx = zmq.Context()
         self._work: queue.Queue = queue.Queue()
         self._exit_reason = ExitReason.SHUTDOWN
-        self._stop = threading.Event()
+        self._exit_grace_s = EXIT_GRACE_S
+        self._stopping = False
+        """A plain attribute, not a threading.Event: the signal handler sets it, and Event.set takes a
+        lock that a second SIGTERM arriving inside the first handler would wait on forever."""
         self._main_done = threading.Event()
         self._io_ready = threading.Event()
         self._io_thread = threading.Thread(target=self._io_main, name="executor-link-io", daemon=True)
@@ -122,7 +134,7 @@ class LinkWorker:
         try:
             while True:
                 item = self._next_work()
-                if item is _STOP or self._stop.is_set():
+                if item is _STOP or self._stopping:
                     break
                 reply = self._run(item.envelope)
                 if reply is not None:
@@ -133,15 +145,17 @@ class LinkWorker:
         finally:
             self._main_done.set()
             results.close()
-            self._stop.set()
+            self._stopping = True
             self._io_thread.join(timeout=EXIT_GRACE_S)
             self._ctx.term()
         return self._exit_reason
 
     def request_stop(self) -> None:
-        """Ask the loop to end after the current step; safe from a signal handler (takes no
-        lock the main thread might hold: the main thread polls the flag twice a second)."""
-        self._stop.set()
+        """Ask the loop to end after the current step. Safe in a signal handler that interrupts
+        itself (PR_SET_PDEATHSIG fires once per exiting thread of the parent, so a kill -9 of the
+        scheduler sends a burst of SIGTERMs): it stores a flag and takes no lock. Both threads
+        poll the flag a few times a second."""
+        self._stopping = True
 
     def install_signal_handlers(self) -> None:
         """SIGTERM / SIGINT end the process cleanly after the current step."""
@@ -155,7 +169,7 @@ class LinkWorker:
             try:
                 return self._work.get(timeout=0.5)  # wake up now and then so signals get handled
             except queue.Empty:
-                if self._stop.is_set():
+                if self._stopping:
                     return _STOP
 
     def _run(self, envelope: pb.SchedulerMessage) -> pb.ExecutorMessage | None:
@@ -193,7 +207,7 @@ class LinkWorker:
         finally:
             results.close()
             self._work.put(_STOP)
-            if not self._main_done.wait(EXIT_GRACE_S):
+            if not self._main_done.wait(self._exit_grace_s):
                 log.error(
                     "a step is still running after the link ended; exiting the process", reason=self._exit_reason.name
                 )
@@ -202,7 +216,7 @@ class LinkWorker:
     def _io_loop(self, results: zmq.Socket) -> None:
         """One registration after another until one of them ends the process."""
         started = time.monotonic()
-        while not self._stop.is_set():
+        while not self._stopping:
             session = self._connect()
             try:
                 if not self._serve_session(session, results, started):
@@ -218,8 +232,11 @@ class LinkWorker:
         poller.register(session.sock, zmq.POLLIN)
         poller.register(results, zmq.POLLIN)
         last_beat = 0.0
+        poll_s = cfg.heartbeat_interval_s / 2
+        if cfg.parent_pid is not None:
+            poll_s = min(poll_s, PARENT_CHECK_S)
         log.info("executor link connecting", endpoint=cfg.endpoint, session=session.session_id)
-        while not self._stop.is_set():
+        while not self._stopping:
             now = time.monotonic()
             if not session.acked and now - session.last_handshake >= cfg.heartbeat_interval_s:
                 session.send(self._handshake(session.session_id))
@@ -228,10 +245,15 @@ class LinkWorker:
                 session.send(pb.ExecutorMessage(heartbeat=pb.Heartbeat(sent_at=time.time())).SerializeToString())
                 last_beat = now
             session.flush()
-            events = dict(poller.poll(timeout=max(1, int(cfg.heartbeat_interval_s * 1000 / 2))))
+            events = dict(poller.poll(timeout=max(1, int(poll_s * 1000))))
             if results in events:
                 self._forward_results(results, session)
             if session.sock in events and self._receive(session):
+                return False
+            if cfg.parent_pid is not None and os.getppid() != cfg.parent_pid:
+                log.error("parent process gone; exiting", parent_pid=cfg.parent_pid, ppid=os.getppid())
+                self._exit_reason = ExitReason.SCHEDULER_LOST
+                self._exit_grace_s = PARENT_LOST_GRACE_S
                 return False
             now = time.monotonic()
             if session.acked and now - session.last_heard > cfg.scheduler_timeout_s:

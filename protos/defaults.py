@@ -93,3 +93,7 @@ EXECUTOR_CONNECT_TIMEOUT_S = 120.0
 """How long a new executor waits for a scheduler to acknowledge its handshake (0: forever)."""
 STEP_TIMEOUT_S = 300.0
 """A step still unanswered after this long (heartbeats alive, compute stuck) loses the executor."""
+EXECUTOR_PARENT_PID_ENV = "KVSERVE_EXECUTOR_PARENT_PID"
+"""Set by `kvserve serve` in its executor child's environment: the pid whose death ends that
+executor (`LinkWorkerConfig.parent_pid`). A contract between supervisor and child, not a flag,
+so it holds for whatever command line the child runs."""

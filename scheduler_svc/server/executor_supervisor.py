@@ -3,8 +3,9 @@
 `kvserve serve` is the scheduler process plus this supervisor. The executor is started
 with `python -m executor_svc ...` (never imported: the scheduler stays torch-free),
 in its own process group so a terminal's Ctrl-C reaches only the scheduler, which then
-stops it in order. On Linux the child also gets PR_SET_PDEATHSIG, so even a kill -9 of
-the scheduler leaves no orphan (and the executor's own scheduler-timeout covers the rest).
+stops it in order. The child learns our pid (`protos.defaults.EXECUTOR_PARENT_PID_ENV`) and exits within a fraction
+of a second once its parent pid changes; on Linux it also gets PR_SET_PDEATHSIG. So even a
+kill -9 of the scheduler leaves no orphan (and the executor's own scheduler-timeout covers the rest).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import time
 from collections.abc import Sequence
 
 import structlog
+
+from protos import defaults
 
 log = structlog.get_logger(__name__)
 
@@ -66,8 +69,9 @@ class ExecutorSupervisor:
         self._watch_task = asyncio.get_running_loop().create_task(self._watch())
 
     async def _launch(self) -> None:
+        env = {**(os.environ if self._env is None else self._env), defaults.EXECUTOR_PARENT_PID_ENV: str(os.getpid())}
         self._process = await asyncio.create_subprocess_exec(
-            *with_parent_death_signal(self._argv), start_new_session=True, env=self._env
+            *with_parent_death_signal(self._argv), start_new_session=True, env=env
         )
         log.info("executor_started", pid=self._process.pid, restarts=self.restarts)
 

@@ -5,7 +5,9 @@
 - the same without restart: every stream ends UNAVAILABLE within the restart deadline,
   the scheduler stays up and frees every block;
 - SIGSTOP (alive but silent): detected within the dead-after time and replaced;
-- the scheduler vanishes: its executor exits by itself, leaving no orphan.
+- the scheduler vanishes: its executor exits by itself, leaving no orphan;
+- the parent of a supervised executor dies without a signal, or with a burst of SIGTERMs
+  (PDEATHSIG fires once per scheduler thread): the executor still exits at once.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ DETECTION_PROMISE_S = 2.0
 """docs/reliability.md: a dead or hung executor is detected within 2 s."""
 DETECTION_SLACK_S = 1.0
 """Health polling and process scheduling on a loaded 2-core CI box."""
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 async def _run_streams(server, requests, *, fault=None, fault_after_s: float = 0.4):
@@ -215,6 +218,84 @@ def test_executor_exits_when_its_scheduler_vanishes(serve, tmp_path: Path, super
     finally:
         _kill_group(executor)
         _kill_group(scheduler)
+
+
+_SIGTERM_STORM_CHILD = """
+import time
+from executor_svc.fake_executor import FakeExecutor, FakeExecutorConfig
+from executor_svc.link_worker import LinkWorker, LinkWorkerConfig
+executor = FakeExecutor(FakeExecutorConfig(num_blocks=8, strict=True, vocab_size=64))
+worker = LinkWorker(executor, LinkWorkerConfig(endpoint="tcp://127.0.0.1:9"))
+worker.install_signal_handlers()
+print("ready", flush=True)
+deadline = time.monotonic() + 1.5
+while time.monotonic() < deadline:
+    worker.request_stop()  # as serve() does on its way out, while more SIGTERMs arrive
+print("survived", flush=True)
+"""
+
+
+def test_a_burst_of_sigterms_cannot_deadlock_the_stop_handler() -> None:
+    # A kill -9 of `kvserve serve` sends its child one PDEATHSIG per scheduler thread, ms apart, so
+    # the handler runs inside itself. It used to call threading.Event.set, whose lock the interrupted
+    # call already held: the executor hung until the link's exit grace (5 s), or for good.
+    child = subprocess.Popen(
+        [sys.executable, "-c", _SIGTERM_STORM_CHILD], stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        storm_until = time.monotonic() + 1.0
+        while child.poll() is None and time.monotonic() < storm_until:
+            os.kill(child.pid, signal.SIGTERM)
+            os.kill(child.pid, signal.SIGTERM)
+            time.sleep(0.0005)
+        out, _ = child.communicate(timeout=10)
+    finally:
+        child.kill()
+        child.wait(10)
+    assert "survived" in out, "the SIGTERM handler deadlocked or recursed"
+
+
+_PARENT_OF_AN_EXECUTOR = """
+import os, subprocess, sys, time
+log_path, env_name, *argv = sys.argv[1:]
+with open(log_path, "wb") as log:
+    env = {**os.environ, env_name: str(os.getpid())}
+    child = subprocess.Popen([sys.executable, "-m", "executor_svc", *argv], env=env, stdout=log, stderr=log)
+print(child.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_an_executor_exits_when_its_parent_dies_even_without_a_signal(tmp_path: Path) -> None:
+    # The parent sets no PDEATHSIG: only the executor's own getppid() check can notice.
+    log_path = tmp_path / "executor.log"
+    link = f"tcp://127.0.0.1:{free_port()}"  # no scheduler: the executor keeps handshaking
+    argv = ["--executor", "fake", "--num-blocks", "256", "--link", link]
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _PARENT_OF_AN_EXECUTOR, str(log_path), defaults.EXECUTOR_PARENT_PID_ENV, *argv],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO_ROOT,
+        start_new_session=True,
+    )
+    try:
+        assert parent.stdout is not None
+        executor = int(parent.stdout.readline())
+        deadline = time.monotonic() + 30
+        while b"executor link connecting" not in log_path.read_bytes():
+            assert time.monotonic() < deadline and pid_alive(executor), log_path.read_text()
+            time.sleep(0.05)
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(10)
+        started = time.monotonic()
+        assert wait_dead(executor, 5.0), "orphaned executor"
+        elapsed = time.monotonic() - started
+        print(f"MEASURED executor exit after its parent's kill -9, no signal {elapsed:.2f}s")
+        assert "parent process gone" in log_path.read_text()
+        assert elapsed < 1.0 + DETECTION_SLACK_S
+    finally:
+        _kill_group(parent)
 
 
 def test_reregistering_executor_survives_its_scheduler_and_serves_the_next(tmp_path: Path) -> None:
