@@ -67,7 +67,7 @@ class LlamaModel:
         num_tokens = batch.num_tokens
         cos = self.cos.index_select(0, batch.positions)[:, None, :]
         sin = self.sin_signed.index_select(0, batch.positions)[:, None, :]
-        x = F.embedding(batch.input_ids, w.embed_tokens)  # a fresh tensor: the residual adds below are in place
+        x = w.embed(batch.input_ids)  # a fresh tensor: the residual adds below are in place
         for index, layer in enumerate(w.layers):
             h = rms_norm(x, layer.input_norm, cfg.rms_norm_eps)
             qkv = layer.qkv(h)

@@ -7,6 +7,8 @@ extra dependency: the figure goes into the `model runner ready` log line and int
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import resource
 import sys
 from pathlib import Path
@@ -25,3 +27,16 @@ def resident_bytes() -> int:
         pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024  # macOS reports bytes, Linux KiB
+
+
+def release_freed_heap() -> None:
+    """Hand the C heap's free pages back to the OS (glibc `malloc_trim`); a no-op elsewhere.
+
+    Loading parses and converts every weight through transient buffers (Q4_1 codes unpack to
+    int32 before packing); once freed, glibc keeps most of them in its arenas, where they still
+    count as resident memory though nothing uses them."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

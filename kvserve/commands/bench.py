@@ -9,6 +9,7 @@ BENCHES = (
     "kvserve.commands.bench_scheduler",
     "kvserve.commands.bench_executor",
     "kvserve.commands.bench_structured",
+    "kvserve.commands.bench_quality",
     "kvserve.commands.bench_serve",
     "kvserve.commands.bench_baseline_hf",
 )
@@ -19,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     parser = subparsers.add_parser(
         "bench",
-        help="run a benchmark (scheduler, executor, structured, serve, baseline-hf)",
+        help="run a benchmark (scheduler, executor, structured, quality, serve, baseline-hf)",
         description="Benchmarks. Each reports ratios against a baseline measured in the same run.",
         formatter_class=HelpFormatter,
     )

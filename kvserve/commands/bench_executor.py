@@ -32,6 +32,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     parser.add_argument("--attention-backend", default="auto", choices=("auto", "torch", "triton"))
     parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        help="activation and weight dtype",
+    )
+    parser.add_argument(
         "--weights",
         default="auto",
         choices=("auto", "dequantized", "native"),
@@ -45,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--steps",
         type=int,
         default=8,
-        help="timed decode steps per batch size (the fastest counts, as for the roofline)",
+        help="timed decode steps per batch size (the median counts)",
     )
     parser.add_argument("--prefill-len", type=int, default=512, help="tokens per prefill prompt")
     parser.add_argument("--prefill-batches", type=int, nargs="*", default=[1, 4], help="prompts per prefill step")
@@ -57,7 +63,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument(
-        "--json", action="store_true", help="print a JSON list of {phase, batch, tokens_per_s, roofline_fraction}"
+        "--json",
+        action="store_true",
+        help="print one JSON object: dtype, weights, gemm_flops, rss_mib and results "
+        "[{phase, batch, tokens_per_s, roofline_fraction}]",
     )
     parser.set_defaults(func=run)
 
@@ -74,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
         model=args.model,
         device=args.device,
         attention_backend=args.attention_backend,
+        dtype=args.dtype,
         weights=args.weights,
         kv_cache_gb=args.kv_cache_gb,
         num_threads=args.num_threads,
@@ -100,7 +110,15 @@ def run(args: argparse.Namespace) -> int:
         progress=show,
     )
     if args.json:
-        print(json.dumps([asdict(r) for r in results]))
+        report = {
+            "dtype": runner.dtype_name,
+            "weights": runner.weights_mode,
+            "device": runner.device,
+            "gemm_flops": gemm,
+            "rss_mib": resident_bytes() / MIB,
+            "results": [asdict(r) for r in results],
+        }
+        print(json.dumps(report))
     else:
         for r in results:
             print(

@@ -74,7 +74,7 @@ def hf_outputs(default_model_dir, prompt_ids, runner) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def runner() -> ModelRunner:
-    runner = ModelRunner(RunnerConfig(kv_cache_gb=0.25))
+    runner = ModelRunner(RunnerConfig(dtype="float32", kv_cache_gb=0.25))
     yield runner
     runner.close()
 

@@ -115,7 +115,9 @@ def test_triton_logits_match_transformers_at_other_block_sizes(tmp_path, block_s
 def _check_logits(tmp_path, case: str, backend: str, block_size: int = 16) -> None:
     arch, overrides = CASES[case]
     model, path = _tiny_checkpoint(tmp_path, arch, **overrides)
-    config = RunnerConfig(model=str(path), kv_cache_gb=0.001, attention_backend=backend, block_size=block_size)
+    config = RunnerConfig(
+        model=str(path), dtype="float32", kv_cache_gb=0.001, attention_backend=backend, block_size=block_size
+    )
     runner = ModelRunner(config)
     tokens = torch.randint(0, 256, (37,), generator=torch.Generator().manual_seed(1)).tolist()
     with torch.inference_mode():
@@ -150,9 +152,13 @@ PROMPTS = [[(7 * i + j) % 256 for j in range(n)] for i, n in enumerate((5, 16, 2
 
 
 def test_triton_backend_generates_the_same_tokens_as_torch(tiny_llama):
-    torch_out = _run(ModelRunner(RunnerConfig(model=str(tiny_llama), kv_cache_gb=0.001)), PROMPTS, chunk_size=9)
+    torch_out = _run(
+        ModelRunner(RunnerConfig(model=str(tiny_llama), dtype="float32", kv_cache_gb=0.001)), PROMPTS, chunk_size=9
+    )
     triton_out = _run(
-        ModelRunner(RunnerConfig(model=str(tiny_llama), kv_cache_gb=0.001, attention_backend="triton")),
+        ModelRunner(
+            RunnerConfig(model=str(tiny_llama), dtype="float32", kv_cache_gb=0.001, attention_backend="triton")
+        ),
         PROMPTS,
         chunk_size=9,
     )
@@ -165,14 +171,14 @@ BLOCK_PROMPTS = [*PROMPTS, [(3 * j + 1) % 256 for j in range(77)]]
 
 @pytest.fixture(scope="module")
 def greedy_at_block_size_16(tiny_llama):
-    runner = ModelRunner(RunnerConfig(model=str(tiny_llama), kv_cache_gb=0.001))
+    runner = ModelRunner(RunnerConfig(model=str(tiny_llama), dtype="float32", kv_cache_gb=0.001))
     assert runner.info().block_size == 16
     return _run(runner, BLOCK_PROMPTS, chunk_size=9)
 
 
 @pytest.mark.parametrize("block_size", [8, 64])
 def test_block_size_leaves_greedy_tokens_unchanged(tiny_llama, greedy_at_block_size_16, block_size):
-    runner = ModelRunner(RunnerConfig(model=str(tiny_llama), kv_cache_gb=0.001, block_size=block_size))
+    runner = ModelRunner(RunnerConfig(model=str(tiny_llama), dtype="float32", kv_cache_gb=0.001, block_size=block_size))
     assert runner.info().block_size == block_size == runner.cache.geometry.block_size
     assert _run(runner, BLOCK_PROMPTS, chunk_size=9) == greedy_at_block_size_16
 
@@ -183,7 +189,7 @@ def test_runner_refuses_an_untested_block_size():
 
 
 def test_swap_out_and_in_preserves_the_sequence(tiny_llama):
-    runner = ModelRunner(RunnerConfig(model=str(tiny_llama), kv_cache_gb=0.001, swap_space_gb=0.001))
+    runner = ModelRunner(RunnerConfig(model=str(tiny_llama), dtype="float32", kv_cache_gb=0.001, swap_space_gb=0.001))
     assert runner.info().num_cpu_blocks > 4
     expected = _run(runner, PROMPTS[2:3])[0]
 
@@ -219,7 +225,7 @@ def test_swap_out_and_in_preserves_the_sequence(tiny_llama):
 
 
 def test_copied_blocks_serve_as_prefix_and_reset_forgets_sequences(tiny_llama):
-    runner = ModelRunner(RunnerConfig(model=str(tiny_llama), kv_cache_gb=0.001))
+    runner = ModelRunner(RunnerConfig(model=str(tiny_llama), dtype="float32", kv_cache_gb=0.001))
     expected = _run(runner, PROMPTS[3:4])[0]
     driver = PlanDriver(runner)
     driver.add(50, PROMPTS[3][:32] + [1, 2, 3], max_new_tokens=1, retain=True)

@@ -1,10 +1,11 @@
-"""`--weights`: what each value resolves to, and the combinations refused at start-up by name."""
+"""`--weights` and `--dtype`: what each value resolves to, and the combinations refused by name."""
 
 from __future__ import annotations
 
 import pytest
 
-from executor_svc.runner_config import RunnerConfig, resolve_weights
+from executor_svc import cpu_features
+from executor_svc.runner_config import RunnerConfig, resolve_dtype, resolve_weights
 
 
 def test_auto_and_dequantized_keep_the_converted_weights() -> None:
@@ -34,3 +35,34 @@ def test_native_refuses_a_model_that_is_not_a_gguf(tmp_path) -> None:
     runner.config = RunnerConfig(model=str(tmp_path), weights="native")
     with pytest.raises(ValueError, match="needs a GGUF model"):
         runner._native_linears()
+
+
+@pytest.mark.parametrize(
+    ("flags", "weights", "device", "expected"),
+    [
+        ({"avx2", "fma"}, "auto", "cpu", "float32"),  # bf16 GEMMs are emulated: fp32 is faster
+        ({"avx512f", "avx512_bf16"}, "auto", "cpu", "bfloat16"),
+        ({"amx_bf16"}, "dequantized", "cpu", "bfloat16"),
+        ({"avx512_bf16"}, "native", "cpu", "float32"),  # the int4 path keeps fp32 around it
+        (set(), "auto", "cuda", "bfloat16"),
+        (set(), "auto", "cuda:1", "bfloat16"),
+    ],
+)
+def test_auto_dtype_follows_what_the_hardware_multiplies_natively(
+    monkeypatch, flags: set[str], weights: str, device: str, expected: str
+) -> None:
+    monkeypatch.setattr(cpu_features, "cpu_flags", lambda: frozenset(flags))
+    assert resolve_dtype(RunnerConfig(weights=weights), device) == expected
+
+
+def test_an_explicit_dtype_is_kept_and_a_wrong_one_refused() -> None:
+    assert resolve_dtype(RunnerConfig(dtype="bfloat16"), "cpu") == "bfloat16"
+    with pytest.raises(ValueError, match="dtype must be auto, float32, bfloat16 or float16, got 'fp8'"):
+        resolve_dtype(RunnerConfig(dtype="fp8"), "cpu")
+
+
+def test_cpu_flags_come_from_proc_cpuinfo() -> None:
+    flags = cpu_features.cpu_flags()
+    if not flags:
+        pytest.skip("no /proc/cpuinfo here")
+    assert "sse2" in flags or "fpu" in flags

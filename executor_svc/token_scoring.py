@@ -1,0 +1,60 @@
+"""Teacher-forced scoring: every position's log-probability of the next token, and its argmax.
+
+`kvserve bench quality` measures a configuration (dtype, `--weights`) by perplexity on a
+fixed text and by top-1 agreement with the fp32 path. Both must come from the code that
+serves requests, so scoring runs the runner's own forward pass (its weights, kernels and
+paged attention) as one prefill, keeping the logits of every row instead of the last only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from executor_svc.input_batch import build_input_batch
+from executor_svc.model_runner import ModelRunner
+from executor_svc.sequence_state import SequenceState
+from protos.sampling import SamplingParams
+
+
+@dataclass(slots=True)
+class TokenScores:
+    """Row i scores the prediction of token i + 1 from tokens 0..i."""
+
+    logprobs: torch.Tensor
+    """[n - 1] float32: log p(token[i + 1] | tokens[: i + 1])."""
+    argmax: torch.Tensor
+    """[n - 1] int64: the greedy choice after tokens[: i + 1]."""
+
+
+def score_tokens(runner: ModelRunner, token_ids: list[int]) -> TokenScores:
+    """Score `token_ids` in one prefill on the runner's first KV blocks.
+
+    It overwrites those blocks, so use it on a runner that serves nothing else (a benchmark's)."""
+    if len(token_ids) < 2:
+        raise ValueError("scoring needs at least two tokens")
+    block_size = runner.config.block_size
+    num_blocks = -(-len(token_ids) // block_size)
+    if num_blocks > runner.cache.num_blocks:
+        raise ValueError(
+            f"{len(token_ids)} tokens need {num_blocks} KV blocks; the runner has {runner.cache.num_blocks}"
+        )
+    state = SequenceState(
+        seq_id=0,
+        token_ids=list(token_ids),
+        prompt_len=len(token_ids),
+        block_table=list(range(num_blocks)),
+        sampling=SamplingParams(temperature=0.0),
+        seed=0,
+        num_scheduled_tokens=len(token_ids),
+    )
+    with torch.inference_mode():
+        batch = build_input_batch(
+            [state], block_size, runner.device, runner.model.scale, runner.dtype, runner.model_config.num_kv_heads
+        )
+        batch.sample_indices = torch.arange(len(token_ids) - 1, device=runner.device)
+        logits = runner.model.forward(batch, runner.cache, runner.backend)
+        targets = torch.tensor(token_ids[1:], dtype=torch.long, device=logits.device)
+        logprobs = torch.log_softmax(logits, dim=-1).gather(1, targets[:, None]).squeeze(1)
+    return TokenScores(logprobs=logprobs.cpu(), argmax=logits.argmax(dim=-1).cpu())
