@@ -1,8 +1,10 @@
 """`kvserve bench executor`: runner throughput against the machine's fp32 GEMM roofline.
 
 The roofline is measured in the same run: the FLOP/s of a large square matmul on the
-runner's device and dtype. A token costs 2 × parameters FLOPs, so a phase's roofline
-fraction is tokens/s × 2 × params / GEMM FLOP/s. Decode runs B sequences whose
+runner's device and dtype. A decode token costs 2 × parameters FLOPs (the embedding matrix
+counted as the lm_head, not as its lookup); a prefill token the same less the lm_head, which
+only a prompt's last token runs. A phase's roofline fraction is tokens/s × FLOPs per token /
+GEMM FLOP/s. Decode runs B sequences whose
 `prompt_len`-token prompts were prefilled untimed; prefill runs fresh 512-token prompts.
 """
 
@@ -98,7 +100,13 @@ def run_executor_bench(
     progress=None,
 ) -> tuple[float, list[BenchResult]]:
     """Returns (GEMM FLOP/s, results). `progress((phase, batch, tokens_per_s))` is called as each lands."""
-    flops_per_token = 2 * runner.model_config.num_params
+    cfg = runner.model_config
+    # A decode token runs every matrix once, lm_head included; a prefill token skips lm_head, which
+    # only the prompt's last token runs (the embedding is a lookup, not FLOPs, either way).
+    lm_head = cfg.vocab_size * cfg.hidden_size
+    flops_per_token = {"decode": 2 * cfg.num_params, "prefill": 2 * (cfg.num_params - lm_head * (1 - 1 / prefill_len))}
+    if not cfg.tie_word_embeddings:
+        flops_per_token = {phase: f - 2 * lm_head for phase, f in flops_per_token.items()}  # the embedding's share
     gemm_before = measure_gemm_flops(runner.device, runner.dtype)
     sampling = SamplingParams(temperature=0.0) if greedy else SamplingParams(temperature=0.8, top_p=0.95)
     measured: list[tuple[str, int, float]] = []
@@ -116,7 +124,7 @@ def run_executor_bench(
             progress(measured[-1])
     # The higher of two roofline measurements (before and after), so a busy moment cannot flatter us.
     gemm = max(gemm_before, measure_gemm_flops(runner.device, runner.dtype))
-    results = [BenchResult(phase, batch, tps, tps * flops_per_token / gemm) for phase, batch, tps in measured]
+    results = [BenchResult(phase, batch, tps, tps * flops_per_token[phase] / gemm) for phase, batch, tps in measured]
     return gemm, results
 
 

@@ -21,7 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="model runner tokens/s for decode and prefill, against the GEMM roofline",
         description="Runs the model runner in-process with synthetic plans. The roofline is a large\n"
         "matmul's FLOP/s measured in the same run; each figure's fraction is\n"
-        "tokens/s x 2 x parameters / roofline.",
+        "tokens/s x FLOPs per token / roofline (2 x parameters for decode; prefill\n"
+        "tokens skip the lm_head).",
         formatter_class=HelpFormatter,
     )
     parser.add_argument(
