@@ -27,6 +27,7 @@ from executor_svc.runner_config import (
     resolve_attention_backend,
     resolve_device,
     resolve_dtype,
+    resolve_kv_cache_dtype,
     resolve_num_threads,
     resolve_weights,
 )
@@ -75,12 +76,13 @@ class ModelRunner:
         weights = load_weights(self.model_dir, self.model_config, self.device, self.dtype, native)
         self.model = LlamaModel(self.model_config, weights, self.max_model_len, self.device, self.dtype)
         self.backend = create_backend(self.backend_name)
+        self.kv_dtype_name = resolve_kv_cache_dtype(config, self.dtype_name, self.backend_name)
         self.geometry = CacheGeometry(
             self.model_config.num_layers,
             self.model_config.num_kv_heads,
             self.model_config.head_dim,
             config.block_size,
-            self.dtype,
+            getattr(torch, self.kv_dtype_name),
         )
         num_blocks = self._num_device_blocks()
         num_cpu_blocks = self.geometry.blocks_for_bytes(config.swap_space_gb * GIB)
@@ -93,6 +95,7 @@ class ModelRunner:
             model_id=self.model_id,
             device=self.device,
             dtype=self.dtype_name,
+            kv_cache_dtype=self.kv_dtype_name,
             weights=self.weights_mode,
             attention=self.backend_name,
             num_blocks=num_blocks,

@@ -26,6 +26,13 @@ class RunnerConfig:
             "else float32; float32 around --weights native)"
         ),
     )
+    kv_cache_dtype: str = field(
+        default="auto",
+        metadata=flag(
+            "float32, bfloat16, float16, or auto (the --dtype); a narrower KV cache than --dtype holds more "
+            "tokens per GiB and converts on read (torch attention backend only)"
+        ),
+    )
     weights: str = field(
         default="auto",
         metadata=flag(
@@ -120,6 +127,21 @@ def resolve_dtype(config: RunnerConfig, device: str) -> str:
     if config.dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {config.dtype!r}")
     return config.dtype
+
+
+def resolve_kv_cache_dtype(config: RunnerConfig, dtype: str, attention_backend: str) -> str:
+    """auto: the activation dtype. Another one is stored converted and widened on read, which only
+    the torch backend does (the Triton kernels take K/V in the activation dtype)."""
+    if config.kv_cache_dtype == "auto":
+        return dtype
+    if config.kv_cache_dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"kv_cache_dtype must be auto, float32, bfloat16 or float16, got {config.kv_cache_dtype!r}")
+    if config.kv_cache_dtype != dtype and attention_backend != "torch":
+        raise ValueError(
+            f"--kv-cache-dtype {config.kv_cache_dtype} with --dtype {dtype} needs --attention-backend torch, "
+            f"not {attention_backend}"
+        )
+    return config.kv_cache_dtype
 
 
 def resolve_weights(config: RunnerConfig, device: str, dtype: str) -> str:

@@ -14,6 +14,9 @@ layer. Gathered K/V land in a workspace owned by the backend and reused by every
 step: a fresh multi-megabyte tensor per layer costs page faults on first touch, which
 measured as much as the copy itself (index_select into a reused buffer: 1.5 vs 2.6 ms for
 a 32 x 768-token layer on one core).
+
+A `--kv-cache-dtype` narrower than the activations stores K/V rounded (`store_kv`) and widens
+gathered K (and prefill's V) to the activation dtype; decode sums V in the cache's dtype.
 """
 
 from __future__ import annotations
@@ -132,8 +135,8 @@ class TorchAttentionBackend:
         meta: AttentionMetadata,
     ) -> None:
         kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-        k_cache.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, key)
-        v_cache.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, value)
+        k_cache.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, key.to(k_cache.dtype))
+        v_cache.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, value.to(v_cache.dtype))
 
     def forward(
         self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
@@ -145,13 +148,13 @@ class TorchAttentionBackend:
             q = query if group.token_index is None else query.index_select(0, group.token_index)
             size = group.kv_rows.numel() * head_dim
             buffer = self._workspace_view(size if q_len == 1 else 2 * size, k_cache)  # K, or K and V
-            k = _gather(k_cache, group.kv_rows, n, group.num_keys, buffer[:size])
+            k = _gather(k_cache, group.kv_rows, n, group.num_keys, buffer[:size]).to(query.dtype)
             if q_len == 1:
                 o = _decode_attention(
                     q, k, v_cache, group.decode_value_bags(num_heads), group.additive_mask, meta.scale
                 )
             else:
-                v = _gather(v_cache, group.kv_rows, n, group.num_keys, buffer[size:])
+                v = _gather(v_cache, group.kv_rows, n, group.num_keys, buffer[size:]).to(query.dtype)
                 q = q.view(n, q_len, num_heads, head_dim).transpose(1, 2)
                 o = F.scaled_dot_product_attention(
                     q, k, v, attn_mask=group.mask, scale=meta.scale, enable_gqa=k.shape[1] != num_heads
@@ -231,5 +234,6 @@ def _decode_attention(
     scores = torch.bmm(qg, k.view(n * kv_heads, num_keys, head_dim).transpose(1, 2))
     scores = scores.view(n, kv_heads, group, num_keys).mul_(scale).add_(additive_mask)
     probs = scores.softmax(dim=-1).view(n * num_heads, num_keys)
-    out = F.embedding_bag(value_bags, v_cache.view(-1, head_dim), mode="sum", per_sample_weights=probs)
-    return out.view(n, num_heads, head_dim)
+    weights = probs.to(v_cache.dtype)  # a narrower --kv-cache-dtype: V is summed in its own dtype
+    out = F.embedding_bag(value_bags, v_cache.view(-1, head_dim), mode="sum", per_sample_weights=weights)
+    return out.view(n, num_heads, head_dim).to(q.dtype)

@@ -238,3 +238,31 @@ def test_copied_blocks_serve_as_prefix_and_reset_forgets_sequences(tiny_llama):
     runner.reset()
     with pytest.raises(UnknownSequenceError):
         runner.execute(StepPlan(99, known_seqs=[KnownSequence(0, [1], 40, 1)]))
+
+
+def test_a_bf16_kv_cache_holds_twice_the_tokens_and_stays_close_to_fp32(tmp_path):
+    """--kv-cache-dtype bfloat16 under fp32 activations: K/V are stored rounded and widened on read,
+    in prefill, extend and decode, so logits move by about bf16's rounding of K and V, no more."""
+    _, path = _tiny_checkpoint(tmp_path, "llama")
+    fp32 = ModelRunner(RunnerConfig(model=str(path), dtype="float32", kv_cache_gb=0.001))
+    bf16 = ModelRunner(RunnerConfig(model=str(path), dtype="float32", kv_cache_dtype="bfloat16", kv_cache_gb=0.001))
+    assert bf16.cache.tensor.dtype == torch.bfloat16 and bf16.dtype == torch.float32
+    assert bf16.info().num_blocks == 2 * fp32.info().num_blocks
+    tokens = torch.randint(0, 256, (37,), generator=torch.Generator().manual_seed(1)).tolist()
+    expected, got = _runner_logits(fp32, tokens, split=20), _runner_logits(bf16, tokens, split=20)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, expected, atol=0.05, rtol=0.02)
+    assert not torch.equal(got, expected)  # the narrower cache really is in use
+    decoded = _run(bf16, PROMPTS)  # decode steps (embedding_bag over a bf16 V) run and finish
+    assert all(len(tokens) == 12 for tokens in decoded.values())
+
+
+def test_a_kv_cache_dtype_other_than_the_activations_needs_the_torch_backend():
+    from executor_svc.runner_config import resolve_kv_cache_dtype
+
+    assert resolve_kv_cache_dtype(RunnerConfig(), "bfloat16", "triton") == "bfloat16"
+    assert resolve_kv_cache_dtype(RunnerConfig(kv_cache_dtype="bfloat16"), "float32", "torch") == "bfloat16"
+    with pytest.raises(ValueError, match="needs --attention-backend torch, not triton"):
+        resolve_kv_cache_dtype(RunnerConfig(kv_cache_dtype="float16"), "bfloat16", "triton")
+    with pytest.raises(ValueError, match="kv_cache_dtype must be auto, float32, bfloat16 or float16, got 'fp8'"):
+        resolve_kv_cache_dtype(RunnerConfig(kv_cache_dtype="fp8"), "float32", "torch")
