@@ -1,7 +1,7 @@
 """8B-shaped decode and prefill throughput of the runner, as fractions of the device's peaks.
 
 The steps are `kvserve bench executor`'s (kvserve.bench.executor_bench: prompts prefilled
-untimed, then the fastest of a few decode steps; fresh prompts in one prefill step), on the
+untimed, then the median of a few decode steps; fresh prompts in one prefill step), on the
 measure stage's runner. Decode is read against the copy bandwidth: (weights + K/V read and
 written) bytes per step / step time (roofline.StepCost). Prefill against the bf16 matmul peak:
 FLOPs per step / step time. Both peaks come from device_peaks, measured minutes earlier.
