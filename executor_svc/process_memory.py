@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import resource
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 _STATUS = Path("/proc/self/status")
@@ -35,8 +37,15 @@ def release_freed_heap() -> None:
     Loading parses and converts every weight through transient buffers (Q4_1 codes unpack to
     int32 before packing); once freed, glibc keeps most of them in its arenas, where they still
     count as resident memory though nothing uses them."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """Looked up once: `find_library` runs `ldconfig` (milliseconds), and large steps trim every time."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
     except (OSError, AttributeError):
-        pass
+        return None
