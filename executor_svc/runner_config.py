@@ -4,8 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from executor_svc.cpu_features import has_native_bf16
 from protos import defaults
 from protos.config_flags import flag
+
+DTYPES = ("float32", "bfloat16", "float16")
+"""What --dtype and --kv-cache-dtype take besides auto."""
+WEIGHTS = ("dequantized", "native")
+"""What --weights takes besides auto."""
+ATTENTION_BACKENDS = ("torch", "triton")
 
 
 @dataclass(slots=True)
@@ -116,26 +123,22 @@ def resolve_dtype(config: RunnerConfig, device: str) -> str:
     """auto: bfloat16 where the hardware multiplies it natively, which passes the quality bar
     (`kvserve bench quality`: perplexity within 0.1% of fp32); float32 elsewhere, where a
     bfloat16 GEMM is emulated and slower than fp32, and around --weights native."""
+    check_choice("dtype", config.dtype, DTYPES)
     if config.dtype == "auto":
         if config.weights == "native":
             return "float32"
         if device.startswith("cuda"):
             return "bfloat16"
-        from executor_svc.cpu_features import has_native_bf16
-
         return "bfloat16" if has_native_bf16() else "float32"
-    if config.dtype not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {config.dtype!r}")
     return config.dtype
 
 
 def resolve_kv_cache_dtype(config: RunnerConfig, dtype: str, attention_backend: str) -> str:
     """auto: the activation dtype. Another one is stored converted and widened on read, which only
     the torch backend does (the Triton kernels take K/V in the activation dtype)."""
+    check_choice("kv_cache_dtype", config.kv_cache_dtype, DTYPES)
     if config.kv_cache_dtype == "auto":
         return dtype
-    if config.kv_cache_dtype not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"kv_cache_dtype must be auto, float32, bfloat16 or float16, got {config.kv_cache_dtype!r}")
     if config.kv_cache_dtype != dtype and attention_backend != "torch":
         raise ValueError(
             f"--kv-cache-dtype {config.kv_cache_dtype} with --dtype {dtype} needs --attention-backend torch, "
@@ -149,8 +152,7 @@ def resolve_weights(config: RunnerConfig, device: str, dtype: str) -> str:
 
     auto is dequantized: on this project's CPUs native Q4_1 decodes faster at batch 1 but
     prefills at about half the speed, and serving throughput follows prefill."""
-    if config.weights not in ("auto", "dequantized", "native"):
-        raise ValueError(f"weights must be auto, dequantized or native, got {config.weights!r}")
+    check_choice("weights", config.weights, WEIGHTS)
     if config.weights != "native":
         return "dequantized"
     if device != "cpu" or dtype != "float32":
@@ -159,8 +161,14 @@ def resolve_weights(config: RunnerConfig, device: str, dtype: str) -> str:
 
 
 def resolve_attention_backend(config: RunnerConfig, device: str) -> str:
+    check_choice("attention_backend", config.attention_backend, ATTENTION_BACKENDS)
     if config.attention_backend == "auto":
         return "triton" if device.startswith("cuda") else "torch"
-    if config.attention_backend not in ("torch", "triton"):
-        raise ValueError(f"attention_backend must be auto, torch or triton, got {config.attention_backend!r}")
     return config.attention_backend
+
+
+def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    """Refuse a value that is neither auto nor one of `allowed`, naming the field and the choices."""
+    if value != "auto" and value not in allowed:
+        choices = ", ".join(allowed[:-1]) + f" or {allowed[-1]}"
+        raise ValueError(f"{name} must be auto, {choices}, got {value!r}")

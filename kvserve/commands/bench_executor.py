@@ -14,6 +14,7 @@ GOAL_DECODE64_ROOFLINE = 0.5
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from executor_svc.runner_config import ATTENTION_BACKENDS, DTYPES, WEIGHTS
     from kvserve.cli import HelpFormatter
 
     parser = subparsers.add_parser(
@@ -31,17 +32,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the default model's name, an HF model directory, or a .gguf file",
     )
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    parser.add_argument("--attention-backend", default="auto", choices=("auto", "torch", "triton"))
+    parser.add_argument("--attention-backend", default="auto", choices=("auto", *ATTENTION_BACKENDS))
     parser.add_argument(
         "--dtype",
         default="auto",
-        choices=("auto", "float32", "bfloat16", "float16"),
+        choices=("auto", *DTYPES),
         help="activation and weight dtype",
     )
     parser.add_argument(
         "--weights",
         default="auto",
-        choices=("auto", "dequantized", "native"),
+        choices=("auto", *WEIGHTS),
         help="native: a GGUF's Q4_1 layers run 4-bit (see `kvserve executor --help`)",
     )
     parser.add_argument(

@@ -32,6 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--configs",
         nargs="+",
         default=None,
+        type=_config,
         metavar="DTYPE/WEIGHTS",
         help="configurations after the reference (default: float32/native bfloat16/dequantized)",
     )
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from scheduler_svc.server.tokenizer import ChatMessage, Tokenizer
 
     configure_logging(level="WARNING" if args.json else None)
-    configs = qb.CANDIDATES if args.configs is None else [_config(spec) for spec in args.configs]
+    configs = qb.CANDIDATES if args.configs is None else args.configs
     tokenizer = Tokenizer.from_dir(ensure_model_dir(args.model))
     windows = qb.text_windows(tokenizer.encode(qb.quality_text()), args.window, args.max_text_tokens)
     prompts = [tokenizer.encode_chat([ChatMessage(role="user", content=text)]) for text in qb.PROMPTS[: args.prompts]]
@@ -88,11 +89,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _config(spec: str):
+    """A --configs entry, refused at parse time (not after the reference's minutes) when unknown."""
+    from executor_svc.runner_config import DTYPES, WEIGHTS
     from kvserve.bench.quality_bench import CANDIDATES, QualityConfig
 
     dtype, _, weights = spec.partition("/")
+    weights = weights or "dequantized"
+    if dtype not in DTYPES or weights not in WEIGHTS:
+        raise argparse.ArgumentTypeError(
+            f"{spec!r}: expected DTYPE/WEIGHTS, DTYPE one of {', '.join(DTYPES)}, WEIGHTS one of {', '.join(WEIGHTS)}"
+        )
     known = {c.name: c for c in CANDIDATES}
-    return known.get(spec, QualityConfig(dtype, weights or "dequantized"))
+    return known.get(f"{dtype}/{weights}", QualityConfig(dtype, weights))
 
 
 def _row(result) -> dict:

@@ -62,3 +62,15 @@ def test_native_and_bf16_stay_within_the_quality_bar(default_model_dir) -> None:
         assert row["passes"], f"{name}: perplexity {row['perplexity']:.3f} vs {reference['perplexity']:.3f}"
         assert row["ppl_increase"] <= row["max_ppl_increase"]
         assert row["top1_agreement"] >= MIN_TOP1_AGREEMENT, name
+
+
+def test_an_unknown_configuration_is_refused_before_any_model_loads() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "kvserve", "bench", "quality", "--configs", "float32/native", "fp8/native"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert "argument --configs: 'fp8/native': expected DTYPE/WEIGHTS" in done.stderr
+    assert "loading" not in done.stdout
