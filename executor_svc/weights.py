@@ -59,6 +59,7 @@ def weight_files(model_dir: Path) -> list[Path]:
     return files
 
 
+_EMBED = "model.embed_tokens.weight"
 LINEAR_NAMES = ("qkv", "o_proj", "gate_up", "down")
 """A layer's matrices that `--weights native` replaces (`executor_svc.gguf_weights`)."""
 _LINEAR_SOURCES = (
@@ -87,12 +88,8 @@ def load_weights(
             names = list(handle.keys())  # a safe_open handle is not iterable itself
             raw.update(dict.fromkeys(names, handle))
             paths.update(dict.fromkeys(names, path))
-        weights = _build(raw, model_dir, config, device, dtype, layer_linears)
-        name = "model.embed_tokens.weight"
-        table = mapped_table(paths[name], name) if device == "cpu" else None
-        if table is not None:
-            weights.embed = TokenEmbedding(table, dtype)
-        return weights
+        mapped = mapped_table(paths[_EMBED], _EMBED) if device == "cpu" and _EMBED in paths else None
+        return _build(raw, model_dir, config, device, dtype, layer_linears, mapped)
 
 
 def _build(
@@ -102,14 +99,19 @@ def _build(
     device: str,
     dtype: torch.dtype,
     layer_linears: list[dict[str, Int4Linear]] | None,
+    mapped_embed: torch.Tensor | None,
 ) -> ModelWeights:
-    def take(name: str) -> torch.Tensor:
+    """`mapped_embed`: the embedding as a view of the file, which the lookup reads instead of a loaded table."""
+
+    def take(name: str, keep: bool = False) -> torch.Tensor:
+        """`keep`: the tensor is stored as it is. Only then is it copied out of the file's mapping, which it
+        would keep alive with every page the load touched; the others become a `Linear` or are concatenated,
+        which copies them anyway."""
         if name not in raw:
             raise KeyError(f"weight {name!r} missing from {model_dir}")
         tensor = raw.pop(name).get_tensor(name)
         converted = tensor.to(device=device, dtype=dtype).contiguous()
-        # A tensor still in the file's mapping would keep that mapping, and its touched pages, alive.
-        return converted.clone() if converted.data_ptr() == tensor.data_ptr() else converted
+        return converted.clone() if keep and converted.data_ptr() == tensor.data_ptr() else converted
 
     layers = []
     for i in range(config.num_layers):
@@ -123,16 +125,25 @@ def _build(
             linears = layer_linears[i]
         layers.append(
             LayerWeights(
-                input_norm=take(p + "input_layernorm.weight"),
-                post_attention_norm=take(p + "post_attention_layernorm.weight"),
+                input_norm=take(p + "input_layernorm.weight", keep=True),
+                post_attention_norm=take(p + "post_attention_layernorm.weight", keep=True),
                 **{name: linears[name] for name in LINEAR_NAMES},
             )
         )
-    embed = take("model.embed_tokens.weight")
     untied = not config.tie_word_embeddings and "lm_head.weight" in raw
-    lm_head = make_linear(take("lm_head.weight") if untied else embed)
+    if untied and mapped_embed is not None:
+        raw.pop(_EMBED)  # looked up from the file's mapping: never loaded
+        table, lm_head = mapped_embed, make_linear(take("lm_head.weight"))
+    else:
+        # A tied lm_head needs the whole matrix; it is kept as the lookup table only when none is mapped.
+        embed = take(_EMBED, keep=mapped_embed is None)
+        lm_head = make_linear(take("lm_head.weight") if untied else embed)
+        table = embed if mapped_embed is None else mapped_embed
     weights = ModelWeights(
-        embed=TokenEmbedding(embed, dtype), layers=layers, final_norm=take("model.norm.weight"), lm_head=lm_head
+        embed=TokenEmbedding(table, dtype),
+        layers=layers,
+        final_norm=take("model.norm.weight", keep=True),
+        lm_head=lm_head,
     )
     leftovers = [n for n in raw if not n.endswith("rotary_emb.inv_freq") and n != "lm_head.weight"]
     if leftovers:
