@@ -3,8 +3,8 @@
 `python -m executor_svc` (what `kvserve serve` supervises) and `kvserve executor` both
 parse here, so the executor never imports the `kvserve` CLI package. Every flag is
 generated from a config dataclass (protos.config_flags): `LinkWorkerConfig`,
-`RunnerConfig`, `FakeExecutorConfig` and this module's `EntryOptions`, so a new field
-gets a flag without touching this file.
+`RunnerConfig`, `TensorParallelConfig`, `FakeExecutorConfig` and this module's
+`EntryOptions`, so a new field gets a flag without touching this file.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from executor_svc.fake_executor import FakeExecutorConfig
 from executor_svc.link_worker import LinkWorkerConfig
 from executor_svc.runner_config import RunnerConfig
+from executor_svc.tensor_parallel.config import TensorParallelConfig
 from protos import defaults
 from protos.config_flags import HelpFormatter, add_flags, config_from_args, flag
 
@@ -29,7 +30,11 @@ DESCRIPTION = (
 EPILOG = (
     "exit codes: 0 shut down by the scheduler or by SIGTERM/SIGINT; 3 the scheduler vanished "
     "(silent for --scheduler-timeout-s); 4 no scheduler answered within --connect-timeout-s; "
-    "2 bad options"
+    "5 a tensor-parallel rank died or hung (the group ended); 2 bad options, or a "
+    "--tensor-parallel-size the model does not fit.\n\n"
+    "tensor parallelism across hosts: start one `kvserve executor` per rank with RANK, WORLD_SIZE, "
+    "LOCAL_RANK, MASTER_ADDR and MASTER_PORT set (as torchrun does) and the same --tensor-parallel-size; "
+    "rank 0 connects to the scheduler's --link (docs/tensor-parallel.md)"
 )
 
 _LINK = "link"
@@ -80,6 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_flags(parser, EntryOptions)
     add_flags(parser, RunnerConfig, group=_RUNNER, overrides={"model": {"default": defaults.DEFAULT_MODEL}})
+    add_flags(parser, TensorParallelConfig)
     add_flags(parser, FakeExecutorConfig, group=_FAKE, exclude=_SHARED_WITH_FAKE)
 
 
@@ -104,9 +110,29 @@ def run(args: argparse.Namespace) -> int:
 
         curve = load_keys(options.curve_secret_key, [options.curve_server_key])
     link = config_from_args(LinkWorkerConfig, args, curve_keys=curve, parent_pid=parent_pid_from_env())
+    try:
+        parallel = config_from_args(TensorParallelConfig, args)
+    except ValueError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
     if options.executor == "fake":
+        if parallel.tensor_parallel_size > 1:
+            print(
+                f"{PROG}: the fake executor has no model to shard; --tensor-parallel-size needs --executor torch",
+                file=sys.stderr,
+            )
+            return 2
         return run_executor("fake", link, fake=fake_config_from_args(args))
-    return run_executor("torch", link, runner=runner_config_from_args(args))
+    if parallel.tensor_parallel_size == 1:
+        return run_executor("torch", link, runner=runner_config_from_args(args))
+    from executor_svc.process import run_tensor_parallel
+    from executor_svc.tensor_parallel.layout import TensorParallelFitError
+
+    try:
+        return run_tensor_parallel(link, runner_config_from_args(args), parallel, link.parent_pid)
+    except TensorParallelFitError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
 
 
 def parent_pid_from_env() -> int | None:

@@ -68,6 +68,22 @@ def concat_rows(weights: list[Q4_1Weight]) -> Q4_1Weight:
     )
 
 
+def select_rows(weight: Q4_1Weight, rows: slice) -> Q4_1Weight:
+    """Output rows `rows` (a column-parallel shard): exact, a group runs along a row."""
+    return Q4_1Weight(weight.codes[rows], weight.d[rows], weight.m[rows])
+
+
+def select_columns(weight: Q4_1Weight, columns: slice) -> Q4_1Weight:
+    """Input columns `columns` (a row-parallel shard); exact when they start and end on a group boundary."""
+    start, stop = columns.start, columns.stop
+    if start % GROUP or stop % GROUP:
+        raise ValueError(f"Q4_1 columns {start}:{stop} do not start and end on a {GROUP}-weight group boundary")
+    groups = slice(start // GROUP, stop // GROUP)
+    return Q4_1Weight(
+        weight.codes[:, columns].contiguous(), weight.d[:, groups].contiguous(), weight.m[:, groups].contiguous()
+    )
+
+
 def kernel_scales(weight: Q4_1Weight, dtype: torch.dtype) -> torch.Tensor:
     """[in / 32, out, 2] (scale, zero) in `dtype` for `_weight_int4pack_mm_for_cpu`: scale = d, zero = m + 8d.
 

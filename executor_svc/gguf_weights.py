@@ -20,9 +20,10 @@ import structlog
 import torch
 from gguf import GGMLQuantizationType, GGUFReader
 
-from executor_svc.gguf_q4_1 import Q4_1Weight, concat_rows, parse_q4_1
+from executor_svc.gguf_q4_1 import GROUP, Q4_1Weight, concat_rows, parse_q4_1, select_columns, select_rows
 from executor_svc.int4_linear import Int4Linear, make_int4_linear
 from executor_svc.model_config import ModelConfig
+from executor_svc.tensor_parallel.layout import TensorParallelLayout, check_fits, plan_layout
 
 log = structlog.get_logger(__name__)
 
@@ -51,16 +52,28 @@ def read_q4_1_layers(gguf_path: Path, config: ModelConfig) -> list[dict[str, Q4_
     return layers
 
 
-def native_layer_linears(gguf_path: Path, config: ModelConfig) -> list[dict[str, Int4Linear]]:
-    """Each layer's `Int4Linear`s on the GGUF's codes, by `weights.LINEAR_NAMES`, for `load_weights`."""
+def native_layer_linears(
+    gguf_path: Path, config: ModelConfig, layout: TensorParallelLayout | None = None
+) -> list[dict[str, Int4Linear]]:
+    """Each layer's `Int4Linear`s on the GGUF's codes, by `weights.LINEAR_NAMES`, for `load_weights`;
+    under tensor parallelism, this rank's rows and columns of them (`executor_svc.tensor_parallel.layout`)."""
     if config.attention_bias:
         raise NativeWeightsUnavailable("q/k/v biases are not read from GGUF files")
+    check_fits(config, layout.size if layout else 1, group_columns=GROUP)
+    layout = layout or plan_layout(config, 0, 1)
+    q, kv, mlp = layout.q_rows, layout.kv_rows, layout.mlp_rows
     linears = [
         {
-            "qkv": make_int4_linear(concat_rows([q4["attn_q"], q4["attn_k"], q4["attn_v"]])),
-            "o_proj": make_int4_linear(q4["attn_output"]),
-            "gate_up": make_int4_linear(concat_rows([q4["ffn_gate"], q4["ffn_up"]])),
-            "down": make_int4_linear(q4["ffn_down"]),
+            "qkv": make_int4_linear(
+                concat_rows(
+                    [select_rows(q4["attn_q"], q), select_rows(q4["attn_k"], kv), select_rows(q4["attn_v"], kv)]
+                )
+            ),
+            "o_proj": make_int4_linear(select_columns(q4["attn_output"], q)),
+            "gate_up": make_int4_linear(
+                concat_rows([select_rows(q4["ffn_gate"], mlp), select_rows(q4["ffn_up"], mlp)])
+            ),
+            "down": make_int4_linear(select_columns(q4["ffn_down"], mlp)),
         }
         for q4 in read_q4_1_layers(gguf_path, config)
     ]

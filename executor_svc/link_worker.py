@@ -55,6 +55,8 @@ class ExitReason(IntEnum):
     SHUTDOWN = 0
     SCHEDULER_LOST = 3
     NEVER_CONNECTED = 4
+    RANK_LOST = 5
+    """A tensor-parallel rank died or hung (executor_svc.tensor_parallel): the group ends for a restart."""
 
 
 @dataclass(slots=True)

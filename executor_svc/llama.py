@@ -9,6 +9,7 @@ reference (RMSNorm in float32, rotate-half RoPE) so greedy tokens match it exact
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +19,9 @@ from executor_svc.input_batch import InputBatch
 from executor_svc.kv_cache import PagedKVCache
 from executor_svc.model_config import ModelConfig, RopeConfig
 from executor_svc.weights import ModelWeights
+
+if TYPE_CHECKING:
+    from executor_svc.tensor_parallel.group import TensorParallelGroup
 
 
 def rope_inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
@@ -40,14 +44,25 @@ def rope_inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
 
 
 class LlamaModel:
-    """Weights + rotary tables; `forward` runs one packed batch and returns sampled-row logits."""
+    """Weights + rotary tables; `forward` runs one packed batch and returns sampled-row logits.
+
+    Under tensor parallelism `config` is this rank's shard (its heads and MLP width,
+    `TensorParallelLayout.shard_config`) and `group` completes the row-parallel products, the
+    vocab-parallel embedding and the lm_head logits (`executor_svc.tensor_parallel.layout`)."""
 
     def __init__(
-        self, config: ModelConfig, weights: ModelWeights, max_model_len: int, device: str, dtype: torch.dtype
+        self,
+        config: ModelConfig,
+        weights: ModelWeights,
+        max_model_len: int,
+        device: str,
+        dtype: torch.dtype,
+        group: TensorParallelGroup | None = None,
     ) -> None:
         self.config = config
         self.weights = weights
         self.dtype = dtype
+        self.group = group
         inv_freq = rope_inverse_frequencies(config.rope, config.head_dim)
         angles = torch.outer(torch.arange(max_model_len, dtype=torch.float32), inv_freq)
         angles = torch.cat([angles, angles], dim=-1)
@@ -60,14 +75,17 @@ class LlamaModel:
         self.scale = config.head_dim**-0.5
         self._qk_width = (config.num_heads + config.num_kv_heads) * config.head_dim
 
-    def forward(self, batch: InputBatch, cache: PagedKVCache, backend: AttentionBackend) -> torch.Tensor:
-        cfg, w = self.config, self.weights
+    def forward(self, batch: InputBatch, cache: PagedKVCache, backend: AttentionBackend) -> torch.Tensor | None:
+        """Logits [sampled rows, vocab] in float32; None on a tensor-parallel rank other than 0."""
+        cfg, w, group = self.config, self.weights, self.group
         meta = batch.attention
         backend.prepare(meta)
         num_tokens = batch.num_tokens
         cos = self.cos.index_select(0, batch.positions)[:, None, :]
         sin = self.sin_signed.index_select(0, batch.positions)[:, None, :]
         x = w.embed(batch.input_ids)  # a fresh tensor: the residual adds below are in place
+        if group is not None:
+            group.all_reduce_(x)
         for index, layer in enumerate(w.layers):
             h = rms_norm(x, layer.input_norm, cfg.rms_norm_eps)
             qkv = layer.qkv(h)
@@ -78,13 +96,16 @@ class LlamaModel:
             k_cache, v_cache = cache.layer(index)
             backend.store_kv(k, v, k_cache, v_cache, meta)
             attn = backend.forward(q, k_cache, v_cache, meta)
-            x.add_(layer.o_proj(attn.reshape(num_tokens, -1)))
+            attn_out = layer.o_proj(attn.reshape(num_tokens, -1))
+            x.add_(attn_out if group is None else group.all_reduce_(attn_out))
             h = rms_norm(x, layer.post_attention_norm, cfg.rms_norm_eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
-            x.add_(layer.down(F.silu(gate).mul_(up)))
+            mlp_out = layer.down(F.silu(gate).mul_(up))
+            x.add_(mlp_out if group is None else group.all_reduce_(mlp_out))
         x = x.index_select(0, batch.sample_indices)
         x = rms_norm(x, w.final_norm, cfg.rms_norm_eps)
-        return w.lm_head(x).float()
+        logits = w.lm_head(x).float()
+        return logits if group is None else group.gather_columns(logits, cfg.vocab_size)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

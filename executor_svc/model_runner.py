@@ -3,6 +3,9 @@
 Plan semantics are those documented at the top of `protos/step.py`: drops, swap-out,
 swap-in, copies, then the sequence deltas, one forward pass over every scheduled token,
 and a sample for each sequence whose scheduled tokens reach the end of its known tokens.
+
+Under tensor parallelism (`place`) every rank builds its own runner on its share of the model
+(`executor_svc.tensor_parallel.layout`) and runs every plan; only rank 0 samples.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ from executor_svc.runner_config import (
 )
 from executor_svc.sampler import sample
 from executor_svc.sequence_state import SequenceState, SequenceTable
+from executor_svc.tensor_parallel.config import RankPlace, TensorParallelConfig, resolve_backend
+from executor_svc.tensor_parallel.group import TensorParallelGroup
+from executor_svc.tensor_parallel.layout import plan_layout
 from executor_svc.token_mask import plan_token_masks
 from executor_svc.weights import load_weights, weight_files
 from protos import defaults
@@ -50,17 +56,30 @@ them costs ~30 ms (under 1% of such a step) and keeps RSS near weights + KV (mea
 class ModelRunner:
     """Satisfies `executor_svc.protocol.Executor` for real models."""
 
-    def __init__(self, config: RunnerConfig) -> None:
+    def __init__(
+        self, config: RunnerConfig, place: RankPlace | None = None, parallel: TensorParallelConfig | None = None
+    ) -> None:
+        """`place`: this process's rank of a tensor-parallel group (None: the whole model, alone)."""
         self.config = config
-        self.device = resolve_device(config)
+        self.device = resolve_device(config, place.local_rank if place is not None else None)
         self.dtype_name = resolve_dtype(config, self.device)
         self.dtype = getattr(torch, self.dtype_name)
         self.backend_name = resolve_attention_backend(config, self.device)
         if self.device == "cpu":
-            torch.set_num_threads(resolve_num_threads(config))
+            torch.set_num_threads(resolve_num_threads(config, place.local_world_size if place is not None else 1))
+        elif self.device.startswith("cuda:"):
+            torch.cuda.set_device(self.device)
         started = time.monotonic()
         self.model_dir = model_store.ensure_model_dir(config.model)
         self.model_config = load_model_config(self.model_dir)
+        size = place.world_size if place is not None else 1
+        self.layout = plan_layout(self.model_config, place.rank if place is not None else 0, size)
+        self.group: TensorParallelGroup | None = None
+        if place is not None and size > 1:
+            parallel = parallel or TensorParallelConfig(tensor_parallel_size=size)
+            backend = resolve_backend(parallel, self.device)
+            self.group = TensorParallelGroup(place, backend, self.device, parallel.tp_timeout_s)
+        self.shard_config = self.layout.shard_config(self.model_config)
         self.max_model_len = self._max_model_len()
         self.weights_mode = resolve_weights(config, self.device, self.dtype_name)
         if "auto" in (config.dtype, config.weights):
@@ -73,19 +92,23 @@ class ModelRunner:
                 why="the fastest that passes the quality bar on this device (docs/benchmarks.md)",
             )
         native = self._native_linears() if self.weights_mode == "native" else None
-        weights = load_weights(self.model_dir, self.model_config, self.device, self.dtype, native)
-        self.model = LlamaModel(self.model_config, weights, self.max_model_len, self.device, self.dtype)
+        weights = load_weights(self.model_dir, self.model_config, self.device, self.dtype, native, self.layout)
+        self.model = LlamaModel(
+            self.shard_config, weights, self.max_model_len, self.device, self.dtype, group=self.group
+        )
         self.backend = create_backend(self.backend_name)
         self.kv_dtype_name = resolve_kv_cache_dtype(config, self.dtype_name, self.backend_name)
         self.geometry = CacheGeometry(
-            self.model_config.num_layers,
-            self.model_config.num_kv_heads,
-            self.model_config.head_dim,
+            self.shard_config.num_layers,
+            self.shard_config.num_kv_heads,
+            self.shard_config.head_dim,
             config.block_size,
             getattr(torch, self.kv_dtype_name),
         )
         num_blocks = self._num_device_blocks()
         num_cpu_blocks = self.geometry.blocks_for_bytes(config.swap_space_gb * GIB)
+        if self.group is not None:  # the scheduler plans one pool for all ranks: the smallest
+            num_blocks, num_cpu_blocks = self.group.min_int(num_blocks), self.group.min_int(num_cpu_blocks)
         self.cache = PagedKVCache(self.geometry, num_blocks, num_cpu_blocks, self.device)
         self.seqs = SequenceTable()
         self.model_id = self._model_id()
@@ -101,6 +124,7 @@ class ModelRunner:
             num_blocks=num_blocks,
             num_cpu_blocks=num_cpu_blocks,
             threads=torch.get_num_threads() if self.device == "cpu" else None,
+            tensor_parallel=f"rank {self.layout.rank} of {size}" if size > 1 else None,
             rss_mib=round(resident_bytes() / MIB),
             seconds=round(time.monotonic() - started, 2),
         )
@@ -148,12 +172,13 @@ class ModelRunner:
                     self.device,
                     self.model.scale,
                     self.dtype,
-                    self.model_config.num_kv_heads,
+                    self.shard_config.num_kv_heads,
                 )
                 logits = self.model.forward(batch, self.cache, self.backend)
-                sampling = batch.sampling_seqs
-                masks = plan_token_masks(plan, [s.seq_id for s in sampling], logits.shape[1], logits.device)
-                outputs = sample(logits, sampling, self.model_config.eos_token_ids, masks)
+                if logits is not None:  # None: a tensor-parallel rank other than 0, which does not sample
+                    sampling = batch.sampling_seqs
+                    masks = plan_token_masks(plan, [s.seq_id for s in sampling], logits.shape[1], logits.device)
+                    outputs = sample(logits, sampling, self.model_config.eos_token_ids, masks)
             if self.device == "cpu" and batch.num_tokens >= TRIM_AFTER_TOKENS:
                 release_freed_heap()
         return StepResult(step_id=plan.step_id, outputs=outputs, execute_time_s=time.perf_counter() - started)
@@ -163,6 +188,9 @@ class ModelRunner:
 
     def close(self) -> None:
         self.seqs.clear()
+        if self.group is not None:
+            self.group.destroy()
+            self.group = None
         self.cache = None  # type: ignore[assignment]
         self.model = None  # type: ignore[assignment]
         if self.device.startswith("cuda"):
@@ -211,7 +239,7 @@ class ModelRunner:
         source = model_store.resolve_source(self.config.model)
         if source.gguf_file is None:
             raise ValueError(f"--weights native needs a GGUF model; {source.path} is a safetensors directory")
-        return native_layer_linears(source.path / source.gguf_file, self.model_config)
+        return native_layer_linears(source.path / source.gguf_file, self.model_config, self.layout)
 
     def _model_id(self) -> str:
         source = model_store.resolve_source(self.config.model)

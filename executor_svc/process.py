@@ -2,17 +2,26 @@
 
 executor_svc.entry parses flags into the configs below and calls `run_executor`. The torch
 model runner is imported only for `--executor torch`, so a fake executor process never
-imports torch (and starts in well under a second).
+imports torch (and starts in well under a second). With `--tensor-parallel-size N` above 1 this
+process is one rank of a group (`run_tensor_parallel`): rank 0 is the executor the scheduler sees.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import structlog
 
 from executor_svc.fake_executor import FakeExecutor, FakeExecutorConfig
-from executor_svc.link_worker import LinkWorker, LinkWorkerConfig
+from executor_svc.link_worker import ExitReason, LinkWorker, LinkWorkerConfig
 from executor_svc.protocol import Executor
 from executor_svc.runner_config import RunnerConfig
+from executor_svc.tensor_parallel.config import RankPlace, TensorParallelConfig, place_from_env
+
+if TYPE_CHECKING:
+    from executor_svc.model_runner import ModelRunner
+    from executor_svc.tensor_parallel.launcher import LocalRanks
+    from executor_svc.tensor_parallel.leader import TensorParallelExecutor
 
 log = structlog.get_logger(__name__)
 
@@ -36,7 +45,10 @@ def run_executor(
     kind: str, link: LinkWorkerConfig, *, runner: RunnerConfig | None = None, fake: FakeExecutorConfig | None = None
 ) -> int:
     """Serve until the scheduler says stop or vanishes; returns the process exit code."""
-    executor = build_executor(kind, runner=runner, fake=fake)
+    return serve_link(build_executor(kind, runner=runner, fake=fake), link, kind)
+
+
+def serve_link(executor: Executor, link: LinkWorkerConfig, kind: str) -> int:
     info = executor.info()
     log.info(
         "executor ready",
@@ -54,3 +66,61 @@ def run_executor(
         executor.close()
     log.info("executor exiting", reason=reason.name, code=int(reason))
     return int(reason)
+
+
+def run_tensor_parallel(
+    link: LinkWorkerConfig, runner: RunnerConfig, parallel: TensorParallelConfig, parent_pid: int | None
+) -> int:
+    """One rank of a tensor-parallel group. Without a place in the environment this process is rank 0
+    and starts the others on this host; rank 0 serves the link, the others follow its plans."""
+    from executor_svc.tensor_parallel.follower import serve_follower
+    from executor_svc.tensor_parallel.leader import TensorParallelExecutor
+    from executor_svc.tensor_parallel.plan_channel import PlanChannel
+
+    place = place_from_env(parallel.tensor_parallel_size)
+    if place is None:
+        return serve_link(start_local_group(runner, parallel), link, "torch")
+    model = build_rank(runner, place, parallel, None)
+    assert model.group is not None
+    channel = PlanChannel(model.group)
+    if not place.is_leader:
+        return serve_follower(model, channel, parent_pid if place.launched_by_leader else None)
+    return serve_link(TensorParallelExecutor(model, channel, None), link, "torch")
+
+
+def start_local_group(runner: RunnerConfig, parallel: TensorParallelConfig) -> TensorParallelExecutor:
+    """Rank 0 of a group on this host: refuse a size the model does not fit, start ranks 1 … N−1,
+    load this rank's share; returns once every rank has its model and the KV pool is agreed."""
+    from executor_svc import model_store
+    from executor_svc.gguf_q4_1 import GROUP
+    from executor_svc.model_config import load_model_config
+    from executor_svc.tensor_parallel.launcher import LocalRanks, follower_argv, local_leader_place
+    from executor_svc.tensor_parallel.layout import check_fits
+    from executor_svc.tensor_parallel.leader import TensorParallelExecutor
+    from executor_svc.tensor_parallel.plan_channel import PlanChannel
+
+    size = parallel.tensor_parallel_size
+    config = load_model_config(model_store.ensure_model_dir(runner.model))
+    check_fits(config, size, group_columns=GROUP if runner.weights == "native" else 1)  # before starting anything
+    place = local_leader_place(size)
+    ranks = LocalRanks(place, follower_argv(runner, parallel), broadcast_timeout_s=parallel.tp_timeout_s)
+    ranks.start()
+    model = build_rank(runner, place, parallel, ranks)
+    assert model.group is not None
+    return TensorParallelExecutor(model, PlanChannel(model.group), ranks)
+
+
+def build_rank(
+    runner: RunnerConfig, place: RankPlace, parallel: TensorParallelConfig, ranks: LocalRanks | None
+) -> ModelRunner:
+    """This rank's model runner; a rank lost while the group forms ends the group like one lost later."""
+    from executor_svc.model_runner import ModelRunner
+    from executor_svc.tensor_parallel.group import RankLostError
+
+    try:
+        return ModelRunner(runner, place, parallel)
+    except RankLostError as exc:
+        if ranks is not None:
+            ranks.end_group("a rank was lost while the group formed", error=str(exc))
+        log.error("tensor-parallel group lost while forming", rank=place.rank, error=str(exc))
+        raise SystemExit(int(ExitReason.RANK_LOST)) from None

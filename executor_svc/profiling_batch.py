@@ -36,7 +36,7 @@ def profile_peak_activation_bytes(runner) -> int:
     before = torch.cuda.memory_allocated()
     with torch.inference_mode():
         batch = build_input_batch(
-            seqs, cfg.block_size, runner.device, runner.model.scale, runner.dtype, runner.model_config.num_kv_heads
+            seqs, cfg.block_size, runner.device, runner.model.scale, runner.dtype, runner.shard_config.num_kv_heads
         )
         runner.model.forward(batch, scratch, runner.backend)
     torch.cuda.synchronize()

@@ -100,15 +100,20 @@ def check_block_size(block_size: int) -> None:
         raise ValueError(f"--block-size must be one of {allowed}, got {block_size!r}")
 
 
-def resolve_device(config: RunnerConfig) -> str:
+def resolve_device(config: RunnerConfig, local_rank: int | None = None) -> str:
+    """`local_rank`: a tensor-parallel rank's index on its host, which picks its GPU for a bare "cuda"."""
     import torch
 
-    if config.device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return config.device
+    device = config.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and local_rank is not None:
+        return f"cuda:{local_rank}"
+    return device
 
 
-def resolve_num_threads(config: RunnerConfig) -> int:
+def resolve_num_threads(config: RunnerConfig, ranks_on_host: int = 1) -> int:
+    """`ranks_on_host`: tensor-parallel ranks sharing this host's cores, each taking its share."""
     import os
 
     if config.num_threads:
@@ -116,7 +121,8 @@ def resolve_num_threads(config: RunnerConfig) -> int:
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     # With cores to spare, leave one to the scheduler process. On a small machine the
     # scheduler mostly idles while a step computes, so the executor takes every core.
-    return usable - 1 if usable > 4 else usable
+    usable = usable - 1 if usable > 4 else usable
+    return max(1, usable // ranks_on_host)
 
 
 def resolve_dtype(config: RunnerConfig, device: str) -> str:

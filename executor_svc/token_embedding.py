@@ -32,11 +32,23 @@ class TokenEmbedding:
     """[vocab, hidden], in memory, or mapped from the file."""
     dtype: torch.dtype
     """What the forward pass computes in; rows are converted as they are looked up."""
+    first_row: int | None = None
+    """Tensor parallelism: `table` holds the vocabulary rows from this one on; a token outside them
+    looks up zeros, which the other ranks' rows complete in an all-reduce. None: the whole table."""
 
     def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
         """A fresh tensor (the forward pass adds into it in place)."""
+        if self.first_row is not None:
+            return self._shard_rows(input_ids)
         rows = F.embedding(input_ids, self.table)
         return rows if rows.dtype == self.dtype else rows.to(self.dtype)
+
+    def _shard_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
+        assert self.first_row is not None
+        local = input_ids - self.first_row
+        outside = (local < 0) | (local >= self.table.shape[0])
+        rows = F.embedding(local.masked_fill(outside, 0), self.table).to(self.dtype)
+        return rows.masked_fill_(outside[:, None], 0)
 
 
 def mapped_table(path: Path, name: str) -> torch.Tensor | None:

@@ -9,6 +9,9 @@ GEMM shapes, which matters most for small-batch decode. Each matrix becomes a `L
 Every tensor kept is copied out of the file, so the file's mapping (and every page of it the
 load touched) is released when loading ends; on CPU the token embedding alone stays mapped,
 read row by row (`executor_svc.token_embedding`).
+
+Under tensor parallelism each rank reads only its own rows or columns of each matrix
+(`executor_svc.tensor_parallel.layout`) and builds the same fused layers from them.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from safetensors import safe_open
 from executor_svc.int4_linear import Int4Linear
 from executor_svc.linear import Linear, make_linear
 from executor_svc.model_config import ModelConfig
+from executor_svc.tensor_parallel.layout import TensorParallelLayout, plan_layout
 from executor_svc.token_embedding import TokenEmbedding, mapped_table
 
 log = structlog.get_logger(__name__)
@@ -74,12 +78,15 @@ def load_weights(
     device: str,
     dtype: torch.dtype,
     layer_linears: list[dict[str, Int4Linear]] | None = None,
+    layout: TensorParallelLayout | None = None,
 ) -> ModelWeights:
     """Read each tensor once, when it is needed, fuse per layer, and move to `device` in `dtype`.
 
     `layer_linears` (per layer, by `LINEAR_NAMES`) replaces those matrices: the file's copies are
-    then never read, so they never occupy memory the allocator would keep.
+    then never read, so they never occupy memory the allocator would keep. `layout`: this rank's
+    share under tensor parallelism (default: the whole model).
     """
+    layout = layout or plan_layout(config, 0, 1)
     with ExitStack() as files:
         raw: dict[str, Any] = {}
         paths: dict[str, Path] = {}
@@ -89,7 +96,7 @@ def load_weights(
             raw.update(dict.fromkeys(names, handle))
             paths.update(dict.fromkeys(names, path))
         mapped = mapped_table(paths[_EMBED], _EMBED) if device == "cpu" and _EMBED in paths else None
-        return _build(raw, model_dir, config, device, dtype, layer_linears, mapped)
+        return _build(raw, model_dir, config, device, dtype, layer_linears, mapped, layout)
 
 
 def _build(
@@ -100,16 +107,23 @@ def _build(
     dtype: torch.dtype,
     layer_linears: list[dict[str, Int4Linear]] | None,
     mapped_embed: torch.Tensor | None,
+    layout: TensorParallelLayout,
 ) -> ModelWeights:
     """`mapped_embed`: the embedding as a view of the file, which the lookup reads instead of a loaded table."""
 
-    def take(name: str, keep: bool = False) -> torch.Tensor:
+    def take(name: str, keep: bool = False, rows: slice | None = None, cols: slice | None = None) -> torch.Tensor:
         """`keep`: the tensor is stored as it is. Only then is it copied out of the file's mapping, which it
         would keep alive with every page the load touched; the others become a `Linear` or are concatenated,
-        which copies them anyway."""
+        which copies them anyway. `rows` / `cols`: read only that part (a tensor-parallel shard)."""
         if name not in raw:
             raise KeyError(f"weight {name!r} missing from {model_dir}")
-        tensor = raw.pop(name).get_tensor(name)
+        handle = raw.pop(name)
+        if rows is not None:
+            tensor = handle.get_slice(name)[rows]
+        elif cols is not None:
+            tensor = handle.get_slice(name)[:, cols]
+        else:
+            tensor = handle.get_tensor(name)
         converted = tensor.to(device=device, dtype=dtype).contiguous()
         return converted.clone() if keep and converted.data_ptr() == tensor.data_ptr() else converted
 
@@ -118,7 +132,7 @@ def _build(
         p = f"model.layers.{i}."
         linears: Mapping[str, Linear | Int4Linear]
         if layer_linears is None:
-            linears = _fused_linears(take, p, config)
+            linears = _fused_linears(take, p, config, layout)
         else:
             for name in _LINEAR_SOURCES:
                 raw.pop(p + name, None)  # replaced: never read
@@ -131,16 +145,19 @@ def _build(
             )
         )
     untied = not config.tie_word_embeddings and "lm_head.weight" in raw
+    vocab = layout.vocab_rows if layout.sharded else None
+    if mapped_embed is not None and vocab is not None:
+        mapped_embed = mapped_embed[vocab]  # still a view of the file
     if untied and mapped_embed is not None:
         raw.pop(_EMBED)  # looked up from the file's mapping: never loaded
-        table, lm_head = mapped_embed, make_linear(take("lm_head.weight"))
+        table, lm_head = mapped_embed, make_linear(_pad_rows(take("lm_head.weight", rows=vocab), layout))
     else:
         # A tied lm_head needs the whole matrix; it is kept as the lookup table only when none is mapped.
-        embed = take(_EMBED, keep=mapped_embed is None)
-        lm_head = make_linear(take("lm_head.weight") if untied else embed)
+        embed = take(_EMBED, keep=mapped_embed is None, rows=vocab)
+        lm_head = make_linear(_pad_rows(take("lm_head.weight", rows=vocab) if untied else embed, layout))
         table = embed if mapped_embed is None else mapped_embed
     weights = ModelWeights(
-        embed=TokenEmbedding(table, dtype),
+        embed=TokenEmbedding(table, dtype, first_row=vocab.start if vocab is not None else None),
         layers=layers,
         final_norm=take("model.norm.weight", keep=True),
         lm_head=lm_head,
@@ -151,20 +168,42 @@ def _build(
     return weights
 
 
-def _fused_linears(take: Callable[[str], torch.Tensor], p: str, config: ModelConfig) -> dict[str, Linear]:
-    """One layer's matrices from the file, q/k/v and gate/up each fused into one `Linear`."""
+def _fused_linears(
+    take: Callable[..., torch.Tensor], p: str, config: ModelConfig, layout: TensorParallelLayout
+) -> dict[str, Linear]:
+    """One layer's matrices from the file, q/k/v and gate/up each fused into one `Linear`; under
+    tensor parallelism, this rank's rows of the column-parallel ones and columns of the row-parallel ones."""
+    whole = not layout.sharded
+    q, kv, mlp = (None, None, None) if whole else (layout.q_rows, layout.kv_rows, layout.mlp_rows)
+    attn = p + "self_attn."
     qkv = torch.cat(
-        [take(p + "self_attn.q_proj.weight"), take(p + "self_attn.k_proj.weight"), take(p + "self_attn.v_proj.weight")]
+        [
+            take(attn + "q_proj.weight", rows=q),
+            take(attn + "k_proj.weight", rows=kv),
+            take(attn + "v_proj.weight", rows=kv),
+        ]
     )
     bias = None
     if config.attention_bias:
         bias = torch.cat(
-            [take(p + "self_attn.q_proj.bias"), take(p + "self_attn.k_proj.bias"), take(p + "self_attn.v_proj.bias")]
+            [
+                take(attn + "q_proj.bias", rows=q),
+                take(attn + "k_proj.bias", rows=kv),
+                take(attn + "v_proj.bias", rows=kv),
+            ]
         )
-    gate_up = torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])
+    gate_up = torch.cat([take(p + "mlp.gate_proj.weight", rows=mlp), take(p + "mlp.up_proj.weight", rows=mlp)])
     return {
         "qkv": make_linear(qkv, bias),
-        "o_proj": make_linear(take(p + "self_attn.o_proj.weight")),
+        "o_proj": make_linear(take(attn + "o_proj.weight", cols=q)),
         "gate_up": make_linear(gate_up),
-        "down": make_linear(take(p + "mlp.down_proj.weight")),
+        "down": make_linear(take(p + "mlp.down_proj.weight", cols=mlp)),
     }
+
+
+def _pad_rows(weight: torch.Tensor, layout: TensorParallelLayout) -> torch.Tensor:
+    """A vocab shard of lm_head with zero rows up to the shard size every rank gathers (cut off on rank 0)."""
+    missing = layout.vocab_shard - weight.shape[0] if layout.sharded else 0
+    if missing <= 0:
+        return weight
+    return torch.cat([weight, weight.new_zeros(missing, weight.shape[1])])

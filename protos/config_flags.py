@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 _SCALARS = (int, float, str, bool)
-_KEYS = frozenset({"help", "flag", "choices", "metavar", "group", "default"})
+_KEYS = frozenset({"help", "flag", "aliases", "choices", "metavar", "group", "default"})
 """What metadata or an override may say about a flag ("default": overrides only)."""
 
 
@@ -38,14 +38,18 @@ def flag(
     help: str,
     *,
     name: str | None = None,
+    aliases: Sequence[str] = (),
     choices: Sequence[str] | None = None,
     metavar: str | None = None,
     group: str | None = None,
 ) -> dict[str, Any]:
-    """The `field(metadata=...)` of a config field: its help and, rarely, how it is spelled."""
+    """The `field(metadata=...)` of a config field: its help and, rarely, how it is spelled
+    (`aliases`: further option strings, such as a short form)."""
     meta: dict[str, Any] = {"help": help}
     if name is not None:
         meta["flag"] = name
+    if aliases:
+        meta["aliases"] = tuple(aliases)
     if choices is not None:
         meta["choices"] = tuple(choices)
     if metavar is not None:
@@ -82,7 +86,7 @@ def add_flags(
         if set(meta) - _KEYS:
             raise ValueError(f"{cls.__name__}.{f.name}: unknown flag metadata {sorted(set(meta) - _KEYS)}")
         name, kwargs = _argument(cls, f, hints[f.name], meta)
-        _group(parser, meta.get("group", group)).add_argument(name, **kwargs)
+        _group(parser, meta.get("group", group)).add_argument(name, *meta.get("aliases", ()), **kwargs)
 
 
 def config_from_args(cls: type[T], args: argparse.Namespace, **values: Any) -> T:
@@ -93,6 +97,27 @@ def config_from_args(cls: type[T], args: argparse.Namespace, **values: Any) -> T
             value = getattr(args, f.name)
             values[f.name] = tuple(value) if isinstance(value, list) else value
     return cls(**values)
+
+
+def config_to_argv(config: Any, *, exclude: Collection[str] = ()) -> list[str]:
+    """The flags that `add_flags` + `config_from_args` turn back into `config` (a dataclass instance):
+    for handing a process's configuration to a child process on its command line. Fields at their
+    default are left out (a child parses the same defaults), as are those in `exclude`."""
+    argv: list[str] = []
+    hints = typing.get_type_hints(type(config))
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.name in exclude or value == _field_default(f):
+            continue
+        kind, repeated = _flag_type(type(config), f.name, hints[f.name])
+        dashed = f.name.replace("_", "-")
+        if kind is bool and not repeated:
+            argv.append(f.metadata.get("flag", f"--no-{dashed}" if _field_default(f) else f"--{dashed}"))
+            continue
+        name = f.metadata.get("flag", f"--{dashed}")
+        for item in value if repeated else (value,):
+            argv += [name, str(item)]
+    return argv
 
 
 def _argument(cls: type, f: dataclasses.Field, hint: object, meta: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:

@@ -6,6 +6,12 @@ counted as the lm_head, not as its lookup); a prefill token the same less the lm
 only a prompt's last token runs. A phase's roofline fraction is tokens/s × FLOPs per token /
 GEMM FLOP/s. Decode runs B sequences whose
 `prompt_len`-token prompts were prefilled untimed; prefill runs fresh 512-token prompts.
+
+Any `Executor` can be measured; the figures take their device, dtype and model from rank 0's
+runner. For a tensor-parallel group the roofline is N × rank 0's (each rank multiplies on its own
+share of the cores, or its own device), and each decode step's plan is also priced on its way to
+the other ranks: rank 0's encode + broadcast, and (timed apart, after the step) the decode every
+other rank runs before its forward.
 """
 
 from __future__ import annotations
@@ -17,8 +23,13 @@ from dataclasses import dataclass
 import torch
 
 from executor_svc.model_runner import ModelRunner
+from executor_svc.protocol import Executor
+from executor_svc.tensor_parallel.leader import TensorParallelExecutor
+from executor_svc.tensor_parallel.plan_channel import PlanChannel
 from kvserve.testing.plan_driver import PlanDriver
+from protos import step_codec
 from protos.sampling import SamplingParams
+from protos.step import ExecutorInfo, StepPlan, StepResult
 
 
 @dataclass(slots=True)
@@ -28,6 +39,51 @@ class BenchResult:
     batch: int
     tokens_per_s: float
     roofline_fraction: float
+    step_s: float
+    """The median timed step."""
+    broadcast_s: float | None = None
+    """Decode on N > 1 ranks: rank 0's median encode + broadcast of a step's plan (None on one rank)."""
+    decode_plan_s: float | None = None
+    """Decode on N > 1 ranks: the median decode of that plan's bytes, which every other rank runs
+    before its forward (None on one rank)."""
+    plan_bytes: int | None = None
+    """Decode on N > 1 ranks: the last timed plan's encoded size (None on one rank)."""
+
+
+@dataclass(slots=True)
+class PlanCost:
+    """A decode step's plan on its way to the other ranks of a group."""
+
+    broadcast_s: float
+    decode_s: float
+    size_bytes: int
+
+
+class PlanRecorder:
+    """A group's rank 0 that keeps the last plan it ran, so that the bench can price the plan the
+    driver sent without touching the timed path."""
+
+    def __init__(self, group: TensorParallelExecutor) -> None:
+        self.group = group
+        self.last_plan: StepPlan | None = None
+
+    def info(self) -> ExecutorInfo:
+        return self.group.info()
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        self.last_plan = plan
+        return self.group.execute(plan)
+
+    def reset(self) -> None:
+        self.group.reset()
+
+    def close(self) -> None:
+        self.group.close()
+
+    def last_plan_bytes(self) -> bytes:
+        """The last plan as the other ranks received it."""
+        assert self.last_plan is not None
+        return step_codec.encode_plan(self.last_plan).SerializeToString()
 
 
 def measure_gemm_flops(device: str, dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:
@@ -47,42 +103,88 @@ def measure_gemm_flops(device: str, dtype: torch.dtype, size: int = 2048, repeat
 
 
 def bench_decode(
-    runner: ModelRunner, batch: int, prompt_len: int, steps: int, sampling: SamplingParams, seq_base: int = 0
+    executor: Executor,
+    batch: int,
+    prompt_len: int,
+    steps: int,
+    sampling: SamplingParams,
+    seq_base: int = 0,
+    runner: ModelRunner | None = None,
 ) -> float:
-    """Decode tokens/s for `batch` sequences at context ≈ prompt_len, from the median of `steps` steps."""
+    """Decode tokens/s for `batch` sequences at context ≈ prompt_len, from the median of `steps` steps.
+    `runner`: rank 0's, when `executor` is not a ModelRunner itself."""
+    step_s, _ = time_decode(executor, batch, prompt_len, steps, sampling, seq_base, runner)
+    return batch / step_s
+
+
+def time_decode(
+    executor: Executor,
+    batch: int,
+    prompt_len: int,
+    steps: int,
+    sampling: SamplingParams,
+    seq_base: int = 0,
+    runner: ModelRunner | None = None,
+) -> tuple[float, PlanCost | None]:
+    """(median decode step in seconds, its plan's cost to the other ranks; None on one rank)."""
+    device = _rank0(executor, runner).device
+    recorder = PlanRecorder(executor) if isinstance(executor, TensorParallelExecutor) else None
     rng = random.Random(batch)
-    vocab = runner.info().vocab_size
-    driver = PlanDriver(runner)
+    vocab = executor.info().vocab_size
+    driver = PlanDriver(recorder or executor)
     for i in range(batch):
         prompt = [rng.randrange(vocab) for _ in range(prompt_len)]
         driver.add(seq_base + i, prompt, max_new_tokens=steps + 2, sampling=sampling, seed=i)
     driver.step()  # prefill, untimed
     driver.step()  # first decode warms caches, untimed
-    times = []
+    times: list[float] = []
+    sends: list[float] = []
+    encoded: list[bytes] = []
     for _ in range(steps):
-        _sync(runner.device)
+        _sync(device)
         started = time.perf_counter()
         driver.step()
-        _sync(runner.device)
+        _sync(device)
         times.append(time.perf_counter() - started)
+        if recorder is not None:  # off the clock
+            sends.append(recorder.group.last_send_s)
+            encoded.append(recorder.last_plan_bytes())
     driver.run()
-    return batch / _robust_time(times)
+    return _robust_time(times), (_plan_cost(sends, encoded) if encoded else None)
 
 
-def bench_prefill(runner: ModelRunner, batch: int, prompt_len: int, repeats: int, seq_base: int = 0) -> float:
+def _plan_cost(sends: list[float], encoded: list[bytes]) -> PlanCost:
+    """Medians of rank 0's broadcasts and of a follower's decode of the same plans, timed here."""
+    decodes = []
+    for data in encoded:
+        started = time.perf_counter()
+        PlanChannel.decode_plan(data)
+        decodes.append(time.perf_counter() - started)
+    return PlanCost(_robust_time(sends), _robust_time(decodes), len(encoded[-1]))
+
+
+def bench_prefill(
+    executor: Executor,
+    batch: int,
+    prompt_len: int,
+    repeats: int,
+    seq_base: int = 0,
+    runner: ModelRunner | None = None,
+) -> float:
     """Prefill tokens/s: `batch` fresh prompts of `prompt_len` tokens in one step."""
+    device = _rank0(executor, runner).device
     rng = random.Random(prompt_len + batch)
-    vocab = runner.info().vocab_size
+    vocab = executor.info().vocab_size
     times = []
     for r in range(repeats + 1):
-        driver = PlanDriver(runner)
+        driver = PlanDriver(executor)
         for i in range(batch):
             prompt = [rng.randrange(vocab) for _ in range(prompt_len)]
             driver.add(seq_base + r * batch + i, prompt, max_new_tokens=1)
-        _sync(runner.device)
+        _sync(device)
         started = time.perf_counter()
         driver.step()
-        _sync(runner.device)
+        _sync(device)
         if r:  # the first is warm-up
             times.append(time.perf_counter() - started)
         driver.run()
@@ -90,7 +192,7 @@ def bench_prefill(runner: ModelRunner, batch: int, prompt_len: int, repeats: int
 
 
 def run_executor_bench(
-    runner: ModelRunner,
+    executor: Executor,
     decode_batches: list[int],
     prefill_batches: list[int],
     prompt_len: int,
@@ -98,8 +200,11 @@ def run_executor_bench(
     steps: int,
     greedy: bool = True,
     progress=None,
+    runner: ModelRunner | None = None,
 ) -> tuple[float, list[BenchResult]]:
-    """Returns (GEMM FLOP/s, results). `progress((phase, batch, tokens_per_s))` is called as each lands."""
+    """Returns (GEMM FLOP/s, results). `progress((phase, batch, tokens_per_s))` is called as each lands.
+    `runner`: rank 0's, when `executor` is not a ModelRunner itself (a tensor-parallel group)."""
+    runner = _rank0(executor, runner)
     cfg = runner.model_config
     # A decode token runs every matrix once, lm_head included; a prefill token skips lm_head, which
     # only the prompt's last token runs (the embedding is a lookup, not FLOPs, either way).
@@ -109,23 +214,40 @@ def run_executor_bench(
         flops_per_token = {phase: f - 2 * lm_head for phase, f in flops_per_token.items()}  # the embedding's share
     gemm_before = measure_gemm_flops(runner.device, runner.dtype)
     sampling = SamplingParams(temperature=0.0) if greedy else SamplingParams(temperature=0.8, top_p=0.95)
-    measured: list[tuple[str, int, float]] = []
+    results: list[BenchResult] = []
     for i, batch in enumerate(decode_batches):
-        measured.append(
-            ("decode", batch, bench_decode(runner, batch, prompt_len, steps, sampling, seq_base=i * 10_000))
-        )
+        step_s, cost = time_decode(executor, batch, prompt_len, steps, sampling, seq_base=i * 10_000, runner=runner)
+        results.append(_decode_result(batch, step_s, cost))
         if progress:
-            progress(measured[-1])
+            progress(("decode", batch, results[-1].tokens_per_s))
     for i, batch in enumerate(prefill_batches):
-        measured.append(
-            ("prefill", batch, bench_prefill(runner, batch, prefill_len, repeats=2, seq_base=(50 + i) * 10_000))
-        )
+        tokens_per_s = bench_prefill(executor, batch, prefill_len, repeats=2, seq_base=(50 + i) * 10_000, runner=runner)
+        results.append(BenchResult("prefill", batch, tokens_per_s, 0.0, batch * prefill_len / tokens_per_s))
         if progress:
-            progress(measured[-1])
-    # The higher of two roofline measurements (before and after), so a busy moment cannot flatter us.
-    gemm = max(gemm_before, measure_gemm_flops(runner.device, runner.dtype))
-    results = [BenchResult(phase, batch, tps, tps * flops_per_token[phase] / gemm) for phase, batch, tps in measured]
+            progress(("prefill", batch, tokens_per_s))
+    # The higher of two roofline measurements (before and after), so a busy moment cannot flatter us;
+    # a group multiplies on every rank at once, each on its share of the cores (or its own device).
+    gemm = runner.layout.size * max(gemm_before, measure_gemm_flops(runner.device, runner.dtype))
+    for r in results:
+        r.roofline_fraction = r.tokens_per_s * flops_per_token[r.phase] / gemm
     return gemm, results
+
+
+def _decode_result(batch: int, step_s: float, cost: PlanCost | None) -> BenchResult:
+    """A decode figure; its roofline fraction is filled in once the second roofline is measured."""
+    result = BenchResult("decode", batch, batch / step_s, 0.0, step_s)
+    if cost is not None:
+        result.broadcast_s, result.decode_plan_s, result.plan_bytes = cost.broadcast_s, cost.decode_s, cost.size_bytes
+    return result
+
+
+def _rank0(executor: Executor, runner: ModelRunner | None) -> ModelRunner:
+    """The runner whose device, dtype and model the figures use: `runner`, or `executor` itself."""
+    if runner is not None:
+        return runner
+    if not isinstance(executor, ModelRunner):
+        raise TypeError(f"{type(executor).__name__} is not a ModelRunner: pass rank 0's runner as well")
+    return executor
 
 
 def _robust_time(times: list[float]) -> float:

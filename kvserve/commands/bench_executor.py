@@ -4,9 +4,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from dataclasses import asdict
+from typing import TYPE_CHECKING, cast
 
 from protos import defaults
+
+if TYPE_CHECKING:
+    from executor_svc.model_runner import ModelRunner
+    from executor_svc.protocol import Executor
+    from executor_svc.runner_config import RunnerConfig
+    from executor_svc.tensor_parallel.config import TensorParallelConfig
+    from kvserve.bench.executor_bench import BenchResult
+
+PROG = "kvserve bench executor"
 
 DEFAULT_DECODE_BATCHES = (1, 8, 32, 64)
 GOAL_DECODE64_ROOFLINE = 0.5
@@ -63,24 +75,40 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--kv-cache-gb", type=float, default=None, help="KV budget (default: just enough for the largest configuration)"
     )
-    parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (per rank)")
+    parser.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
+        default=1,
+        metavar="N",
+        help="ranks the model is sharded across, one process each (as `kvserve executor -tp N`); each decode "
+        "batch also reports its plan's size, rank 0's broadcast and the other ranks' decode of it",
+    )
     parser.add_argument(
         "--json",
         action="store_true",
-        help="print one JSON object: dtype, weights, gemm_flops, rss_mib and results "
-        "[{phase, batch, tokens_per_s, roofline_fraction}]",
+        help="print one JSON object: dtype, weights, tensor_parallel_size, gemm_flops, rss_mib and results "
+        "[{phase, batch, tokens_per_s, roofline_fraction, step_s, broadcast_s, decode_plan_s, plan_bytes}] "
+        "(the last three null on one rank)",
     )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from executor_svc.model_runner import ModelRunner
     from executor_svc.process_memory import MIB, resident_bytes
     from executor_svc.runner_config import RunnerConfig
+    from executor_svc.tensor_parallel.config import TensorParallelConfig
+    from executor_svc.tensor_parallel.layout import TensorParallelFitError
     from kvserve.bench.executor_bench import run_executor_bench
     from protos.log_config import configure_logging
 
     configure_logging(level="WARNING" if args.json else None)
+    try:
+        parallel = TensorParallelConfig(tensor_parallel_size=args.tensor_parallel_size)
+    except ValueError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
     config = RunnerConfig(
         model=args.model,
         device=args.device,
@@ -91,57 +119,98 @@ def run(args: argparse.Namespace) -> int:
         num_threads=args.num_threads,
     )
     if config.kv_cache_gb is None and not args.device.startswith("cuda"):
-        tokens = max(
-            max(args.batches) * (args.prompt_len + args.steps + 4), max(args.prefill_batches or [1]) * args.prefill_len
-        )
+        # Each decoding sequence holds whole blocks: its context rounded up to the block size.
+        per_sequence = -(-(args.prompt_len + args.steps + 4) // defaults.BLOCK_SIZE) * defaults.BLOCK_SIZE
+        tokens = max(max(args.batches) * per_sequence, max(args.prefill_batches or [1]) * args.prefill_len)
         config.kv_cache_gb = _gib_for_tokens(config, tokens + 64 * defaults.BLOCK_SIZE)
-    runner = ModelRunner(config)
+    if args.json:  # the other ranks log as quietly as this one
+        os.environ.setdefault("KVSERVE_LOG_LEVEL", "WARNING")
+    try:
+        executor, runner = _start(config, parallel)
+    except TensorParallelFitError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
 
     def show(measured: tuple[str, int, float]) -> None:
         if not args.json:
             print(f"measured {measured[0]} batch {measured[1]}: {measured[2]:.1f} tokens/s", flush=True)
 
-    gemm, results = run_executor_bench(
-        runner,
-        args.batches,
-        args.prefill_batches,
-        args.prompt_len,
-        args.prefill_len,
-        args.steps,
-        greedy=not args.sample,
-        progress=show,
-    )
-    if args.json:
-        report = {
-            "dtype": runner.dtype_name,
-            "weights": runner.weights_mode,
-            "device": runner.device,
-            "gemm_flops": gemm,
-            "rss_mib": resident_bytes() / MIB,
-            "results": [asdict(r) for r in results],
-        }
-        print(json.dumps(report))
-    else:
-        for r in results:
-            print(
-                f"{r.phase:7s} batch {r.batch:3d}  {r.tokens_per_s:9.1f} tokens/s  "
-                f"{100 * r.roofline_fraction:5.1f}% of GEMM roofline"
-            )
-        print(
-            f"GEMM roofline: {gemm / 1e9:.1f} GFLOP/s ({runner.dtype_name}, {runner.device}); "
-            f"model {runner.model_config.num_params / 1e6:.1f} M params; "
-            f"goal: decode batch 64 >= {100 * GOAL_DECODE64_ROOFLINE:.0f}% of the roofline"
+    try:
+        gemm, results = run_executor_bench(
+            executor,
+            args.batches,
+            args.prefill_batches,
+            args.prompt_len,
+            args.prefill_len,
+            args.steps,
+            greedy=not args.sample,
+            progress=show,
+            runner=runner,
         )
-        print(f"executor resident memory after the run: {resident_bytes() / MIB:.0f} MiB")
-    runner.close()
+        if args.json:
+            report = {
+                "dtype": runner.dtype_name,
+                "weights": runner.weights_mode,
+                "device": runner.device,
+                "tensor_parallel_size": parallel.tensor_parallel_size,
+                "gemm_flops": gemm,
+                "rss_mib": resident_bytes() / MIB,
+                "results": [asdict(r) for r in results],
+            }
+            print(json.dumps(report))
+        else:
+            for r in results:
+                print(_result_line(r))
+            ranks = parallel.tensor_parallel_size
+            print(
+                f"GEMM roofline: {gemm / 1e9:.1f} GFLOP/s ({f'{ranks} ranks, ' if ranks > 1 else ''}"
+                f"{runner.dtype_name}, {runner.device}); "
+                f"model {runner.model_config.num_params / 1e6:.1f} M params; "
+                f"goal: decode batch 64 >= {100 * GOAL_DECODE64_ROOFLINE:.0f}% of the roofline"
+            )
+            rank0 = " (rank 0)" if ranks > 1 else ""
+            print(f"executor resident memory after the run{rank0}: {resident_bytes() / MIB:.0f} MiB")
+    finally:
+        executor.close()  # a group's other ranks leave with it
     return 0
 
 
-def _gib_for_tokens(config, tokens: int) -> float:
+def _start(config: RunnerConfig, parallel: TensorParallelConfig) -> tuple[Executor, ModelRunner]:
+    """(the executor to drive, rank 0's runner): one runner here, or rank 0 of a group whose other
+    ranks are this process's children."""
+    if parallel.tensor_parallel_size == 1:
+        from executor_svc.model_runner import ModelRunner
+
+        runner = ModelRunner(config)
+        return runner, runner
+    from executor_svc.process import start_local_group
+
+    group = start_local_group(config, parallel)
+    return group, cast("ModelRunner", group.runner)
+
+
+def _result_line(r: BenchResult) -> str:
+    line = (
+        f"{r.phase:7s} batch {r.batch:3d}  {r.tokens_per_s:9.1f} tokens/s  {1e3 * r.step_s:8.2f} ms/step  "
+        f"{100 * r.roofline_fraction:5.1f}% of GEMM roofline"
+    )
+    if r.plan_bytes is None or r.broadcast_s is None or r.decode_plan_s is None:
+        return line
+    return (
+        f"{line} | plan {_size(r.plan_bytes)}: broadcast {1e3 * r.broadcast_s:.2f} ms, "
+        f"decode {1e3 * r.decode_plan_s:.2f} ms"
+    )
+
+
+def _size(num_bytes: int) -> str:
+    return f"{num_bytes} B" if num_bytes < 1000 else f"{num_bytes / 1e3:.1f} kB"
+
+
+def _gib_for_tokens(config: RunnerConfig, tokens: int) -> float:
     """KV GiB for `tokens` cached tokens of the configured model, in float32."""
     from executor_svc.model_config import load_model_config
     from executor_svc.model_store import ensure_model_dir
+    from protos.kv_geometry import GIB, KvGeometry, bytes_per_token
 
     cfg = load_model_config(ensure_model_dir(config.model))
-    per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4
-    return tokens * per_token / 1024**3
+    return tokens * bytes_per_token(KvGeometry(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim), "float32") / GIB

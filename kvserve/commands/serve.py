@@ -59,6 +59,16 @@ class ServeConfig:
             group=_EXECUTOR,
         ),
     )
+    tensor_parallel_size: int = field(
+        default=1,
+        metadata=flag(
+            "executor ranks the model is sharded across, one process (and one GPU) each; the supervisor "
+            "restarts the whole group when any rank dies",
+            aliases=("-tp",),
+            metavar="N",
+            group=_EXECUTOR,
+        ),
+    )
     num_blocks: int | None = field(
         default=None, metadata=flag("KV blocks of the fake executor; None: its own default", group=_EXECUTOR)
     )
@@ -112,6 +122,8 @@ def executor_args(serve: ServeConfig, server: ServerConfig, endpoint: str) -> li
         argv += ["--max-model-len", str(server.max_model_len)]
     if serve.kv_cache_gb is not None:
         argv += ["--kv-cache-gb", str(serve.kv_cache_gb)]
+    if serve.tensor_parallel_size != 1:
+        argv += ["--tensor-parallel-size", str(serve.tensor_parallel_size)]
     if serve.num_blocks is not None:
         argv += ["--num-blocks", str(serve.num_blocks)]
     if serve.step_latency_ms is not None:

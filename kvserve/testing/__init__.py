@@ -2,5 +2,6 @@
 
 `plan_driver` plays a minimal scheduler against any executor in-process;
 `server_launcher` runs `kvserve serve` as a subprocess and always cleans it up;
-`stream_requests` builds deterministic requests for it; `ports` finds free ports.
+`stream_requests` builds deterministic requests for it; `ports` finds free ports;
+`tiny_checkpoints` writes random Hugging Face checkpoints of any Llama-family shape.
 """

@@ -1,0 +1,58 @@
+"""Ranks 1 … N−1: run every message rank 0 broadcasts, in order, until the group ends.
+
+A follower holds the same sequence table and block operations as rank 0 (every rank applies the
+same plan) and its own heads' KV cache. Its forward pass takes part in the collectives and returns
+no logits; rank 0 samples. A plan that fails here fails on rank 0 too (the same plan, the same
+checks), so the error is logged and the ranks stay in step; a failed collective ends the process.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import traceback
+
+import structlog
+
+from executor_svc.link_worker import PARENT_CHECK_S, ExitReason
+from executor_svc.protocol import Executor
+from executor_svc.tensor_parallel.group import RankLostError
+from executor_svc.tensor_parallel.plan_channel import MessageKind, PlanChannel
+
+log = structlog.get_logger(__name__)
+
+
+def serve_follower(runner: Executor, channel: PlanChannel, parent_pid: int | None) -> int:
+    """Run rank 0's messages until it ends the group; returns the process exit code."""
+    if parent_pid is not None:
+        threading.Thread(target=_exit_with_parent, args=(parent_pid,), name="tp-parent-watch", daemon=True).start()
+    log.info("tensor-parallel rank ready", rank=channel.group.rank, pid=os.getpid())
+    try:
+        while True:
+            kind, data = channel.receive()
+            if kind is MessageKind.SHUTDOWN:
+                return int(ExitReason.SHUTDOWN)
+            if kind is MessageKind.RESET:
+                runner.reset()
+                continue
+            plan = channel.decode_plan(data)
+            try:
+                runner.execute(plan)
+            except RankLostError:
+                raise
+            except Exception as exc:
+                log.error("step failed", step_id=plan.step_id, error=str(exc), traceback=traceback.format_exc())
+    except RankLostError as exc:
+        log.error("tensor-parallel group lost; exiting", rank=channel.group.rank, error=str(exc))
+        return int(ExitReason.RANK_LOST)
+    finally:
+        runner.close()
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """Rank 0 started this rank: once it is gone, so is the group, whatever this rank is blocked in."""
+    while os.getppid() == parent_pid:
+        time.sleep(PARENT_CHECK_S)
+    log.error("rank 0 is gone; exiting", parent_pid=parent_pid)
+    os._exit(int(ExitReason.RANK_LOST))

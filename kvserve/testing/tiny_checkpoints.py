@@ -1,0 +1,58 @@
+"""Tiny random Llama / Mistral / Qwen2 checkpoints, written by transformers itself, for tests.
+
+Nothing is downloaded: each is `XForCausalLM(config)` from a seeded generator, saved with
+`save_pretrained`. `with_tokenizer` copies a served model's tokenizer files beside it, so
+`kvserve serve --model DIR` can run it (its vocabulary must then cover the tokenizer's).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+
+ARCHITECTURES = ("llama", "mistral", "qwen2")
+
+SHARDABLE: dict[str, Any] = dict(
+    vocab_size=256,
+    hidden_size=96,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=12,
+    num_key_value_heads=6,
+    head_dim=8,
+    max_position_embeddings=256,
+)
+"""A tiny shape for tensor-parallel tests: its heads and MLP width divide by 2, 3 and 6, and a
+vocabulary of 256 pads to 3 × 86 rows at 3 ranks."""
+
+
+def write_tiny_checkpoint(path: Path, arch: str = "llama", *, seed: int = 0, **config: Any) -> Path:
+    """A random `arch` model of `config` (transformers config fields) saved in `path`; returns `path`."""
+    import torch
+    import transformers
+
+    config_cls, model_cls = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+    }[arch]
+    torch.manual_seed(seed)
+    model = model_cls(config_cls(**config)).eval()
+    if arch == "qwen2":  # random init leaves the q/k/v biases at zero; make them matter
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_()
+    model.save_pretrained(path)
+    return path
+
+
+def with_tokenizer(path: Path, tokenizer_dir: Path) -> Path:
+    """Copy `tokenizer_dir`'s tokenizer files (those it has) into checkpoint `path`; returns `path`."""
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).is_file():
+            shutil.copy(tokenizer_dir / name, path / name)
+    return path
