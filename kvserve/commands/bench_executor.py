@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         # Each decoding sequence holds whole blocks: its context rounded up to the block size.
         per_sequence = -(-(args.prompt_len + args.steps + 4) // defaults.BLOCK_SIZE) * defaults.BLOCK_SIZE
         tokens = max(max(args.batches) * per_sequence, max(args.prefill_batches or [1]) * args.prefill_len)
-        config.kv_cache_gb = _gib_for_tokens(config, tokens + 64 * defaults.BLOCK_SIZE)
+        config.kv_cache_gb = _gib_for_tokens(config, tokens + 64 * defaults.BLOCK_SIZE, args.tensor_parallel_size)
     if args.json:  # the other ranks log as quietly as this one
         os.environ.setdefault("KVSERVE_LOG_LEVEL", "WARNING")
     try:
@@ -206,11 +206,18 @@ def _size(num_bytes: int) -> str:
     return f"{num_bytes} B" if num_bytes < 1000 else f"{num_bytes / 1e3:.1f} kB"
 
 
-def _gib_for_tokens(config: RunnerConfig, tokens: int) -> float:
-    """KV GiB for `tokens` cached tokens of the configured model, in float32."""
+def _gib_for_tokens(config: RunnerConfig, tokens: int, ranks: int = 1) -> float:
+    """KV GiB for `tokens` cached tokens of the configured model, in float32, on each of `ranks`
+    tensor-parallel ranks (each holds its share of the KV heads). A size the model does not fit
+    gets the whole model's figure here; starting the group then refuses it."""
     from executor_svc.model_config import load_model_config
     from executor_svc.model_store import ensure_model_dir
+    from executor_svc.tensor_parallel.layout import TensorParallelFitError, plan_layout
     from protos.kv_geometry import GIB, KvGeometry, bytes_per_token
 
     cfg = load_model_config(ensure_model_dir(config.model))
-    return tokens * bytes_per_token(KvGeometry(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim), "float32") / GIB
+    try:
+        kv_heads = plan_layout(cfg, 0, ranks).num_kv_heads
+    except TensorParallelFitError:
+        kv_heads = cfg.num_kv_heads
+    return tokens * bytes_per_token(KvGeometry(cfg.num_layers, kv_heads, cfg.head_dim), "float32") / GIB
