@@ -93,6 +93,8 @@ class ModelRunner:
             )
         native = self._native_linears() if self.weights_mode == "native" else None
         weights = load_weights(self.model_dir, self.model_config, self.device, self.dtype, native, self.layout)
+        if self.group is not None:
+            self.group.wait_for_all()  # ranks load at their own pace; the compute timeout starts after
         self.model = LlamaModel(
             self.shard_config, weights, self.max_model_len, self.device, self.dtype, group=self.group
         )
