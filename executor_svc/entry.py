@@ -126,11 +126,12 @@ def run(args: argparse.Namespace) -> int:
     if parallel.tensor_parallel_size == 1:
         return run_executor("torch", link, runner=runner_config_from_args(args))
     from executor_svc.process import run_tensor_parallel
+    from executor_svc.tensor_parallel.config import TensorParallelSetupError
     from executor_svc.tensor_parallel.layout import TensorParallelFitError
 
     try:
         return run_tensor_parallel(link, runner_config_from_args(args), parallel, link.parent_pid)
-    except TensorParallelFitError as exc:
+    except (TensorParallelFitError, TensorParallelSetupError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
 

@@ -19,7 +19,7 @@ import torch
 from executor_svc import model_store
 from executor_svc.attention.registry import create_backend
 from executor_svc.cpu_features import has_native_bf16
-from executor_svc.input_batch import build_input_batch
+from executor_svc.input_batch import InputBatch, build_input_batch
 from executor_svc.int4_linear import Int4Linear
 from executor_svc.kv_cache import CacheGeometry, PagedKVCache
 from executor_svc.llama import LlamaModel
@@ -37,7 +37,7 @@ from executor_svc.runner_config import (
 from executor_svc.sampler import sample
 from executor_svc.sequence_state import SequenceState, SequenceTable
 from executor_svc.tensor_parallel.config import RankPlace, TensorParallelConfig, resolve_backend
-from executor_svc.tensor_parallel.group import TensorParallelGroup
+from executor_svc.tensor_parallel.group import RankLostError, TensorParallelGroup
 from executor_svc.tensor_parallel.layout import plan_layout
 from executor_svc.token_mask import plan_token_masks
 from executor_svc.weights import load_weights, weight_files
@@ -176,7 +176,7 @@ class ModelRunner:
                     self.dtype,
                     self.shard_config.num_kv_heads,
                 )
-                logits = self.model.forward(batch, self.cache, self.backend)
+                logits = self._forward(batch)
                 if logits is not None:  # None: a tensor-parallel rank other than 0, which does not sample
                     sampling = batch.sampling_seqs
                     masks = plan_token_masks(plan, [s.seq_id for s in sampling], logits.shape[1], logits.device)
@@ -187,6 +187,18 @@ class ModelRunner:
 
     def reset(self) -> None:
         self.seqs.clear()
+
+    def _forward(self, batch: InputBatch) -> torch.Tensor | None:
+        """The forward pass. Sharded, a failure inside it (out of memory, say) can leave another rank
+        waiting in a collective this rank never reaches, so it ends the group instead of the step."""
+        if self.group is None:
+            return self.model.forward(batch, self.cache, self.backend)
+        try:
+            return self.model.forward(batch, self.cache, self.backend)
+        except RankLostError:
+            raise
+        except Exception as exc:
+            raise RankLostError(f"the forward pass failed on rank {self.group.rank}: {exc!r}") from exc
 
     def close(self) -> None:
         self.seqs.clear()

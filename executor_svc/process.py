@@ -16,7 +16,7 @@ from executor_svc.fake_executor import FakeExecutor, FakeExecutorConfig
 from executor_svc.link_worker import ExitReason, LinkWorker, LinkWorkerConfig
 from executor_svc.protocol import Executor
 from executor_svc.runner_config import RunnerConfig
-from executor_svc.tensor_parallel.config import RankPlace, TensorParallelConfig, place_from_env
+from executor_svc.tensor_parallel.config import RankPlace, TensorParallelConfig, check_rank_device, place_from_env
 
 if TYPE_CHECKING:
     from executor_svc.model_runner import ModelRunner
@@ -73,18 +73,21 @@ def run_tensor_parallel(
 ) -> int:
     """One rank of a tensor-parallel group. Without a place in the environment this process is rank 0
     and starts the others on this host; rank 0 serves the link, the others follow its plans."""
-    from executor_svc.tensor_parallel.follower import serve_follower
+    from executor_svc.tensor_parallel.follower import serve_follower, watch_leader
     from executor_svc.tensor_parallel.leader import TensorParallelExecutor
     from executor_svc.tensor_parallel.plan_channel import PlanChannel
 
+    check_rank_device(runner.device)
     place = place_from_env(parallel.tensor_parallel_size)
     if place is None:
         return serve_link(start_local_group(runner, parallel), link, "torch")
+    if place.launched_by_leader and parent_pid is not None:
+        watch_leader(parent_pid)
     model = build_rank(runner, place, parallel, None)
     assert model.group is not None
     channel = PlanChannel(model.group)
     if not place.is_leader:
-        return serve_follower(model, channel, parent_pid if place.launched_by_leader else None)
+        return serve_follower(model, channel)
     return serve_link(TensorParallelExecutor(model, channel, None), link, "torch")
 
 
@@ -100,12 +103,17 @@ def start_local_group(runner: RunnerConfig, parallel: TensorParallelConfig) -> T
     from executor_svc.tensor_parallel.plan_channel import PlanChannel
 
     size = parallel.tensor_parallel_size
+    check_rank_device(runner.device)
     config = load_model_config(model_store.ensure_model_dir(runner.model))
     check_fits(config, size, group_columns=GROUP if runner.weights == "native" else 1)  # before starting anything
     place = local_leader_place(size)
     ranks = LocalRanks(place, follower_argv(runner, parallel), broadcast_timeout_s=parallel.tp_timeout_s)
     ranks.start()
-    model = build_rank(runner, place, parallel, ranks)
+    try:
+        model = build_rank(runner, place, parallel, ranks)
+    except BaseException:  # a refusal or an error while loading: the ranks started must not wait for us
+        ranks.kill_all()
+        raise
     assert model.group is not None
     return TensorParallelExecutor(model, PlanChannel(model.group), ranks)
 

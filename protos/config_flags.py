@@ -99,15 +99,15 @@ def config_from_args(cls: type[T], args: argparse.Namespace, **values: Any) -> T
     return cls(**values)
 
 
-def config_to_argv(config: Any, *, exclude: Collection[str] = ()) -> list[str]:
+def config_to_argv(config: Any) -> list[str]:
     """The flags that `add_flags` + `config_from_args` turn back into `config` (a dataclass instance):
     for handing a process's configuration to a child process on its command line. Fields at their
-    default are left out (a child parses the same defaults), as are those in `exclude`."""
+    default are left out (a child parses the same defaults)."""
     argv: list[str] = []
     hints = typing.get_type_hints(type(config))
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
-        if f.name in exclude or value == _field_default(f):
+        if value == _field_default(f):
             continue
         kind, repeated = _flag_type(type(config), f.name, hints[f.name])
         dashed = f.name.replace("_", "-")

@@ -16,6 +16,11 @@ from protos.config_flags import flag
 
 BACKENDS = ("gloo", "nccl")
 
+
+class TensorParallelSetupError(ValueError):
+    """The tensor-parallel flags or environment contradict each other (exit code 2 at start)."""
+
+
 _GROUP = "tensor parallelism"
 
 
@@ -88,23 +93,44 @@ def place_from_env(size: int, env: Mapping[str, str] | None = None) -> RankPlace
     env = os.environ if env is None else env
     if "RANK" not in env or "WORLD_SIZE" not in env:
         return None
-    rank, world_size = int(env["RANK"]), int(env["WORLD_SIZE"])
+    rank, world_size = _env_int(env, "RANK"), _env_int(env, "WORLD_SIZE")
     if world_size != size:
-        raise ValueError(f"WORLD_SIZE={world_size} in the environment, but --tensor-parallel-size {size}")
+        raise TensorParallelSetupError(f"WORLD_SIZE={world_size} in the environment, but --tensor-parallel-size {size}")
     if not 0 <= rank < world_size:
-        raise ValueError(f"RANK={rank} is outside WORLD_SIZE={world_size}")
+        raise TensorParallelSetupError(f"RANK={rank} is outside WORLD_SIZE={world_size}")
     for name in ("MASTER_ADDR", "MASTER_PORT"):
         if name not in env:
-            raise ValueError(f"RANK and WORLD_SIZE are set but {name} is not (see docs/tensor-parallel.md)")
+            raise TensorParallelSetupError(
+                f"RANK and WORLD_SIZE are set but {name} is not (see docs/tensor-parallel.md)"
+            )
     return RankPlace(
         rank=rank,
         world_size=world_size,
-        local_rank=int(env.get("LOCAL_RANK", rank)),
-        local_world_size=int(env.get("LOCAL_WORLD_SIZE", world_size)),
+        local_rank=_env_int(env, "LOCAL_RANK", rank),
+        local_world_size=_env_int(env, "LOCAL_WORLD_SIZE", world_size),
         master_addr=env["MASTER_ADDR"],
-        master_port=int(env["MASTER_PORT"]),
+        master_port=_env_int(env, "MASTER_PORT"),
         launched_by_leader=env.get(SPAWNED_ENV) == "1",
     )
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
+    value = env.get(name)
+    if value is None and default is not None:
+        return default
+    try:
+        return int(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise TensorParallelSetupError(f"{name}={value!r} in the environment is not an integer") from None
+
+
+def check_rank_device(device: str) -> None:
+    """Each rank takes `cuda:LOCAL_RANK`: a --device naming one GPU would put every rank on it."""
+    if device.startswith("cuda:"):
+        raise TensorParallelSetupError(
+            f"--device {device} with --tensor-parallel-size: use --device cuda (or auto), and each rank takes "
+            "cuda:LOCAL_RANK; pick the GPUs with CUDA_VISIBLE_DEVICES"
+        )
 
 
 def resolve_backend(config: TensorParallelConfig, device: str) -> str:

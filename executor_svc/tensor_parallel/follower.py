@@ -2,8 +2,10 @@
 
 A follower holds the same sequence table and block operations as rank 0 (every rank applies the
 same plan) and its own heads' KV cache. Its forward pass takes part in the collectives and returns
-no logits; rank 0 samples. A plan that fails here fails on rank 0 too (the same plan, the same
-checks), so the error is logged and the ranks stay in step; a failed collective ends the process.
+no logits; rank 0 samples. A plan refused before the forward (a `PlanError`, a swap without swap
+space) is refused on rank 0 too, by the same checks on the same plan, so it is logged and the ranks
+stay in step. A failed collective, or any failure inside the forward pass (`ModelRunner._forward`),
+ends the process: the ranks may no longer be at the same collective.
 """
 
 from __future__ import annotations
@@ -23,10 +25,14 @@ from executor_svc.tensor_parallel.plan_channel import MessageKind, PlanChannel
 log = structlog.get_logger(__name__)
 
 
-def serve_follower(runner: Executor, channel: PlanChannel, parent_pid: int | None) -> int:
+def watch_leader(parent_pid: int) -> None:
+    """Exit once rank 0 (our parent) is gone; started before anything else, so that a rank 0 that
+    dies while the group forms leaves no rank behind either."""
+    threading.Thread(target=_exit_with_parent, args=(parent_pid,), name="tp-parent-watch", daemon=True).start()
+
+
+def serve_follower(runner: Executor, channel: PlanChannel) -> int:
     """Run rank 0's messages until it ends the group; returns the process exit code."""
-    if parent_pid is not None:
-        threading.Thread(target=_exit_with_parent, args=(parent_pid,), name="tp-parent-watch", daemon=True).start()
     log.info("tensor-parallel rank ready", rank=channel.group.rank, pid=os.getpid())
     try:
         while True:

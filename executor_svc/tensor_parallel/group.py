@@ -43,8 +43,6 @@ class TensorParallelGroup:
     def __init__(self, place: RankPlace, backend: str, device: str, timeout_s: float) -> None:
         self.rank = place.rank
         self.size = place.world_size
-        self.device = device
-        self.backend = backend
         with self._collective("rendezvous"):
             dist.init_process_group(
                 backend,
@@ -96,6 +94,7 @@ class TensorParallelGroup:
             dist.broadcast(tensor, src=0, group=self._control)
 
     def destroy(self) -> None:
+        """Leave the group (process exit would too; this releases the sockets at once)."""
         try:
             dist.destroy_process_group()
         except Exception as exc:  # the peers may be gone already: nothing is left to release

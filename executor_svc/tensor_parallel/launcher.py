@@ -64,6 +64,7 @@ class LocalRanks:
                 "RANK": str(rank),
                 "WORLD_SIZE": str(self.leader.world_size),
                 "LOCAL_RANK": str(rank),
+                "LOCAL_WORLD_SIZE": str(self.leader.world_size),
                 "MASTER_ADDR": self.leader.master_addr,
                 "MASTER_PORT": str(self.leader.master_port),
                 SPAWNED_ENV: "1",
@@ -105,14 +106,25 @@ class LocalRanks:
         os._exit(int(ExitReason.RANK_LOST))
 
     def _watch(self) -> None:
-        while not self._stopping:
-            for rank, process in self.processes.items():
-                code = process.poll()
-                if code is not None and not self._stopping:
-                    self.end_group("a rank exited", rank=rank, pid=process.pid, code=code)
+        """Until every rank is gone once the group ends: a rank's exit ends a running group, and a
+        broadcast no rank takes ends it too (or, at the end of the group, gets its ranks killed)."""
+        while True:
+            if self._stopping:
+                if all(process.poll() is not None for process in self.processes.values()):
+                    return
+            else:
+                for rank, process in self.processes.items():
+                    code = process.poll()
+                    if code is not None and not self._stopping:
+                        self.end_group("a rank exited", rank=rank, pid=process.pid, code=code)
             since = self.sending_since
-            if since is not None and time.monotonic() - since > self.broadcast_timeout_s and not self._stopping:
-                self.end_group("a rank did not take the plan broadcast", waited_s=round(time.monotonic() - since, 2))
+            if since is not None and time.monotonic() - since > self.broadcast_timeout_s:
+                if self._stopping:  # the end-of-group message: killing the ranks fails it, and close() goes on
+                    log.warning("a rank did not take the end-of-group message; killing the ranks")
+                    self.kill_all()
+                else:
+                    waited = round(time.monotonic() - since, 2)
+                    self.end_group("a rank did not take the plan broadcast", waited_s=waited)
             time.sleep(WATCH_INTERVAL_S)
 
 

@@ -121,6 +121,8 @@ def _misfits(config: ModelConfig, size: int, group_columns: int = 1) -> list[str
         problems.append(f"{size} is not a multiple of num_key_value_heads {kv} (each KV head would be replicated)")
     if config.intermediate_size % size:
         problems.append(f"intermediate_size {config.intermediate_size} is not divisible by {size}")
+    if (size - 1) * -(-config.vocab_size // size) >= config.vocab_size:
+        problems.append(f"vocab_size {config.vocab_size} leaves the last of {size} ranks no vocabulary rows")
     if problems or group_columns == 1 or size == 1:  # one rank splits no group
         return problems
     widths = {"attention": heads // size * config.head_dim, "MLP": config.intermediate_size // size}

@@ -63,7 +63,8 @@ class TensorParallelExecutor:
         if self.ranks is not None:
             self.ranks.expect_exit()
         try:
-            self.channel.send(MessageKind.SHUTDOWN)
+            with self._watched_send():  # a hung rank would hold this broadcast: the watch kills it
+                self.channel.send(MessageKind.SHUTDOWN)
         except RankLostError as exc:
             log.warning("tensor-parallel ranks gone before shutdown", error=str(exc))
         if self.ranks is not None:

@@ -29,12 +29,16 @@ _HEADER = struct.Struct("<qq")
 
 
 class MessageKind(IntEnum):
+    """What a message asks every rank to do."""
+
     PLAN = 1
     RESET = 2
     SHUTDOWN = 3
 
 
 class PlanChannel:
+    """Rank 0's side sends, the other ranks' side receives, in the same order, over the control group."""
+
     def __init__(self, group: TensorParallelGroup) -> None:
         self.group = group
         self._inline = torch.zeros(INLINE_BYTES, dtype=torch.uint8)

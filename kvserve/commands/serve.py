@@ -62,8 +62,8 @@ class ServeConfig:
     tensor_parallel_size: int = field(
         default=1,
         metadata=flag(
-            "executor ranks the model is sharded across, one process (and one GPU) each; the supervisor "
-            "restarts the whole group when any rank dies",
+            "executor ranks the model is sharded across, one process each (one GPU each on cuda); when any "
+            "rank dies the whole group ends and, unless --no-executor-restart, is restarted",
             aliases=("-tp",),
             metavar="N",
             group=_EXECUTOR,

@@ -195,7 +195,13 @@ class ServeProcess:
             self.process.wait(10)
         except subprocess.TimeoutExpired:
             pass
-        for pid in self.executor_pids():  # each executor runs in its own session/group
+        # Each executor runs in its own session, and so does each tensor-parallel rank it starts.
+        ranks = [e["pid"] for e in self.log_events("tensor-parallel rank started")]
+        for pid in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+        for pid in self.executor_pids():
             try:
                 os.killpg(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -70,15 +71,22 @@ def test_serve_passes_the_size_to_its_executor() -> None:
         (["-tp", "0"], "--tensor-parallel-size must be at least 1, got 0"),
         (["-tp", "2", "--tp-timeout-s", "0"], "--tp-timeout-s must be positive"),
         (["--executor", "fake", "-tp", "2"], "the fake executor has no model to shard"),
+        (["-tp", "2", "--device", "cuda:1"], "--device cuda:1 with --tensor-parallel-size: use --device cuda"),
+        (["-tp", "2", "ENV:RANK=x", "ENV:WORLD_SIZE=2"], "RANK='x' in the environment is not an integer"),
+        (["-tp", "2", "ENV:RANK=0", "ENV:WORLD_SIZE=2"], "RANK and WORLD_SIZE are set but MASTER_ADDR is not"),
     ],
 )
-def test_bad_sizes_exit_2_naming_the_flag(argv: list[str], message: str) -> None:
+def test_bad_sizes_and_places_exit_2_naming_the_flag(argv: list[str], message: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(arg.removeprefix("ENV:").split("=", 1) for arg in argv if arg.startswith("ENV:"))
+    flags = [arg for arg in argv if not arg.startswith("ENV:")]
     proc = subprocess.run(
-        [sys.executable, "-m", "kvserve", "executor", "--link", "ipc:///tmp/kvserve-tp-never.sock", *argv],
+        [sys.executable, "-m", "kvserve", "executor", "--link", "ipc:///tmp/kvserve-tp-never.sock", *flags],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=60,
+        env=env,
     )
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr
@@ -116,7 +124,6 @@ def test_a_place_comes_from_the_torchrun_environment() -> None:
 
 def test_each_rank_takes_its_gpu_its_backend_and_its_share_of_the_cores() -> None:
     assert resolve_device(RunnerConfig(device="cuda"), local_rank=1) == "cuda:1"
-    assert resolve_device(RunnerConfig(device="cuda:3"), local_rank=1) == "cuda:3"  # an explicit index stays
     assert resolve_device(RunnerConfig(device="cpu"), local_rank=1) == "cpu"
     assert resolve_backend(TensorParallelConfig(), "cuda:1") == "nccl"
     assert resolve_backend(TensorParallelConfig(), "cpu") == "gloo"
@@ -129,3 +136,25 @@ def test_each_rank_takes_its_gpu_its_backend_and_its_share_of_the_cores() -> Non
 def test_an_unknown_backend_is_refused_by_the_parser() -> None:
     with pytest.raises(SystemExit):
         entry.build_parser().parse_args(["--tp-backend", "mpi"])
+
+
+def test_a_failure_inside_a_sharded_forward_ends_the_group_not_the_step() -> None:
+    """Another rank may be waiting in a collective this one never reaches: the step cannot just fail."""
+    from executor_svc.model_runner import ModelRunner
+    from executor_svc.tensor_parallel.group import RankLostError
+
+    class _Broken:
+        def forward(self, *_):
+            raise MemoryError("out of memory")
+
+    class _Group:
+        rank = 1
+
+    runner = object.__new__(ModelRunner)
+    runner.model, runner.cache, runner.backend = _Broken(), None, None
+    runner.group = None
+    with pytest.raises(MemoryError):
+        runner._forward(None)  # alone: an ordinary step error
+    runner.group = _Group()
+    with pytest.raises(RankLostError, match="the forward pass failed on rank 1"):
+        runner._forward(None)

@@ -166,6 +166,8 @@ def test_a_size_that_does_not_fit_is_refused_with_the_numbers() -> None:
         check_fits(config, 9)
     check_fits(config, 3)
     check_fits(dataclasses.replace(config, intermediate_size=1152), 9)  # 3 KV heads, each on 3 ranks
+    with pytest.raises(TensorParallelFitError, match="vocab_size 5 leaves the last of 4 ranks no vocabulary rows"):
+        check_fits(dataclasses.replace(config, num_heads=8, num_kv_heads=4, intermediate_size=64, vocab_size=5), 4)
     check_fits(config, 3, group_columns=32)  # 192 attention and 512 MLP columns per rank: whole Q4_1 groups
     with pytest.raises(TensorParallelFitError, match=r"attention columns \(80\) are not a multiple of 32"):
         check_fits(dataclasses.replace(config, num_heads=12, num_kv_heads=6, head_dim=40), 6, group_columns=32)
