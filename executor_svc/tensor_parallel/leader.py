@@ -37,6 +37,8 @@ class TensorParallelExecutor:
         """None when an outside launcher started the other ranks (multi-host)."""
         self.last_send_s = 0.0
         """Encoding and broadcasting the last plan (`kvserve bench executor` reports it)."""
+        self.last_plan_bytes = b""
+        """The last plan as the other ranks received it (kept, not copied: the bench prices its decode)."""
 
     def info(self) -> ExecutorInfo:
         return self.runner.info()
@@ -45,7 +47,7 @@ class TensorParallelExecutor:
         try:
             started = time.perf_counter()
             with self._watched_send():
-                self.channel.send_plan(plan)
+                self.last_plan_bytes = self.channel.send_plan(plan)
             self.last_send_s = time.perf_counter() - started
             return self.runner.execute(plan)
         except RankLostError as exc:

@@ -46,8 +46,11 @@ class PlanChannel:
 
     # --- rank 0 ----------------------------------------------------------------
 
-    def send_plan(self, plan: StepPlan) -> None:
-        self.send(MessageKind.PLAN, step_codec.encode_plan(plan).SerializeToString())
+    def send_plan(self, plan: StepPlan) -> bytes:
+        """Returns the bytes sent (what every other rank decodes)."""
+        data = step_codec.encode_plan(plan).SerializeToString()
+        self.send(MessageKind.PLAN, data)
+        return data
 
     def send(self, kind: MessageKind, data: bytes = b"") -> None:
         _HEADER.pack_into(self._view, 0, int(kind), len(data))

@@ -25,11 +25,9 @@ import torch
 from executor_svc.model_runner import ModelRunner
 from executor_svc.protocol import Executor
 from executor_svc.tensor_parallel.leader import TensorParallelExecutor
-from executor_svc.tensor_parallel.plan_channel import PlanChannel
+from kvserve.bench.plan_broadcast import decode_times
 from kvserve.testing.plan_driver import PlanDriver
-from protos import step_codec
 from protos.sampling import SamplingParams
-from protos.step import ExecutorInfo, StepPlan, StepResult
 
 
 @dataclass(slots=True)
@@ -59,33 +57,6 @@ class PlanCost:
     size_bytes: int
 
 
-class PlanRecorder:
-    """A group's rank 0 that keeps the last plan it ran, so that the bench can price the plan the
-    driver sent without touching the timed path."""
-
-    def __init__(self, group: TensorParallelExecutor) -> None:
-        self.group = group
-        self.last_plan: StepPlan | None = None
-
-    def info(self) -> ExecutorInfo:
-        return self.group.info()
-
-    def execute(self, plan: StepPlan) -> StepResult:
-        self.last_plan = plan
-        return self.group.execute(plan)
-
-    def reset(self) -> None:
-        self.group.reset()
-
-    def close(self) -> None:
-        self.group.close()
-
-    def last_plan_bytes(self) -> bytes:
-        """The last plan as the other ranks received it."""
-        assert self.last_plan is not None
-        return step_codec.encode_plan(self.last_plan).SerializeToString()
-
-
 def measure_gemm_flops(device: str, dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:
     """Best-of-`repeats` FLOP/s of a size×size matmul: the roofline every figure is compared with."""
     a = torch.randn(size, size, device=device, dtype=dtype)
@@ -102,21 +73,6 @@ def measure_gemm_flops(device: str, dtype: torch.dtype, size: int = 2048, repeat
     return 2 * size**3 / best
 
 
-def bench_decode(
-    executor: Executor,
-    batch: int,
-    prompt_len: int,
-    steps: int,
-    sampling: SamplingParams,
-    seq_base: int = 0,
-    runner: ModelRunner | None = None,
-) -> float:
-    """Decode tokens/s for `batch` sequences at context ≈ prompt_len, from the median of `steps` steps.
-    `runner`: rank 0's, when `executor` is not a ModelRunner itself."""
-    step_s, _ = time_decode(executor, batch, prompt_len, steps, sampling, seq_base, runner)
-    return batch / step_s
-
-
 def time_decode(
     executor: Executor,
     batch: int,
@@ -128,10 +84,10 @@ def time_decode(
 ) -> tuple[float, PlanCost | None]:
     """(median decode step in seconds, its plan's cost to the other ranks; None on one rank)."""
     device = _rank0(executor, runner).device
-    recorder = PlanRecorder(executor) if isinstance(executor, TensorParallelExecutor) else None
+    group = executor if isinstance(executor, TensorParallelExecutor) else None
     rng = random.Random(batch)
     vocab = executor.info().vocab_size
-    driver = PlanDriver(recorder or executor)
+    driver = PlanDriver(executor)
     for i in range(batch):
         prompt = [rng.randrange(vocab) for _ in range(prompt_len)]
         driver.add(seq_base + i, prompt, max_new_tokens=steps + 2, sampling=sampling, seed=i)
@@ -146,21 +102,16 @@ def time_decode(
         driver.step()
         _sync(device)
         times.append(time.perf_counter() - started)
-        if recorder is not None:  # off the clock
-            sends.append(recorder.group.last_send_s)
-            encoded.append(recorder.last_plan_bytes())
+        if group is not None:  # off the clock
+            sends.append(group.last_send_s)
+            encoded.append(group.last_plan_bytes)
     driver.run()
     return _robust_time(times), (_plan_cost(sends, encoded) if encoded else None)
 
 
 def _plan_cost(sends: list[float], encoded: list[bytes]) -> PlanCost:
     """Medians of rank 0's broadcasts and of a follower's decode of the same plans, timed here."""
-    decodes = []
-    for data in encoded:
-        started = time.perf_counter()
-        PlanChannel.decode_plan(data)
-        decodes.append(time.perf_counter() - started)
-    return PlanCost(_robust_time(sends), _robust_time(decodes), len(encoded[-1]))
+    return PlanCost(_robust_time(sends), _robust_time(decode_times(encoded)), len(encoded[-1]))
 
 
 def bench_prefill(

@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 
 import torch
 
@@ -57,13 +58,13 @@ def _leader(args: argparse.Namespace) -> dict:
     channel = PlanChannel(group)
     token = torch.zeros(1)
     plans = [decode_plan(args.sequences, step) for step in range(args.rounds)]
-    barrier, with_plan, encode = [], [], []
+    barrier, with_plan, encode, encoded = [], [], [], []
     for plan in plans:
         started = time.perf_counter()
         group.all_reduce_(token)
         barrier.append(time.perf_counter() - started)
         started = time.perf_counter()
-        channel.send_plan(plan)
+        encoded.append(channel.send_plan(plan))
         group.all_reduce_(token)
         with_plan.append(time.perf_counter() - started)
         started = time.perf_counter()
@@ -71,14 +72,14 @@ def _leader(args: argparse.Namespace) -> dict:
         encode.append(time.perf_counter() - started)
     group.all_reduce_(token)  # the followers' next barrier round, which the end message then closes
     channel.send(MessageKind.SHUTDOWN)
-    decode = _median_decode(plans)
+    decode = statistics.median(decode_times(encoded))
     for process in followers:
         process.wait(30)
     group.destroy()
     return {
         "ranks": args.ranks,
         "sequences": args.sequences,
-        "plan_bytes": len(step_codec.encode_plan(plans[-1]).SerializeToString()),
+        "plan_bytes": len(encoded[-1]),
         "barrier_s": statistics.median(barrier),
         "barrier_and_plan_s": statistics.median(with_plan),
         "plan_cost_s": statistics.median(with_plan) - statistics.median(barrier),
@@ -87,14 +88,14 @@ def _leader(args: argparse.Namespace) -> dict:
     }
 
 
-def _median_decode(plans: list[StepPlan]) -> float:
+def decode_times(encoded: Sequence[bytes]) -> list[float]:
+    """Seconds each plan's bytes take to decode, as every rank but 0 decodes them before its forward."""
     times = []
-    for plan in plans:
-        data = step_codec.encode_plan(plan).SerializeToString()
+    for data in encoded:
         started = time.perf_counter()
         PlanChannel.decode_plan(data)
         times.append(time.perf_counter() - started)
-    return statistics.median(times)
+    return times
 
 
 def _follower(args: argparse.Namespace) -> None:

@@ -29,7 +29,7 @@ def _fraction(value: float | None) -> str:
 
 
 def measure_decode(ctx: CheckContext) -> Outcome:
-    from kvserve.bench.executor_bench import bench_decode
+    from kvserve.bench.executor_bench import time_decode
     from protos.sampling import SamplingParams
 
     scale = ctx.scale
@@ -40,8 +40,8 @@ def measure_decode(ctx: CheckContext) -> Outcome:
     points: list[dict[str, Any]] = []
     for i, batch in enumerate(scale.decode_batches):
         greedy = SamplingParams(temperature=0.0)
-        tokens_per_s = bench_decode(runner, batch, prompt_len, scale.decode_steps, greedy, seq_base=(i + 1) * 100_000)
-        step_s = batch / tokens_per_s
+        step_s, _ = time_decode(runner, batch, prompt_len, scale.decode_steps, greedy, seq_base=(i + 1) * 100_000)
+        tokens_per_s = batch / step_s
         print(f"[gpu_check] decode batch {batch}: {tokens_per_s:,.0f} tok/s", flush=True)
         step_bytes = cost.decode_bytes(batch, context)
         points.append(

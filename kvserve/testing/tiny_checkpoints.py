@@ -31,6 +31,12 @@ vocabulary of 256 pads to 3 × 86 rows at 3 ranks."""
 
 def write_tiny_checkpoint(path: Path, arch: str = "llama", *, seed: int = 0, **config: Any) -> Path:
     """A random `arch` model of `config` (transformers config fields) saved in `path`; returns `path`."""
+    build_tiny_model(arch, seed=seed, **config).save_pretrained(path)
+    return path
+
+
+def build_tiny_model(arch: str = "llama", *, seed: int = 0, **config: Any) -> Any:
+    """transformers' own `arch` model of `config`, seeded, in eval mode (for tests that compare against it)."""
     import torch
     import transformers
 
@@ -46,8 +52,7 @@ def write_tiny_checkpoint(path: Path, arch: str = "llama", *, seed: int = 0, **c
             for layer in model.model.layers:
                 for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                     proj.bias.normal_()
-    model.save_pretrained(path)
-    return path
+    return model
 
 
 def with_tokenizer(path: Path, tokenizer_dir: Path) -> Path:

@@ -18,6 +18,7 @@ from executor_svc.model_runner import ModelRunner
 from executor_svc.runner_config import RunnerConfig
 from executor_svc.sequence_state import SequenceState
 from kvserve.testing.plan_driver import PlanDriver
+from kvserve.testing.tiny_checkpoints import build_tiny_model
 from protos.sampling import SamplingParams
 
 COMMON = dict(
@@ -32,21 +33,7 @@ COMMON = dict(
 
 
 def _tiny_checkpoint(tmp_path, arch: str, **overrides):
-    import transformers
-
-    config_cls, model_cls = {
-        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
-        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-    }[arch]
-    torch.manual_seed(0)
-    config = config_cls(**(COMMON | overrides))
-    model = model_cls(config).eval()
-    if arch == "qwen2":  # random init leaves biases at zero; make them matter
-        with torch.no_grad():
-            for layer in model.model.layers:
-                layer.self_attn.q_proj.bias.normal_()
-                layer.self_attn.k_proj.bias.normal_()
+    model = build_tiny_model(arch, **(COMMON | overrides))
     path = tmp_path / arch
     model.save_pretrained(path)
     return model, path
