@@ -34,6 +34,10 @@ class Int4Linear:
         out = out.float()
         return out if self.bias is None else out + self.bias
 
+    @property
+    def kind(self) -> str:
+        return "int4pack"
+
 
 def make_int4_linear(weight: Q4_1Weight, bias: torch.Tensor | None = None) -> Int4Linear:
     return Int4Linear(kernel_weight(weight), kernel_scales(weight, ACTIVATION_DTYPE), bias)

@@ -1,8 +1,15 @@
 """The paged KV cache: one tensor holding K and V of every layer, plus CPU swap space.
 
-Layout `[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]`: each layer's
-K and V are contiguous `[num_blocks, block_size, num_kv_heads, head_dim]` views, and a
-block op (copy, swap) touches every layer in a single indexed copy.
+Storage `[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]`: each layer's K and
+V are contiguous runs of whole blocks, and a block op (copy, swap) touches every layer in a
+single indexed copy, whatever order a block's elements are in. That order is the attention
+backend's (`CacheGeometry.layout`); `layer` views the storage in it:
+
+- `SLOT_MAJOR` (torch, triton): K and V `[num_blocks, block_size, num_kv_heads, head_dim]`, a
+  token's K/V for all heads side by side;
+- `HEAD_MAJOR` (the CPU kernels): K `[num_blocks, num_kv_heads, head_dim, block_size]` and V
+  `[num_blocks, num_kv_heads, block_size, head_dim]`, one head's block a contiguous run with its
+  keys transposed, which is what a vectorized CPU kernel reads without a gather.
 """
 
 from __future__ import annotations
@@ -13,6 +20,9 @@ import torch
 
 from protos.kv_geometry import KvGeometry, bytes_per_token
 
+SLOT_MAJOR = "slot-major"
+HEAD_MAJOR = "head-major"
+
 
 @dataclass(slots=True)
 class CacheGeometry:
@@ -21,6 +31,7 @@ class CacheGeometry:
     head_dim: int
     block_size: int
     dtype: torch.dtype
+    layout: str = SLOT_MAJOR
 
     @property
     def bytes_per_block(self) -> int:
@@ -50,8 +61,15 @@ class PagedKVCache:
             self.swap = torch.zeros((g.num_layers, 2, num_cpu_blocks, *shape[3:]), dtype=g.dtype, pin_memory=pin)
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(k_cache, v_cache) of one layer, each [num_blocks, block_size, kv_heads, head_dim]."""
-        return self.tensor[index, 0], self.tensor[index, 1]
+        """(k_cache, v_cache) of one layer, as views in the geometry's layout (see the module docstring)."""
+        k, v = self.tensor[index, 0], self.tensor[index, 1]
+        g = self.geometry
+        if g.layout == HEAD_MAJOR:
+            n = self.num_blocks
+            return k.view(n, g.num_kv_heads, g.head_dim, g.block_size), v.view(
+                n, g.num_kv_heads, g.block_size, g.head_dim
+            )
+        return k, v
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Whole-block device copies (copy-on-write, partial-prefix reuse)."""

@@ -9,6 +9,7 @@ reference (RMSNorm in float32, rotate-half RoPE) so greedy tokens match it exact
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -58,8 +59,11 @@ class LlamaModel:
         device: str,
         dtype: torch.dtype,
         group: TensorParallelGroup | None = None,
+        silu_mul: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
+        """`silu_mul`: SwiGLU's activation of the fused gate/up product (default: torch's silu and mul)."""
         self.config = config
+        self.silu_mul = silu_mul or torch_silu_mul
         self.weights = weights
         self.dtype = dtype
         self.group = group
@@ -99,13 +103,18 @@ class LlamaModel:
             attn_out = layer.o_proj(attn.reshape(num_tokens, -1))
             x.add_(attn_out if group is None else group.all_reduce_(attn_out))
             h = rms_norm(x, layer.post_attention_norm, cfg.rms_norm_eps)
-            gate, up = layer.gate_up(h).chunk(2, dim=-1)
-            mlp_out = layer.down(F.silu(gate).mul_(up))
+            mlp_out = layer.down(self.silu_mul(layer.gate_up(h)))
             x.add_(mlp_out if group is None else group.all_reduce_(mlp_out))
         x = x.index_select(0, batch.sample_indices)
         x = rms_norm(x, w.final_norm, cfg.rms_norm_eps)
         logits = w.lm_head(x).float()
         return logits if group is None else group.gather_columns(logits, cfg.vocab_size)
+
+
+def torch_silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of the fused [tokens, 2 * intermediate] product, gate columns first."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate).mul_(up)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -17,10 +17,12 @@ import structlog
 import torch
 
 from executor_svc import model_store
+from executor_svc.attention.cpu_backend import ensure_kernels
 from executor_svc.attention.registry import create_backend
 from executor_svc.cpu_features import has_native_bf16
 from executor_svc.input_batch import InputBatch, build_input_batch
 from executor_svc.int4_linear import Int4Linear
+from executor_svc.invariance import fix_model_rows, gemm_padding, probe_cache
 from executor_svc.kv_cache import CacheGeometry, PagedKVCache
 from executor_svc.llama import LlamaModel
 from executor_svc.model_config import load_model_config
@@ -41,6 +43,7 @@ from executor_svc.tensor_parallel.group import RankLostError, TensorParallelGrou
 from executor_svc.tensor_parallel.layout import plan_layout
 from executor_svc.token_mask import plan_token_masks
 from executor_svc.weights import load_weights, weight_files
+from kernels import cpu_ops
 from protos import defaults
 from protos.kv_geometry import GIB
 from protos.step import ExecutorInfo, StepPlan, StepResult
@@ -62,9 +65,9 @@ class ModelRunner:
         """`place`: this process's rank of a tensor-parallel group (None: the whole model, alone)."""
         self.config = config
         self.device = resolve_device(config, place.local_rank if place is not None else None)
-        self.dtype_name = resolve_dtype(config, self.device)
-        self.dtype = getattr(torch, self.dtype_name)
         self.backend_name = resolve_attention_backend(config, self.device)
+        # Rows computed alike in every batch: the CPU kernels and fixed GEMM call shapes (executor_svc.invariance).
+        self.invariant = config.batch_invariant and self.device == "cpu"
         if self.device == "cpu":
             torch.set_num_threads(resolve_num_threads(config, place.local_world_size if place is not None else 1))
         elif self.device.startswith("cuda:"):
@@ -81,6 +84,12 @@ class ModelRunner:
             self.group = TensorParallelGroup(place, backend, self.device, parallel.tp_timeout_s)
         self.shard_config = self.layout.shard_config(self.model_config)
         self.max_model_len = self._max_model_len()
+        self.vocab_rows = self.layout.vocab_shard if self.layout.sharded else self.model_config.vocab_size
+        self.probes = probe_cache() if self.invariant else None
+        if self.invariant or self.backend_name == "cpu":
+            ensure_kernels()
+        self.dtype_name, why = self._resolve_dtype()
+        self.dtype = getattr(torch, self.dtype_name)
         self.weights_mode = resolve_weights(config, self.device, self.dtype_name)
         if "auto" in (config.dtype, config.weights):
             log.info(
@@ -89,14 +98,29 @@ class ModelRunner:
                 weights=self.weights_mode,
                 asked=f"--dtype {config.dtype} --weights {config.weights}",
                 cpu_native_bf16=has_native_bf16() if self.device == "cpu" else None,
-                why="the fastest that passes the quality bar on this device (docs/benchmarks.md)",
+                batch_invariant=self.invariant,
+                why=why,
+            )
+        if self.device == "cpu" and not self.invariant:
+            log.warning(
+                "batch invariance is off: a token's logits may change with what shares its step, how its prompt "
+                "was chunked or cached, and across an executor restart",
+                attention=self.backend_name,
             )
         native = self._native_linears() if self.weights_mode == "native" else None
         weights = load_weights(self.model_dir, self.model_config, self.device, self.dtype, native, self.layout)
+        if self.probes is not None:
+            fix_model_rows(weights, self.shard_config, self.vocab_rows, self.dtype, config.max_num_seqs, self.probes)
         if self.group is not None:
             self.group.wait_for_all()  # ranks load at their own pace; the compute timeout starts after
         self.model = LlamaModel(
-            self.shard_config, weights, self.max_model_len, self.device, self.dtype, group=self.group
+            self.shard_config,
+            weights,
+            self.max_model_len,
+            self.device,
+            self.dtype,
+            group=self.group,
+            silu_mul=cpu_ops.silu_mul if self.invariant else None,
         )
         self.backend = create_backend(self.backend_name)
         self.kv_dtype_name = resolve_kv_cache_dtype(config, self.dtype_name, self.backend_name)
@@ -106,6 +130,7 @@ class ModelRunner:
             self.shard_config.head_dim,
             config.block_size,
             getattr(torch, self.kv_dtype_name),
+            layout=self.backend.kv_layout,
         )
         num_blocks = self._num_device_blocks()
         num_cpu_blocks = self.geometry.blocks_for_bytes(config.swap_space_gb * GIB)
@@ -211,6 +236,25 @@ class ModelRunner:
             torch.cuda.empty_cache()
 
     # --- start-up ----------------------------------------------------------------
+
+    def _resolve_dtype(self) -> tuple[str, str]:
+        """The dtype, and why `auto` chose it: the fastest that passes the quality bar on this device
+        (docs/benchmarks.md) and, by default, computes every row alike in every batch."""
+        dtype = resolve_dtype(self.config, self.device)
+        if self.config.dtype != "auto":
+            return dtype, "asked for"
+        why = "the fastest that passes the quality bar on this device (docs/benchmarks.md)"
+        if dtype != "bfloat16" or self.probes is None:
+            return dtype, why
+        padding = gemm_padding(
+            self.shard_config, self.vocab_rows, torch.bfloat16, self.config.max_num_seqs, self.probes
+        )
+        if padding.affordable:
+            return dtype, f"{why}; its GEMMs are batch-invariant from {padding.min_rows} rows up"
+        return "float32", (
+            f"bfloat16 GEMMs are batch-invariant on this CPU only from {padding.min_rows} rows up ({padding.shape}), "
+            "too costly to pad a decode step to: float32 instead"
+        )
 
     def _max_model_len(self) -> int:
         cfg = self.model_config

@@ -12,7 +12,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 """What --dtype and --kv-cache-dtype take besides auto."""
 WEIGHTS = ("dequantized", "native")
 """What --weights takes besides auto."""
-ATTENTION_BACKENDS = ("torch", "triton")
+ATTENTION_BACKENDS = ("cpu", "torch", "triton")
+"""cpu: kvserve's batch-invariant CPU kernels; torch: plain torch on any device; triton: the CUDA kernels."""
 
 
 @dataclass(slots=True)
@@ -49,7 +50,11 @@ class RunnerConfig:
         ),
     )
     attention_backend: str = field(
-        default="auto", metadata=flag("torch, triton, or auto (triton on cuda, torch on cpu)")
+        default="auto",
+        metadata=flag(
+            "cpu (kvserve's CPU kernels: a token's output does not depend on its batch), torch (plain torch, "
+            "any device; not batch-invariant on cpu), triton (cuda), or auto (triton on cuda, cpu on cpu)"
+        ),
     )
     block_size: int = field(
         default=defaults.BLOCK_SIZE,
@@ -79,6 +84,14 @@ class RunnerConfig:
     max_num_seqs: int = field(default=defaults.MAX_NUM_SEQS, metadata=flag("most sequences in one step"))
     max_model_len: int | None = field(
         default=None, metadata=flag("longest context; None: the model's max_position_embeddings")
+    )
+    batch_invariant: bool = field(
+        default=True,
+        metadata=flag(
+            "cpu: compute every token's logits the same whatever shares its step, however its prompt was chunked "
+            "or cached, and across a restart (kvserve's CPU kernels, fixed GEMM shapes); --no-batch-invariant "
+            "gives that up for torch's own attention and unpadded GEMMs"
+        ),
     )
     num_threads: int | None = field(
         default=None,
@@ -140,14 +153,14 @@ def resolve_dtype(config: RunnerConfig, device: str) -> str:
 
 
 def resolve_kv_cache_dtype(config: RunnerConfig, dtype: str, attention_backend: str) -> str:
-    """auto: the activation dtype. Another one is stored converted and widened on read, which only
-    the torch backend does (the Triton kernels take K/V in the activation dtype)."""
+    """auto: the activation dtype. Another one is stored converted and widened on read, which the cpu
+    and torch backends do (the Triton kernels take K/V in the activation dtype)."""
     check_choice("kv_cache_dtype", config.kv_cache_dtype, DTYPES)
     if config.kv_cache_dtype == "auto":
         return dtype
-    if config.kv_cache_dtype != dtype and attention_backend != "torch":
+    if config.kv_cache_dtype != dtype and attention_backend == "triton":
         raise ValueError(
-            f"--kv-cache-dtype {config.kv_cache_dtype} with --dtype {dtype} needs --attention-backend torch, "
+            f"--kv-cache-dtype {config.kv_cache_dtype} with --dtype {dtype} needs --attention-backend cpu or torch, "
             f"not {attention_backend}"
         )
     return config.kv_cache_dtype
@@ -167,9 +180,12 @@ def resolve_weights(config: RunnerConfig, device: str, dtype: str) -> str:
 
 
 def resolve_attention_backend(config: RunnerConfig, device: str) -> str:
+    """auto: triton on cuda; on cpu, kvserve's CPU kernels, or torch without --batch-invariant."""
     check_choice("attention_backend", config.attention_backend, ATTENTION_BACKENDS)
     if config.attention_backend == "auto":
-        return "triton" if device.startswith("cuda") else "torch"
+        if device.startswith("cuda"):
+            return "triton"
+        return "cpu" if config.batch_invariant else "torch"
     return config.attention_backend
 
 

@@ -1,4 +1,5 @@
-"""Attention backends behind one interface: `torch` (CPU default) and `triton` (CUDA default)."""
+"""Attention backends behind one interface: `cpu` (kvserve's CPU kernels, the CPU default), `torch`
+(plain torch, any device) and `triton` (the CUDA default)."""
 
 from executor_svc.attention.base import AttentionBackend, AttentionMetadata
 from executor_svc.attention.registry import create_backend

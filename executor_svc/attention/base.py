@@ -45,6 +45,8 @@ class AttentionMetadata:
 
 class AttentionBackend(Protocol):
     name: str
+    kv_layout: str
+    """The order of a KV block's elements this backend reads and writes (`executor_svc.kv_cache`)."""
 
     def prepare(self, meta: AttentionMetadata) -> None:
         """Precompute what every layer of this step shares; stores it in `meta.prepared`."""

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from executor_svc.attention.base import AttentionBackend
 
-BACKENDS = ("torch", "triton")
+BACKENDS = ("cpu", "torch", "triton")
 
 
 def create_backend(name: str) -> AttentionBackend:
-    """A fresh backend of the given name ("torch" or "triton")."""
+    """A fresh backend of the given name (one of BACKENDS)."""
+    if name == "cpu":
+        from executor_svc.attention.cpu_backend import CpuAttentionBackend
+
+        return CpuAttentionBackend()
     if name == "torch":
         from executor_svc.attention.torch_backend import TorchAttentionBackend
 

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from executor_svc.attention.base import AttentionMetadata
+from executor_svc.kv_cache import SLOT_MAJOR
 
 CONTEXT_BUCKET_RATIO = 0.7
 """A decode sequence joins the current group while its context is at least this fraction of the
@@ -65,6 +66,7 @@ class _Group:
 
 class TorchAttentionBackend:
     name = "torch"
+    kv_layout = SLOT_MAJOR
 
     def __init__(self) -> None:
         self._workspace: torch.Tensor | None = None

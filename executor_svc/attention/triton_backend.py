@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from executor_svc.attention.base import AttentionMetadata
+from executor_svc.kv_cache import SLOT_MAJOR
 from kernels.paged_decode import paged_decode_attention
 from kernels.prefill_extend import extend_attention
 from kernels.store_kv import store_kv
@@ -17,6 +18,7 @@ from kernels.store_kv import store_kv
 
 class TritonAttentionBackend:
     name = "triton"
+    kv_layout = SLOT_MAJOR
 
     def prepare(self, meta: AttentionMetadata) -> None:
         meta.prepared = None

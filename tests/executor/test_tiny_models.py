@@ -87,7 +87,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", ["cpu", "torch", "triton"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_logits_match_transformers(tmp_path, case, backend):
     _check_logits(tmp_path, case, backend)
@@ -240,16 +240,17 @@ def test_a_bf16_kv_cache_holds_twice_the_tokens_and_stays_close_to_fp32(tmp_path
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, expected, atol=0.05, rtol=0.02)
     assert not torch.equal(got, expected)  # the narrower cache really is in use
-    decoded = _run(bf16, PROMPTS)  # decode steps (embedding_bag over a bf16 V) run and finish
+    decoded = _run(bf16, PROMPTS)  # decode steps over a bf16 cache run and finish
     assert all(len(tokens) == 12 for tokens in decoded.values())
 
 
-def test_a_kv_cache_dtype_other_than_the_activations_needs_the_torch_backend():
+def test_a_kv_cache_dtype_other_than_the_activations_needs_a_cpu_or_torch_backend():
     from executor_svc.runner_config import resolve_kv_cache_dtype
 
     assert resolve_kv_cache_dtype(RunnerConfig(), "bfloat16", "triton") == "bfloat16"
     assert resolve_kv_cache_dtype(RunnerConfig(kv_cache_dtype="bfloat16"), "float32", "torch") == "bfloat16"
-    with pytest.raises(ValueError, match="needs --attention-backend torch, not triton"):
+    assert resolve_kv_cache_dtype(RunnerConfig(kv_cache_dtype="bfloat16"), "float32", "cpu") == "bfloat16"
+    with pytest.raises(ValueError, match="needs --attention-backend cpu or torch, not triton"):
         resolve_kv_cache_dtype(RunnerConfig(kv_cache_dtype="float16"), "bfloat16", "triton")
     with pytest.raises(ValueError, match="kv_cache_dtype must be auto, float32, bfloat16 or float16, got 'fp8'"):
         resolve_kv_cache_dtype(RunnerConfig(kv_cache_dtype="fp8"), "float32", "torch")

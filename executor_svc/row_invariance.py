@@ -1,0 +1,146 @@
+"""Linear layers whose rows do not depend on the batch: every GEMM call gets a shape that computes rows alike.
+
+Why: GEMM libraries pick a micro-kernel, and with it the order of each dot product's sum, by the
+shape of the call. On this project's CPUs oneDNN's prepacked fp32 GEMM gives other bits at one row
+than at two or more for a 1536-wide reduction, torch's plain fp32 matmul changes between 3 and 4
+rows, and on AMX machines bfloat16 products switch kernels at larger row counts. So a token's hidden
+state changed with how many tokens shared its step.
+
+How: a `RowFixedLinear` cuts every call into calls of `min_rows` to MAX_ROWS rows: longer inputs
+are split, shorter ones padded with zero rows. A row's bits then depend only on the kernel's
+behaviour at those call sizes, which `probe` measures: it runs the layer at every size up to 33
+rows and at steps up to MAX_ROWS, each on rows taken from different places of a MAX_ROWS-row
+reference call (so every row also changes its place in its call), and returns the smallest
+`min_rows` from which every probed size gives each row the bits it got in the reference. GEMM
+libraries dispatch on shapes, not values, so random inputs of the layer's shape are enough.
+
+A bfloat16 result hides most differences in the fp32 sums behind its rounding (about one output
+element in 30,000 comes out different when two kernels sum in another order), so each size is
+checked on PROBE_ELEMENTS output elements, which misses such a pair of kernels with a probability
+under 1e-6. Results are cached per machine, torch version, thread count, kernel and shape
+(`ProbeCache`): only the first start pays, a few seconds for the default model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import structlog
+import torch
+
+log = structlog.get_logger(__name__)
+
+MAX_ROWS = 256
+"""Largest GEMM call. Measured on 2048-row prefill calls: splitting into 256-row calls costs ~3%,
+128-row calls ~5–10%, 64-row calls 10–20% (more calls, the weight read more often)."""
+PROBE_ROWS = (*range(1, 34), 47, 48, 63, 64, 65, 96, 127, 128, 129, 191, 192, 255, MAX_ROWS)
+"""Every size a decode step is likely to have, then steps around the sizes where GEMM kernels
+change blocking (multiples of 16, 32 and 64, and one row either side)."""
+PROBE_ELEMENTS = 1 << 20
+"""Output elements compared per probed call size (see the module docstring)."""
+AFFORDABLE_MIN_ROWS = 64
+"""A kernel that needs more padding than this at a decode step is not worth it: `auto` avoids it."""
+
+
+class RowKernel(Protocol):
+    """What a linear layer offers for probing: a call, and the kernel's name."""
+
+    @property
+    def kind(self) -> str: ...
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+@dataclass(slots=True)
+class RowFixedLinear:
+    """`inner` called only with `min_rows` to MAX_ROWS rows."""
+
+    inner: RowKernel
+    min_rows: int
+
+    @property
+    def kind(self) -> str:
+        return self.inner.kind
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.shape[0]
+        if self.min_rows <= rows <= MAX_ROWS:
+            return self.inner(x)
+        if rows < self.min_rows:
+            padded = x.new_zeros(self.min_rows, x.shape[1])
+            padded[:rows] = x
+            return self.inner(padded)[:rows]
+        return torch.cat([self(x[start : start + MAX_ROWS]) for start in range(0, rows, MAX_ROWS)])
+
+
+def probe(linear: RowKernel, in_features: int, dtype: torch.dtype, max_rows: int = MAX_ROWS) -> int:
+    """The smallest `min_rows` from which every probed call size up to `max_rows` (the most rows the
+    layer is ever called with) gives each row the bits it gets in a `max_rows`-row call."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(max_rows, in_features, generator=generator).to(dtype)
+    with torch.inference_mode():
+        reference = linear(x)
+        out_features = reference.shape[1]
+        disagree = 0
+        for rows in (r for r in PROBE_ROWS if r < max_rows):
+            calls = -(-PROBE_ELEMENTS // (rows * out_features))
+            for call in range(calls):
+                start = (call * 7 * rows + call) % (max_rows - rows + 1)  # spread over the reference rows
+                if not torch.equal(linear(x[start : start + rows]), reference[start : start + rows]):
+                    disagree = max(disagree, rows)
+                    break
+    # Padded calls get a size that was probed: the next one past the last that disagreed.
+    return min(r for r in (*PROBE_ROWS, max_rows) if r > disagree)
+
+
+class ProbeCache:
+    """`probe` results on disk, one JSON file per machine, torch version and thread count."""
+
+    def __init__(self, directory: Path, identity: str) -> None:
+        digest = hashlib.sha256(f"{identity}|torch {torch.__version__}|{torch.get_num_threads()} threads".encode())
+        self.path = directory / f"row-invariance-{digest.hexdigest()[:16]}.json"
+        try:
+            self._entries: dict[str, int] = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self._entries = {}
+
+    def min_rows(self, key: str, measure: Callable[[], int]) -> int:
+        if key not in self._entries:
+            self._entries[key] = measure()
+            self._save()
+        return self._entries[key]
+
+    def _save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".row-invariance-")
+        with os.fdopen(fd, "w") as f:
+            json.dump(self._entries, f, indent=1, sort_keys=True)
+        os.replace(tmp, self.path)
+
+
+def probe_key(kind: str, in_features: int, out_features: int, dtype: torch.dtype, max_rows: int) -> str:
+    """What a probe result depends on besides the machine: the kernel, the call's dtype and shape."""
+    return f"{kind}:{str(dtype).removeprefix('torch.')}:{in_features}x{out_features}:rows<={max_rows}"
+
+
+def fix_rows(
+    linear: RowKernel,
+    in_features: int,
+    out_features: int,
+    dtype: torch.dtype,
+    cache: ProbeCache,
+    max_rows: int = MAX_ROWS,
+) -> RowFixedLinear:
+    """`linear` wrapped so that its rows do not depend on the batch (its `min_rows` probed or cached)."""
+    key = probe_key(linear.kind, in_features, out_features, dtype, max_rows)
+    min_rows = cache.min_rows(key, lambda: probe(linear, in_features, dtype, max_rows))
+    if min_rows > 1:
+        log.debug("padding small GEMM calls", kernel=key, min_rows=min_rows)
+    return RowFixedLinear(linear, min_rows)

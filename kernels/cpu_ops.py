@@ -1,0 +1,139 @@
+"""kvserve's CPU kernels (`kernels/cpu/*.cpp`): built once per machine, registered as `torch.ops.kvserve_cpu`.
+
+Why hand-written kernels: torch's CPU attention and its vectorized elementwise loops pick their
+code by shape (a one-row product, a split of the keys, a flash-attention block that follows the
+query length, a scalar tail where a thread's chunk ends), so the same token's hidden state
+changed with what it was batched with and how its prompt was chunked or cached. These kernels
+compute every row in one fixed order, whatever else shares the call (the sources' headers say
+how), so a token's result is bit-identical however it arrived. `kernels.reference` holds the
+plain-torch semantics they are tested against.
+
+The library is compiled by torch's extension builder (ninja and the system C++ compiler) into
+`build_root / build_name()`. It is built with `-march=native`, so the name hashes the CPU's
+flags too: a cache shared by two kinds of CPU holds one build for each.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import threading
+from pathlib import Path
+
+import torch
+
+SOURCE_DIR = Path(__file__).with_name("cpu")
+SOURCES = ("paged_attention.cpp", "silu_mul.cpp")
+HEADERS = ("vec8.h",)
+CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno")
+"""-ffp-contract=off: only the explicit fused multiply-adds fuse, so vector and scalar code agree bit for bit."""
+
+_lock = threading.Lock()
+_loaded: Path | None = None
+
+
+def build_name() -> str:
+    """The library's name: a hash of its sources, flags, torch version and the CPU it is compiled for."""
+    digest = hashlib.sha256()
+    for name in SOURCES + HEADERS:
+        digest.update((SOURCE_DIR / name).read_bytes())
+    digest.update(" ".join(CFLAGS).encode())
+    digest.update(cpu_identity().encode())
+    digest.update(torch.__version__.encode())
+    return f"kvserve_cpu_{digest.hexdigest()[:16]}"
+
+
+def is_built(build_root: Path) -> bool:
+    """Whether `build_root` holds this machine's compiled library already."""
+    name = build_name()
+    return (build_root / name / f"{name}.so").is_file()
+
+
+def load(build_root: Path, verbose: bool = False) -> Path:
+    """Compile (the first time on a machine: about 30 s) or reuse the library, and register its ops.
+
+    Returns its build directory. Concurrent callers (two executors starting at once) are
+    serialised by torch's builder, which locks the directory."""
+    global _loaded
+    with _lock:
+        if _loaded is not None:
+            return _loaded
+        from torch.utils import cpp_extension
+
+        _put_ninja_on_path()
+        name = build_name()
+        directory = build_root / name
+        directory.mkdir(parents=True, exist_ok=True)
+        cpp_extension.load(
+            name=name,
+            sources=[str(SOURCE_DIR / source) for source in SOURCES],
+            extra_cflags=list(CFLAGS),
+            build_directory=str(directory),
+            is_python_module=False,
+            verbose=verbose,
+        )
+        _loaded = directory
+        return directory
+
+
+def head_major(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Slot-major caches ([blocks, block_size, kv_heads, head_dim], the other kernels' layout) in the
+    head-major layout these kernels read: keys [blocks, kv_heads, head_dim, block_size] and values
+    [blocks, kv_heads, block_size, head_dim], so one head's block is one contiguous run."""
+    return k_cache.permute(0, 2, 3, 1).contiguous(), v_cache.permute(0, 2, 1, 3).contiguous()
+
+
+def store_kv(
+    key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Write token t's K/V ([tokens, kv_heads, head_dim]) to slot `slot_mapping[t]` (int64; < 0 skipped)
+    of head-major caches, in the caches' dtype."""
+    torch.ops.kvserve_cpu.store_kv(key, value, k_cache, v_cache, slot_mapping)
+
+
+def paged_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of packed new tokens over each sequence's paged context.
+
+    The semantics of `kernels.reference.paged_attention_reference`: `query` [tokens, heads,
+    head_dim] packed by sequence; head-major caches (`head_major`) already holding the new
+    tokens' K/V; int32 `block_tables` [seqs, width], `query_start_loc` [seqs + 1] and `seq_lens`
+    [seqs]. The output has the query's dtype; K/V may have another."""
+    return torch.ops.kvserve_cpu.paged_attention(
+        query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale
+    )
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of a fused [tokens, 2 * width] gate/up product (gate columns first), [tokens, width]."""
+    return torch.ops.kvserve_cpu.silu_mul(gate_up)
+
+
+def _put_ninja_on_path() -> None:
+    """torch's builder runs `ninja` from PATH; the PyPI package's binary sits in the environment's bin,
+    which is not on PATH when the executor is started by an absolute interpreter path."""
+    try:
+        import ninja
+    except ImportError:
+        return  # a system ninja, if any
+    bin_dir = str(ninja.BIN_DIR)
+    if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = os.pathsep.join([bin_dir, os.environ.get("PATH", "")])
+
+
+def cpu_identity() -> str:
+    """The CPU's model name and flags (of the first processor): what a native build and its measurements depend on."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    keep = [line for line in text.splitlines() if line.startswith(("model name", "flags"))][:2]
+    return "\n".join(keep) or platform.machine()

@@ -1,0 +1,99 @@
+"""GEMM rows that do not depend on the batch (`executor_svc.row_invariance`).
+
+The probe finds the call sizes a kernel computes alike, `RowFixedLinear` keeps every call within
+them, and every GEMM path the runner uses then gives each row the same bits at 1, 7, 16, 64 and
+300 rows. The last check is the one that matters: it runs the real kernels on this machine.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from executor_svc.cpu_features import has_native_bf16
+from executor_svc.gguf_q4_1 import GROUP, Q4_1Weight
+from executor_svc.int4_linear import make_int4_linear
+from executor_svc.linear import PACKED, WIDENED, Linear, make_linear
+from executor_svc.row_invariance import MAX_ROWS, PROBE_ROWS, ProbeCache, RowFixedLinear, fix_rows, probe
+
+ROWS = [1, 7, 16, 64, 300]
+
+
+class SizeDependentKernel:
+    """A GEMM whose rows come out in other bits when the call has fewer than `switch` rows."""
+
+    kind = "fake"
+
+    def __init__(self, switch: int) -> None:
+        self.weight = torch.randn(4096, 16, generator=torch.Generator().manual_seed(0))  # wide: few probe calls
+        self.switch = switch
+        self.calls: list[int] = []
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls.append(x.shape[0])
+        out = self.exact(x)
+        return out if x.shape[0] >= self.switch else out.nextafter(torch.full_like(out, float("inf")))
+
+    def exact(self, x: torch.Tensor) -> torch.Tensor:
+        """Row by row: the same bits for a row at any call size."""
+        return torch.cat([row[None] @ self.weight.t() for row in x])
+
+
+@pytest.mark.parametrize("switch", [1, 2, 4, 33, 60])
+def test_the_probe_finds_the_smallest_call_size_that_agrees_and_only_probed_sizes(switch):
+    min_rows = probe(SizeDependentKernel(switch), 16, torch.float32)
+    assert min_rows >= switch and min_rows in (*PROBE_ROWS, MAX_ROWS)
+    assert min_rows == min(r for r in PROBE_ROWS if r >= switch)
+
+
+def test_row_fixed_calls_stay_within_the_probed_sizes_and_return_every_row():
+    kernel = SizeDependentKernel(4)
+    fixed = RowFixedLinear(kernel, min_rows=4)
+    for rows in (1, 3, 4, 200, MAX_ROWS, MAX_ROWS + 1, 3 * MAX_ROWS + 2):
+        kernel.calls.clear()
+        x = torch.randn(rows, 16)
+        out = fixed(x)
+        assert out.shape == (rows, 4096)
+        assert all(4 <= n <= MAX_ROWS for n in kernel.calls), kernel.calls
+        assert torch.equal(out, kernel.exact(x))  # never the small-call bits
+
+
+def test_probe_results_are_cached_on_disk(tmp_path):
+    first = ProbeCache(tmp_path, "cpu")
+    assert first.min_rows("k", lambda: 7) == 7
+    again = ProbeCache(tmp_path, "cpu")
+    assert again.min_rows("k", lambda: pytest.fail("measured twice")) == 7
+    assert ProbeCache(tmp_path, "another cpu").min_rows("k", lambda: 2) == 2
+
+
+def _paths() -> list[tuple[str, object, int, torch.dtype]]:
+    """Every GEMM kernel the CPU runner can build here: (name, layer, in_features, activation dtype)."""
+    gen = torch.Generator().manual_seed(1)
+    paths = []
+    for n_in, n_out in ((1536, 576), (576, 1536)):
+        weight = torch.randn(n_out, n_in, generator=gen) * 0.05
+        paths.append((f"fp32 {n_in}x{n_out}", make_linear(weight), n_in, torch.float32))
+        bf16 = make_linear(weight.bfloat16())
+        assert bf16.kind == (PACKED if has_native_bf16() else WIDENED)
+        paths.append((f"bf16 {bf16.kind} {n_in}x{n_out}", bf16, n_in, torch.bfloat16))
+        widened = Linear(weight=weight.bfloat16(), widen=True)
+        paths.append((f"bf16 widened {n_in}x{n_out}", widened, n_in, torch.bfloat16))
+        q4 = Q4_1Weight(
+            codes=torch.randint(0, 16, (n_out, n_in), generator=gen, dtype=torch.uint8),
+            d=(torch.rand(n_out, n_in // GROUP, generator=gen) * 0.01).half(),
+            m=(-torch.rand(n_out, n_in // GROUP, generator=gen) * 0.05).half(),
+        )
+        paths.append((f"int4 {n_in}x{n_out}", make_int4_linear(q4), n_in, torch.float32))
+    return paths
+
+
+@pytest.mark.parametrize("name,layer,n_in,dtype", _paths(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_gemm_path_gives_a_row_the_same_bits_at_every_row_count(tmp_path, name, layer, n_in, dtype):
+    """All 300 rows computed in calls of 1, 7, 16, 64 and 300 rows. A bf16 result hides most
+    differences in the sums behind its rounding, so every row is compared, not one."""
+    fixed = fix_rows(layer, n_in, 0, dtype, ProbeCache(tmp_path, "test"))
+    x = torch.randn(300, n_in, generator=torch.Generator().manual_seed(2)).to(dtype)
+    with torch.inference_mode():
+        results = {rows: torch.cat([fixed(x[s : s + rows]) for s in range(0, 300, rows)]) for rows in ROWS}
+    for rows in ROWS:
+        assert torch.equal(results[rows], results[300]), f"{name}: {rows}-row calls differ from one 300-row call"
