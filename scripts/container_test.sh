@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 SUITE=bookworm                      # its python3 is 3.11, the torch wheel's cp311
 MIRROR=${KVSERVE_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-BASE_IMAGE=kvserve-base:debian
+BASE_IMAGE=kvserve-base:debian-cxx
 CPU_IMAGE=kvserve:cpu
 TORCH_WHEEL=${KVSERVE_TORCH_WHEEL:-/opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl}
 CA_BUNDLE=${KVSERVE_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
@@ -188,7 +188,7 @@ build_base() {
         return
     fi
     local rootfs=$WORK/rootfs
-    nice -n 19 debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
+    nice -n 19 debootstrap --variant=minbase --include=python3,python3-venv,python3-dev,g++,ca-certificates \
         "$SUITE" "$rootfs" "$MIRROR" >"$LOGS/debootstrap.log" 2>&1 \
         || { tail -20 "$LOGS/debootstrap.log" >&2; return 1; }
     chroot "$rootfs" python3 --version | grep -q '^Python 3\.11\.' \

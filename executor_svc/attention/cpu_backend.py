@@ -36,7 +36,14 @@ def ensure_kernels() -> Path:
         return cpu_ops.load(root)
     log.info("compiling the CPU kernels (once per machine and torch version)", into=str(root / cpu_ops.build_name()))
     started = time.monotonic()
-    loaded = cpu_ops.load(root)
+    try:
+        loaded = cpu_ops.load(root)
+    except (OSError, RuntimeError) as exc:  # no compiler, no ninja, a read-only cache
+        raise RuntimeError(
+            f"building kvserve's CPU kernels into {root} failed ({exc}); they need a C++ compiler (g++), "
+            "the Python headers and ninja (a kvserve dependency). --attention-backend torch --no-batch-invariant "
+            "runs without them, giving up batch invariance"
+        ) from exc
     log.info("compiled the CPU kernels", seconds=round(time.monotonic() - started, 1))
     return loaded
 

@@ -58,6 +58,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="native: a GGUF's Q4_1 layers run 4-bit (see `kvserve executor --help`)",
     )
     parser.add_argument(
+        "--no-batch-invariant",
+        dest="batch_invariant",
+        action="store_false",
+        help="torch's own CPU attention and unpadded GEMMs, as `kvserve executor --no-batch-invariant` "
+        "(to measure what batch invariance costs)",
+    )
+    parser.add_argument(
         "--batches", type=int, nargs="+", default=list(DEFAULT_DECODE_BATCHES), help="decode batch sizes"
     )
     parser.add_argument("--prompt-len", type=int, default=128, help="context of each decoding sequence")
@@ -117,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
         weights=args.weights,
         kv_cache_gb=args.kv_cache_gb,
         num_threads=args.num_threads,
+        batch_invariant=args.batch_invariant,
     )
     if config.kv_cache_gb is None and not args.device.startswith("cuda"):
         # Each decoding sequence holds whole blocks: its context rounded up to the block size.
@@ -152,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
                 "dtype": runner.dtype_name,
                 "weights": runner.weights_mode,
                 "device": runner.device,
+                "attention_backend": runner.backend_name,
+                "batch_invariant": runner.invariant,
                 "tensor_parallel_size": parallel.tensor_parallel_size,
                 "gemm_flops": gemm,
                 "rss_mib": resident_bytes() / MIB,
@@ -164,7 +174,8 @@ def run(args: argparse.Namespace) -> int:
             ranks = parallel.tensor_parallel_size
             print(
                 f"GEMM roofline: {gemm / 1e9:.1f} GFLOP/s ({f'{ranks} ranks, ' if ranks > 1 else ''}"
-                f"{runner.dtype_name}, {runner.device}); "
+                f"{runner.dtype_name}, {runner.device}, attention {runner.backend_name}, "
+                f"batch-invariant {'on' if runner.invariant else 'off'}); "
                 f"model {runner.model_config.num_params / 1e6:.1f} M params; "
                 f"goal: decode batch 64 >= {100 * GOAL_DECODE64_ROOFLINE:.0f}% of the roofline"
             )

@@ -1,0 +1,150 @@
+"""The same request gives the same tokens however it is served: the invariance matrix, on the real model.
+
+For each configuration `--dtype auto --weights auto` can pick on this machine, plus native int4
+(and a forced bfloat16 on a CPU without native bfloat16, whose `auto` never picks it), 16
+requests (8 chat prompts, each greedy and seeded-sampled) go through real `kvserve serve`
+processes, and every way of serving them must give the tokens of the first:
+
+- alone, one after another (greedy prompts cold; each seeded twin finds its prompt cached);
+- alone again, every prompt now fully cached;
+- all 16 at once (batched with each other, cached);
+- all 16 at once with the executor killed (-9) once every stream is under way: recomputed
+  on a new executor;
+- all 16 at once on a server with a 24-token step budget (every prompt chunked, cold);
+- all 16 at once in a KV pool too small for them, preempted by recompute, and by swap to CPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Iterator
+
+import pytest
+
+from executor_svc.cpu_features import has_native_bf16
+from kvserve.testing.server_launcher import ServeProcess, serving
+from protos.kvserve.v1 import api_pb2, api_pb2_grpc
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Translate 'hello' to Spanish.",
+    "Explain in two sentences why the sky is blue, as if to a child who keeps asking why.",
+    "List three uses of a paperclip.",
+    "What is 17 times 23? Show your working step by step before giving the answer.",
+    "Name a famous painter and one of their paintings.",
+    "Describe a quiet morning in a small fishing village at the edge of the northern sea.",
+]
+MAX_TOKENS = 24
+SEED = 1234
+BASE = ["--executor", "torch", "--kv-cache-gb", "0.25"]
+TINY_POOL = ["--executor", "torch", "--kv-cache-gb", "0.012"]
+"""17 blocks of fp32 KV (34 of bfloat16) for 16 requests of ~5 blocks each: preemption throughout."""
+
+CONFIGS = {"auto": [], "native-int4": ["--executor-args", "--weights native"]}
+if not has_native_bf16():
+    CONFIGS["forced-bfloat16"] = ["--executor-args", "--dtype bfloat16"]
+
+
+def _requests() -> list[api_pb2.GenerateRequest]:
+    requests = []
+    for i, prompt in enumerate(PROMPTS):
+        chat = api_pb2.ChatPrompt(messages=[api_pb2.ChatMessage(role="user", content=prompt)])
+        greedy = api_pb2.SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+        seeded = api_pb2.SamplingParams(temperature=0.9, top_p=0.95, seed=SEED + i, max_tokens=MAX_TOKENS)
+        requests += [
+            api_pb2.GenerateRequest(chat=chat, sampling=greedy),
+            api_pb2.GenerateRequest(chat=chat, sampling=seeded),
+        ]
+    return requests
+
+
+REQUESTS = _requests()
+
+
+async def _tokens(
+    stub: api_pb2_grpc.KVServeStub, request: api_pb2.GenerateRequest, started: asyncio.Event
+) -> list[int]:
+    ids: list[int] = []
+    async for chunk in stub.Generate(request, timeout=900):
+        ids.extend(chunk.token_ids)
+        if ids:
+            started.set()
+    return ids
+
+
+def _alone(server: ServeProcess) -> list[list[int]]:
+    async def run() -> list[list[int]]:
+        async with server.aio_channel() as channel:
+            stub = api_pb2_grpc.KVServeStub(channel)
+            return [await _tokens(stub, r, asyncio.Event()) for r in REQUESTS]
+
+    return asyncio.run(run())
+
+
+def _together(server: ServeProcess, kill_executor: bool = False) -> list[list[int]]:
+    """All requests at once; `kill_executor`: kill -9 the executor once every stream has a token."""
+
+    async def run() -> list[list[int]]:
+        async with server.aio_channel() as channel:
+            stub = api_pb2_grpc.KVServeStub(channel)
+            started = [asyncio.Event() for _ in REQUESTS]
+            tasks = [asyncio.create_task(_tokens(stub, r, e)) for r, e in zip(REQUESTS, started, strict=True)]
+            if kill_executor:
+                await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), timeout=600)
+                os.kill(server.executor_pids()[-1], signal.SIGKILL)
+            return list(await asyncio.gather(*tasks))
+
+    return asyncio.run(run())
+
+
+def _chosen(server: ServeProcess) -> dict:
+    (line,) = server.log_events("model runner ready")
+    return line
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS), ids=list(CONFIGS))
+def config(request) -> Iterator[tuple[str, list[str], list[list[int]]]]:
+    """(name, serve args, the reference tokens: every request alone on a fresh server)."""
+    name, extra = request.param, CONFIGS[request.param]
+    with serving(BASE + extra, name=f"reference-{name}") as server:
+        ready = _chosen(server)
+        if name == "auto":
+            # bf16 is what auto picks on a CPU with native bf16 (its GEMMs probe invariant there).
+            assert ready["dtype"] == ("bfloat16" if has_native_bf16() else "float32"), ready
+        assert ready["attention"] == "cpu", ready
+        reference = _alone(server)
+        assert all(len(ids) > 0 for ids in reference)
+        assert reference[0::2] != reference[1::2], "seeded sampling gave the greedy tokens: it was not exercised"
+        assert _alone(server) == reference, "fully cached prompts gave other tokens than cold ones"
+        assert _together(server) == reference, "batched requests gave other tokens than alone"
+        assert _together(server, kill_executor=True) == reference, "tokens changed across a kill -9 of the executor"
+        stats = server.wait_idle(timeout_s=120)
+        assert stats.executor_restarts == 1 and stats.prefix_hit_tokens > 0, stats
+        yield name, extra, reference
+
+
+def test_prompts_chunked_by_a_small_step_budget_give_the_same_tokens(config) -> None:
+    name, extra, reference = config
+    with serving(BASE + extra + ["--max-num-batched-tokens", "24"], name=f"chunked-{name}") as server:
+        assert _together(server) == reference
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preempted_requests_give_the_same_tokens(config, mode) -> None:
+    name, extra, reference = config
+    args = TINY_POOL + ["--preemption-mode", mode]
+    executor_args = [a for a in extra if a != "--executor-args"]
+    if mode == "swap":  # ample CPU space: every preemption is a swap, none falls back to recompute
+        executor_args.append("--swap-space-gb 1")
+    if executor_args:
+        args += ["--executor-args", " ".join(executor_args)]
+    with serving(args, name=f"preempt-{mode}-{name}") as server:
+        assert _together(server) == reference
+        stats = server.wait_idle(timeout_s=120)
+        assert stats.num_preemptions > 0, "the pool never ran short: nothing was preempted"
+        assert stats.blocks_referenced == 0
