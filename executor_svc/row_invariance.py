@@ -113,6 +113,7 @@ class ProbeCache:
 
     def min_rows(self, key: str, measure: Callable[[], int]) -> int:
         if key not in self._entries:
+            log.info("probing a GEMM's call sizes for batch invariance (once per machine, then cached)", kernel=key)
             self._entries[key] = measure()
             self._save()
         return self._entries[key]

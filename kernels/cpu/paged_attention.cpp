@@ -2,7 +2,7 @@
 //
 // Every query row (one token, one head) is reduced over its own context in one fixed order: KV
 // block by KV block from position 0, an online softmax per block, keys in slot order, head
-// dimensions in index order, each sum split into the same fixed chains. Nothing in that order
+// dimensions in index order, each sum one chain of fused multiply-adds. Nothing in that order
 // depends on which other rows share the call, how many new tokens the row's sequence brought, or
 // how its context was computed (whole, chunked, from the prefix cache, recomputed): those only
 // change how rows are grouped into work items, and a work item runs the same arithmetic for each
@@ -61,68 +61,67 @@ struct Scratch {
   std::vector<float> q, acc, m, l, kt, vb;
   std::vector<int64_t> last;
   void fit(int64_t rows, int64_t head_dim, int64_t block_size) {
-    const int64_t padded = rows + 1;  // row `rows`: the padding row (zero query, discarded output)
-    if (q.size() < static_cast<size_t>(padded * head_dim)) q.resize(padded * head_dim), acc.resize(padded * head_dim);
-    if (m.size() < static_cast<size_t>(padded)) m.resize(padded), l.resize(padded), last.resize(padded);
+    if (q.size() < static_cast<size_t>(rows * head_dim)) q.resize(rows * head_dim), acc.resize(rows * head_dim);
+    if (m.size() < static_cast<size_t>(rows)) m.resize(rows), l.resize(rows), last.resize(rows);
     if (kt.size() < static_cast<size_t>(block_size * head_dim)) kt.resize(block_size * head_dim), vb.resize(block_size * head_dim);
   }
 };
 
 // acc[r][d0, d0 + 8 NV) = acc * alpha[r] + sum over slots j < valid, in order, of p[r][j] v_j (one fma
-// chain per lane). Four rows share each load of v.
-template <int NV>
-inline void add_values(float* const acc[4], const Vec8 alpha[4], const float* p, int64_t p_stride, const float* vb,
+// chain per lane). The NR rows share each load of v.
+template <int NR, int NV>
+inline void add_values(float* const acc[], const Vec8 alpha[], const float* p, int64_t p_stride, const float* vb,
                        int64_t head_dim, int64_t valid, int64_t d0) {
-  Vec8 a[4][NV];
-  for (int r = 0; r < 4; ++r)
+  Vec8 a[NR][NV];
+  for (int r = 0; r < NR; ++r)
     for (int c = 0; c < NV; ++c) a[r][c] = Vec8::load(acc[r] + d0 + 8 * c) * alpha[r];
   for (int64_t j = 0; j < valid; ++j) {
     Vec8 v[NV];
     for (int c = 0; c < NV; ++c) v[c] = Vec8::load(vb + j * head_dim + d0 + 8 * c);
-    for (int r = 0; r < 4; ++r) {
+    for (int r = 0; r < NR; ++r) {
       const Vec8 pj = Vec8::broadcast(p[r * p_stride + j]);
       for (int c = 0; c < NV; ++c) a[r][c] = fma(pj, v[c], a[r][c]);
     }
   }
-  for (int r = 0; r < 4; ++r)
+  for (int r = 0; r < NR; ++r)
     for (int c = 0; c < NV; ++c) a[r][c].store(acc[r] + d0 + 8 * c);
 }
 
-// One pass of four rows over one KV block (kt: this head's keys [head_dim, BS], vb: its values
-// [BS, head_dim], both fp32; `valid` slots hold real data). Row r sees the block's first seen[r] keys
-// (0 for a padding row). The arithmetic of a row, whatever the other three are:
+// One pass of NR (1 to 4) rows over one KV block (kt: this head's keys [head_dim, BS], vb: its values
+// [BS, head_dim], both fp32; `valid` slots hold real data). Row r sees the block's first seen[r] keys.
+// The arithmetic of a row, whatever the other rows are and however many:
 //   - score s[j] = scale * (q . k_j), the dot product one fma chain over d in index order;
 //   - online softmax: m' = max(m, max_j s[j]), alpha = exp(m - m'), p[j] = exp(s[j] - m') (0 for
 //     unseen keys), l = l * alpha + (the p[j] summed as a fixed pairwise tree over the BS lanes);
 //   - acc[d] = acc[d] * alpha, then one fma chain over the slots j < valid in order, acc += p[j] v_j[d]
 //     (an unseen slot adds an exact zero, so `valid` does not change the value).
-// The four rows share each load of kt and vb and overlap their chains.
-template <int BS>
-inline void attend_rows(const float* const q[4], float* const acc[4], float* const m[4], float* const l[4],
-                        const int64_t seen[4], const float* kt, const float* vb, int64_t head_dim, int64_t valid,
+// The rows share each load of kt and vb and overlap their chains.
+template <int BS, int NR>
+inline void attend_rows(const float* const q[], float* const acc[], float* const m[], float* const l[],
+                        const int64_t seen[], const float* kt, const float* vb, int64_t head_dim, int64_t valid,
                         float scale) {
   constexpr int kVecs = BS / 8;
-  constexpr int kStep = kVecs >= 2 ? 2 : 1;  // key vectors scored together: 4 rows x 2 = 8 chains
-  float s[4][BS];
+  constexpr int kStep = kVecs >= 2 ? 2 : 1;  // key vectors scored together: up to 4 rows x 2 = 8 chains
+  float s[NR][BS];
   const Vec8 vscale = Vec8::broadcast(scale);
   for (int kv = 0; kv < kVecs; kv += kStep) {
-    Vec8 a[4][kStep];
+    Vec8 a[NR][kStep];
     for (auto& row : a)
       for (auto& x : row) x = Vec8::zero();
     for (int64_t d = 0; d < head_dim; ++d) {
       Vec8 k[kStep];
       for (int c = 0; c < kStep; ++c) k[c] = Vec8::load(kt + d * BS + 8 * (kv + c));
-      for (int r = 0; r < 4; ++r) {
+      for (int r = 0; r < NR; ++r) {
         const Vec8 qd = Vec8::broadcast(q[r][d]);
         for (int c = 0; c < kStep; ++c) a[r][c] = fma(qd, k[c], a[r][c]);
       }
     }
-    for (int r = 0; r < 4; ++r)
+    for (int r = 0; r < NR; ++r)
       for (int c = 0; c < kStep; ++c) (a[r][c] * vscale).store(s[r] + 8 * (kv + c));
   }
-  float p[4][BS];
-  Vec8 alpha[4];
-  for (int r = 0; r < 4; ++r) {
+  float p[NR][BS];
+  Vec8 alpha[NR];
+  for (int r = 0; r < NR; ++r) {
     Vec8 masked[kVecs];
     Vec8 block_max = Vec8::broadcast(kNegInf);
     for (int i = 0; i < kVecs; ++i) {
@@ -131,25 +130,22 @@ inline void attend_rows(const float* const q[4], float* const acc[4], float* con
     }
     const float m_old = *m[r];
     const float m_new = std::max(m_old, max_lanes(block_max));
-    const bool first = m_old == kNegInf;  // also a padding row, which sees nothing
-    alpha[r] = first ? Vec8::zero() : exp(Vec8::broadcast(m_old - m_new));
+    alpha[r] = m_old == kNegInf ? Vec8::zero() : exp(Vec8::broadcast(m_old - m_new));  // the row's first block
     Vec8 sums[kVecs];
     const Vec8 vm = Vec8::broadcast(m_new);
     for (int i = 0; i < kVecs; ++i) {
-      // exp(-inf - m) is clamped, not zero: the select zeroes unseen lanes (and a padding row's).
+      // exp(-inf - m) is clamped, not zero: the select zeroes unseen lanes.
       sums[i] = select(Vec8::iota_below(8 * i, seen[r]), exp(masked[i] - vm), Vec8::zero());
       sums[i].store(p[r] + 8 * i);
     }
     for (int n = kVecs; n > 1; n /= 2)
       for (int i = 0; i < n / 2; ++i) sums[i] = sums[i] + sums[i + n / 2];
-    if (seen[r] > 0) {
-      *l[r] = *l[r] * alpha[r].first() + sum_lanes(sums[0]);
-      *m[r] = m_new;
-    }
+    *l[r] = *l[r] * alpha[r].first() + sum_lanes(sums[0]);
+    *m[r] = m_new;
   }
   int64_t d0 = 0;
-  for (; d0 + 32 <= head_dim; d0 += 32) add_values<4>(acc, alpha, p[0], BS, vb, head_dim, valid, d0);
-  for (; d0 < head_dim; d0 += 8) add_values<1>(acc, alpha, p[0], BS, vb, head_dim, valid, d0);
+  for (; d0 + 32 <= head_dim; d0 += 32) add_values<NR, 4>(acc, alpha, p[0], BS, vb, head_dim, valid, d0);
+  for (; d0 < head_dim; d0 += 8) add_values<NR, 1>(acc, alpha, p[0], BS, vb, head_dim, valid, d0);
 }
 
 template <int BS, typename KV, typename QR, typename QW>
@@ -167,11 +163,9 @@ void run_item(const WorkItem& item, const Geometry& g, const QR* query, const KV
       w.last[r] = context_before + t;  // the row's own position: it sees keys [0, last]
     }
   }
-  std::fill(qf + rows * D, qf + (rows + 1) * D, 0.0f);
-  w.last[rows] = -1;  // the padding row sees nothing
-  std::fill(w.acc.begin(), w.acc.begin() + (rows + 1) * D, 0.0f);
-  std::fill(w.m.begin(), w.m.begin() + rows + 1, kNegInf);
-  std::fill(w.l.begin(), w.l.begin() + rows + 1, 0.0f);
+  std::fill(w.acc.begin(), w.acc.begin() + rows * D, 0.0f);
+  std::fill(w.m.begin(), w.m.begin() + rows, kNegInf);
+  std::fill(w.l.begin(), w.l.begin() + rows, 0.0f);
 
   const int64_t last_pos = context_before + item.num_tokens - 1;
   const int64_t block_elems = BS * D;  // one head's keys (or values) in one block
@@ -183,6 +177,17 @@ void run_item(const WorkItem& item, const Geometry& g, const QR* query, const KV
     // Slots past the item's last position may hold anything (NaN included): their keys are zeroed
     // and their values never read.
     const int64_t valid = std::min<int64_t>(BS, last_pos + 1 - start);
+    if ((b + 1) * BS <= last_pos) {
+      // One head's block is a short run of its own, which the hardware prefetchers do not follow to
+      // the next block: fetch the next one's keys and values while this one computes.
+      const int64_t next = (static_cast<int64_t>(block_table[b + 1]) * g.num_kv_heads + item.kv_head) * block_elems;
+      const auto* nk = reinterpret_cast<const char*>(k_cache + next);
+      const auto* nv = reinterpret_cast<const char*>(v_cache + next);
+      for (int64_t off = 0; off < block_elems * static_cast<int64_t>(sizeof(KV)); off += 64) {
+        __builtin_prefetch(nk + off);
+        __builtin_prefetch(nv + off);
+      }
+    }
     widen(k_cache + chunk, block_elems, kt);
     widen(v_cache + chunk, valid * D, vb);
     if (valid < BS)
@@ -191,18 +196,24 @@ void run_item(const WorkItem& item, const Geometry& g, const QR* query, const KV
     int64_t first = 0;
     while (first < rows && w.last[first] < start) ++first;
     for (int64_t r0 = first; r0 < rows; r0 += 4) {
+      const int nr = static_cast<int>(std::min<int64_t>(4, rows - r0));
       const float* q4[4];
       float *acc4[4], *m4[4], *l4[4];
       int64_t seen[4];
-      for (int i = 0; i < 4; ++i) {
-        const int64_t r = r0 + i < rows ? r0 + i : rows;
+      for (int i = 0; i < nr; ++i) {
+        const int64_t r = r0 + i;
         q4[i] = qf + r * D;
         acc4[i] = w.acc.data() + r * D;
         m4[i] = w.m.data() + r;
         l4[i] = w.l.data() + r;
-        seen[i] = r < rows ? std::min<int64_t>(BS, w.last[r] + 1 - start) : 0;
+        seen[i] = std::min<int64_t>(BS, w.last[r] + 1 - start);
       }
-      attend_rows<BS>(q4, acc4, m4, l4, seen, kt, vb, D, valid, g.scale);
+      switch (nr) {  // the same arithmetic per row at every width (a decode's GQA group: 1 to 4 heads)
+        case 4: attend_rows<BS, 4>(q4, acc4, m4, l4, seen, kt, vb, D, valid, g.scale); break;
+        case 3: attend_rows<BS, 3>(q4, acc4, m4, l4, seen, kt, vb, D, valid, g.scale); break;
+        case 2: attend_rows<BS, 2>(q4, acc4, m4, l4, seen, kt, vb, D, valid, g.scale); break;
+        default: attend_rows<BS, 1>(q4, acc4, m4, l4, seen, kt, vb, D, valid, g.scale); break;
+      }
     }
   }
   for (int64_t t = 0; t < item.num_tokens; ++t) {
@@ -211,7 +222,8 @@ void run_item(const WorkItem& item, const Geometry& g, const QR* query, const KV
       const int64_t r = t * G + h, head = item.kv_head * G + h;
       const float* a = w.acc.data() + r * D;
       QW* dst = out + (token * g.num_heads + head) * D;
-      for (int64_t d = 0; d < D; ++d) store_as(a[d] / w.l[r], dst + d);
+      const Vec8 l = Vec8::broadcast(w.l[r]);
+      for (int64_t d = 0; d < D; d += 8) (Vec8::load(a + d) / l).store(dst + d);
     }
   }
 }

@@ -57,6 +57,19 @@ struct Vec8 {
     return {_mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(n)), lane))};
   }
   void store(float* p) const { _mm256_storeu_ps(p, v); }
+  // Rounded to nearest even, NaN to the quiet NaN 0x7fc0: c10::BFloat16's conversion, eight at a time.
+  void store(c10::BFloat16* p) const {
+    const __m256i bits = _mm256_castps_si256(v);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    __m256i top = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    top = _mm256_blendv_epi8(top, _mm256_set1_epi32(0x7fc0), nan);
+    const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(top), _mm256_extracti128_si256(top, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+  }
+  void store(c10::Half* p) const {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  }
   float first() const { return _mm256_cvtss_f32(v); }
 };
 
@@ -114,6 +127,10 @@ struct Vec8 {
     return r;
   }
   void store(float* p) const { std::memcpy(p, x, sizeof x); }
+  template <typename T>
+  void store(T* p) const {
+    for (int i = 0; i < 8; ++i) store_as(x[i], p + i);
+  }
   float first() const { return x[0]; }
 };
 

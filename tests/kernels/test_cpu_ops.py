@@ -184,3 +184,22 @@ def test_silu_mul_matches_torch_and_every_row_count_gives_the_same_bits(dtype):
         assert torch.equal(pieces, got)
     strided = torch.randn(5, 2 * width + 6, generator=gen).to(dtype)[:, : 2 * width]  # a view, like a chunk
     assert torch.equal(cpu_ops.silu_mul(strided), cpu_ops.silu_mul(strided.contiguous()))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul_rounds_alike_in_its_vector_body_and_its_tail(dtype):
+    """Column 8 is in the 8-wide vector body of a 16-wide row and in the scalar tail of a 9-wide one:
+    the same inputs there give the same bits, specials included."""
+    values = torch.tensor([0.5, -3.0, 1e-3, 7.25, float("nan"), float("inf"), -float("inf"), 60000.0, 1e-40])
+    for g in values:
+        for u in values:
+            rows = []
+            for width in (9, 16):
+                gate_up = torch.zeros(1, 2 * width)
+                gate_up[0, 8], gate_up[0, width + 8] = g, u
+                rows.append(
+                    cpu_ops.silu_mul(gate_up.to(dtype))[0, 8].view(
+                        torch.int16 if dtype != torch.float32 else torch.int32
+                    )
+                )
+            assert torch.equal(rows[0], rows[1]), (g, u)
