@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from protos import defaults
 from protos.sampling import SamplingParams
 from protos.step import SampledToken, StepPlan, StepResult
-from scheduler_svc.core.scheduler import Scheduler
-from scheduler_svc.core.scheduler_config import SchedulerConfig
+from scheduler_svc.core import Scheduler, SchedulerConfig
 
 SHARED_PREFIX_FRACTION = 0.75
 """With prefix sharing on, this share of each prompt is a common system prompt."""

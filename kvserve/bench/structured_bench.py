@@ -21,9 +21,7 @@ from executor_svc.model_runner import ModelRunner
 from protos import step_codec
 from protos.kvserve.v1 import executor_link_pb2 as pb
 from protos.sampling import SamplingParams
-from scheduler_svc.core.scheduler import Scheduler
-from scheduler_svc.core.scheduler_config import SchedulerConfig
-from scheduler_svc.core.token_matcher import MatcherFactory
+from scheduler_svc.core import MatcherFactory, Scheduler, SchedulerConfig
 from scheduler_svc.server.structured.llguidance_backend import LlguidanceBackend
 from scheduler_svc.server.structured.spec import StructuredSpec
 from scheduler_svc.server.tokenizer import ChatMessage, Tokenizer

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from protos import defaults
 
 if TYPE_CHECKING:
-    from scheduler_svc.core.kv_capacity import KvPlan
+    from scheduler_svc.core import KvPlan
 
 DEFAULT_KV_MEMORY_GB = 4.0
 DEFAULT_AVG_CONTEXT = 1024
@@ -74,7 +74,7 @@ def load_config(path: str | None) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from protos.kv_geometry import GIB, KvGeometry
-    from scheduler_svc.core.kv_capacity import plan_kv
+    from scheduler_svc.core import plan_kv
 
     try:
         geometry = KvGeometry.from_hf_config(load_config(getattr(args, "config", None)))

@@ -156,7 +156,7 @@ def check_kv_sizing(ctx: CheckContext) -> Outcome:
     import torch
 
     from protos.kv_geometry import GIB, KvGeometry
-    from scheduler_svc.core.kv_capacity import plan_kv
+    from scheduler_svc.core import plan_kv
 
     runner = big_runner(ctx)
     cuda = runner.device.startswith("cuda")

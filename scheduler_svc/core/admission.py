@@ -1,4 +1,5 @@
-"""Admission helpers: where a new sequence's KV comes from, and in which order waiting ones go.
+"""Admission helpers: whether a request can ever fit, where a new sequence's KV comes from, and in which
+order waiting ones go.
 
 A waiting sequence reuses KV from one of two places:
 
@@ -10,9 +11,42 @@ A waiting sequence reuses KV from one of two places:
 
 from __future__ import annotations
 
+from protos.sampling import SamplingParams
 from scheduler_svc.core.prefix_tree import PrefixMatch, PrefixTree
-from scheduler_svc.core.request import Sequence, SequenceStatus
+from scheduler_svc.core.request import RequestRejected, Sequence, SequenceStatus
 from scheduler_svc.core.scheduler_config import SchedulerConfig
+
+
+def check_fits(config: SchedulerConfig, num_blocks: int, prompt_len: int, sampling: SamplingParams) -> None:
+    """Raise RequestRejected naming "prompt" or "max_tokens" if the request can never fit a pool of `num_blocks`.
+
+    Everything else can: once every sequence behind it is preempted, the highest-priority one
+    runs, so refusing these at admission is what keeps the scheduler from deadlocking."""
+    if prompt_len >= config.max_model_len:
+        raise RequestRejected(
+            "prompt", f"{prompt_len} tokens leave no room for output within max_model_len={config.max_model_len}"
+        )
+    total = prompt_len + sampling.max_tokens
+    if total > config.max_model_len:
+        raise RequestRejected(
+            "max_tokens",
+            f"prompt ({prompt_len} tokens) + max_tokens ({sampling.max_tokens}) exceeds "
+            f"max_model_len={config.max_model_len}",
+        )
+    # The last sampled token is never computed, so the KV holds at most total - 1 tokens.
+    blocks = -(-(total - 1) // config.block_size)
+    if blocks > num_blocks:
+        raise RequestRejected(
+            "max_tokens",
+            f"prompt + max_tokens ({total} tokens) needs {blocks} KV blocks but the cache holds only {num_blocks}",
+        )
+    reserved = config.reserved_blocks(prompt_len, sampling.max_tokens)
+    if reserved > num_blocks:
+        raise RequestRejected(
+            "max_tokens",
+            f"kv_reservation={config.kv_reservation} reserves {reserved} KV blocks per sequence "
+            f"but the cache holds only {num_blocks}",
+        )
 
 
 def fork_match(seq: Sequence, block_size: int, step_id: int) -> PrefixMatch | None:

@@ -1,25 +1,28 @@
-"""`SchedulerView`: the scheduler's public read-only surface, for invariants, dumps and tests.
+"""The scheduler's read-only surface: a `SchedulerView` snapshot for invariants, dumps and tests, and its stats.
 
-A module of its own so that `invariants` (which reads it) and `scheduler_state` (which
-builds it) do not import each other. Nothing on the per-step hot path builds a view.
+A module of its own so that `invariants` (which reads views) and the scheduler (which builds
+them) do not import each other. Nothing on the per-step hot path builds a view.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from scheduler_svc.core.block_pool import BlockPool, CpuBlockPool
+from scheduler_svc.core.outputs import SchedulerStats
 from scheduler_svc.core.prefix_tree import PrefixTree
 from scheduler_svc.core.request import Request, Sequence
 from scheduler_svc.core.scheduler_config import SchedulerConfig
+from scheduler_svc.core.scheduler_state import SchedulerState
 
 
 @dataclass(frozen=True, slots=True)
 class SchedulerView:
     """A read-only look at the scheduler for invariants, dumps and tests; built on request, never per step.
 
-    Queues, requests and id lists are copies taken by `view()`. `pool`, `tree` and `cpu`
+    Queues, requests and id lists are copies taken by `view_of()`. `pool`, `tree` and `cpu`
     are the live objects (too big to copy): read them, never change them.
     """
 
@@ -44,3 +47,47 @@ class SchedulerView:
     """Copy sources held until the plan being built is complete (empty between steps)."""
     pending_drops: tuple[int, ...]
     """Sequence ids the next plan tells the executor to drop."""
+
+
+def view_of(state: SchedulerState) -> SchedulerView:
+    """A snapshot of the queues and requests, with the live pool and tree (O(sequences + requests))."""
+    kv = state.kv
+    return SchedulerView(
+        step_id=state.step_id,
+        inflight_step_id=state.inflight.step_id if state.inflight else None,
+        block_size=state.block_size,
+        max_num_seqs=state.config.max_num_seqs,
+        config=state.config,
+        waiting=tuple(state.waiting),
+        running=tuple(state.running),
+        swapped=tuple(state.swapped),
+        requests=MappingProxyType(dict(state.requests)),
+        pool=kv.pool,
+        tree=kv.tree,
+        cpu=kv.cpu,
+        pinned=kv.pinned,
+        pending_drops=tuple(state.pending_drops),
+    )
+
+
+def stats_of(state: SchedulerState) -> SchedulerStats:
+    pool, cpu, tree = state.kv.pool, state.kv.cpu, state.kv.tree
+    referenced = pool.num_referenced
+    return SchedulerStats(
+        num_waiting=len(state.waiting),
+        num_running=len(state.running),
+        num_swapped=len(state.swapped),
+        num_blocks=pool.num_blocks,
+        blocks_free=pool.num_free,
+        blocks_cached=pool.num_cached,
+        blocks_referenced=referenced,
+        kv_usage=referenced / pool.num_blocks,
+        prefix_queried_tokens=tree.queried_tokens,
+        prefix_hit_tokens=tree.hit_tokens,
+        num_preemptions=state.num_preemptions,
+        num_cpu_blocks=cpu.num_blocks,
+        cpu_blocks_used=cpu.num_blocks - cpu.num_free,
+        num_steps=state.num_steps,
+        num_requests=len(state.requests),
+        blocks_reserved=pool.num_reserved,
+    )

@@ -10,10 +10,10 @@ Each step packs, within `max_num_batched_tokens` and `max_num_seqs`:
    for n > 1) if the pool can hold their whole known tokens.
 
 Steps 2 and 3 are skipped in a step that had to preempt. Building a plan advances no
-sequence: `Scheduler.update()` does that once the step is confirmed, so a plan lost with
+sequence: the `ResultApplier` does that once the step is confirmed, so a plan lost with
 its executor leaves nothing half-done. Per step the work is O(scheduled sequences); the
 tree is touched only at admission and when a block fills. Kept apart from `Scheduler`
-(request lifecycle and results) so the plan-building rules read in one place.
+(the request lifecycle) so the plan-building rules read in one place.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import structlog
 from protos.step import KnownSequence, NewSequence, StepPlan
 from scheduler_svc.core import admission
 from scheduler_svc.core.request import QUEUE_ORDER, Sequence, SequenceStatus
-from scheduler_svc.core.scheduler_state import InFlight, SchedulerState
+from scheduler_svc.core.scheduler_state import InFlight, ScheduledSequence, SchedulerState
 
 log = structlog.get_logger(__name__)
 
@@ -41,48 +41,47 @@ def _count_decodes(running: list[Sequence], start: int) -> int:
     return count
 
 
-def _attach_masks(plan: StepPlan, scheduled: list[tuple[Sequence, int, bool]]) -> None:
+def _attach_masks(plan: StepPlan, scheduled: list[ScheduledSequence]) -> None:
     """The bitmask of every constrained sequence that samples this step (structured output).
 
     One pass over the scheduled list: an unconstrained batch pays one attribute test per
     sequence and sends no mask bytes.
     """
-    rows = [(seq.seq_id, seq.matcher) for seq, _count, samples in scheduled if samples and seq.matcher is not None]
+    rows = [(s.seq.seq_id, s.seq.matcher) for s in scheduled if s.samples and s.seq.matcher is not None]
     if rows:
         plan.mask_seq_ids = [seq_id for seq_id, _ in rows]
-        plan.token_masks = b"".join(matcher.next_token_bitmask() for _, matcher in rows)
+        plan.token_masks = b"".join(matcher.next_token_bitmask() for _, matcher in rows if matcher is not None)
 
 
-class StepBuilder(SchedulerState):
-    """`schedule()`: packs running, swapped and waiting sequences into one plan; preempts when blocks run out."""
+class StepBuilder:
+    """`build()`: packs running, swapped and waiting sequences into one plan; preempts when blocks run out."""
 
-    # --- one step --------------------------------------------------------------------
+    def __init__(self, state: SchedulerState) -> None:
+        self.state = state
 
-    def schedule(self) -> StepPlan:
-        """Build the next plan. An empty plan (`plan.is_empty`) needs no executor step or update()."""
-        if self._inflight is not None:
-            raise RuntimeError(f"step {self._inflight.step_id} is still in flight: call update() first")
-        self._step_id += 1
-        plan = StepPlan(step_id=self._step_id, drop_seq_ids=self._pending_drops)
-        self._pending_drops = []
-        scheduled: list[tuple[Sequence, int, bool]] = []
+    def build(self) -> StepPlan:
+        """The next plan, recorded as in flight unless empty (an empty plan needs no step)."""
+        st = self.state
+        st.step_id += 1
+        plan = StepPlan(step_id=st.step_id, drop_seq_ids=st.pending_drops)
+        st.pending_drops = []
+        scheduled: list[ScheduledSequence] = []
         budget, preempted = self._schedule_running(plan, scheduled)
         if not preempted:
             budget = self._schedule_swapped(plan, scheduled, budget)
-            if not self._swapped:
+            if not st.swapped:
                 self._schedule_waiting(plan, scheduled, budget)
-        self._kv.unpin()
+        st.kv.unpin()
         _attach_masks(plan, scheduled)
         if not plan.is_empty:
-            self._inflight = InFlight(plan.step_id, scheduled)
-        if self.config.debug_invariants:
-            self.check_invariants()
+            st.inflight = InFlight(plan.step_id, scheduled)
         return plan
 
-    def _schedule_running(self, plan: StepPlan, scheduled: list[tuple[Sequence, int, bool]]) -> tuple[int, bool]:
-        running = self._running
-        bs = self._bs
-        budget = self.config.max_num_batched_tokens
+    def _schedule_running(self, plan: StepPlan, scheduled: list[ScheduledSequence]) -> tuple[int, bool]:
+        st = self.state
+        running = st.running
+        bs = st.block_size
+        budget = st.config.max_num_batched_tokens
         add_cached = plan.known_seqs.append
         add_scheduled = scheduled.append
         # Token budget is reserved for decodes first, so prefill chunks take only what is left.
@@ -108,9 +107,9 @@ class StepBuilder(SchedulerState):
                     continue
             table = seq.block_table
             if computed + count > len(table) * bs:
-                preemptions_before = self._num_preemptions
+                preemptions_before = st.num_preemptions
                 new_blocks = self._allocate_or_preempt(seq, (computed + count + bs - 1) // bs - len(table), plan)
-                if self._num_preemptions != preemptions_before:
+                if st.num_preemptions != preemptions_before:
                     preempted = True
                     decodes_left = None  # victims may have been decodes: recount when needed
                 if new_blocks is None:  # `seq` itself was preempted (it was last in `running`)
@@ -120,45 +119,48 @@ class StepBuilder(SchedulerState):
             add_cached(KnownSequence(seq.seq_id, tokens[seq.sent_tokens :], computed, count, table[seq.sent_blocks :]))
             seq.sent_tokens = num_tokens
             seq.sent_blocks = len(table)
-            add_scheduled((seq, count, computed + count == num_tokens))
+            add_scheduled(ScheduledSequence(seq, count, computed + count == num_tokens))
             i += 1
         return budget, preempted
 
     def _allocate_or_preempt(self, seq: Sequence, need: int, plan: StepPlan) -> list[int] | None:
         """`need` blocks for `seq`, preempting from the tail of `running` until they fit (None: `seq` went)."""
-        blocks = self._kv.allocate(seq, need)
+        kv, running = self.state.kv, self.state.running
+        blocks = kv.allocate(seq, need)
         while blocks is None:
-            victim = self._running[-1]
+            victim = running[-1]
             self._preempt(victim, plan)
             if victim is seq:
                 return None
-            blocks = self._kv.allocate(seq, need)
+            blocks = kv.allocate(seq, need)
         return blocks
 
-    def _schedule_swapped(self, plan: StepPlan, scheduled: list[tuple[Sequence, int, bool]], budget: int) -> int:
+    def _schedule_swapped(self, plan: StepPlan, scheduled: list[ScheduledSequence], budget: int) -> int:
         # Runs after every swap-out of this plan, so the CPU blocks it frees are not reused before they are read.
-        while self._swapped and budget > 0 and len(self._running) < self.config.max_num_seqs:
-            seq = self._swapped[0]
+        st = self.state
+        while st.swapped and budget > 0 and len(st.running) < st.config.max_num_seqs:
+            seq = st.swapped[0]
             count = min(len(seq.token_ids) - seq.num_computed, budget)
-            if not self._kv.swap_in(seq, count, plan):
+            if not st.kv.swap_in(seq, count, plan):
                 break
-            del self._swapped[0]
+            del st.swapped[0]
             self._start_running(seq, count, plan, scheduled)
             budget -= count
         return budget
 
-    def _schedule_waiting(self, plan: StepPlan, scheduled: list[tuple[Sequence, int, bool]], budget: int) -> None:
-        if not self._waiting:
+    def _schedule_waiting(self, plan: StepPlan, scheduled: list[ScheduledSequence], budget: int) -> None:
+        st = self.state
+        if not st.waiting:
             return
-        cfg = self.config
+        cfg = st.config
         ranked = (
-            admission.admission_order(self._waiting, self._kv.tree, cfg)
-            if (cfg.cache_aware_order and self._kv.caching)
-            else self._waiting
+            admission.admission_order(st.waiting, st.kv.tree, cfg)
+            if (cfg.cache_aware_order and st.kv.caching)
+            else st.waiting
         )
         admitted: list[Sequence] = []
         for seq in ranked:
-            if budget <= 0 or len(self._running) >= cfg.max_num_seqs:
+            if budget <= 0 or len(st.running) >= cfg.max_num_seqs:
                 break
             request = seq.request
             if seq.index > 0 and not request.prompt_done:
@@ -169,14 +171,15 @@ class StepBuilder(SchedulerState):
             budget -= count
             admitted.append(seq)
         if admitted:
-            if ranked is not self._waiting:
+            if ranked is not st.waiting:
                 admission.count_skips(ranked, admitted, cfg.cache_aware_window)
-            self._waiting = [s for s in self._waiting if s.status is not _RUNNING]
+            st.waiting = [s for s in st.waiting if s.status is not _RUNNING]
 
-    def _admit(self, seq: Sequence, plan: StepPlan, scheduled: list[tuple[Sequence, int, bool]], budget: int) -> int:
+    def _admit(self, seq: Sequence, plan: StepPlan, scheduled: list[ScheduledSequence], budget: int) -> int:
         """Start `seq` if the pool can hold all its known tokens; return tokens scheduled (0: no room)."""
-        match, forked = self._kv.find_prefix(seq, self._step_id)
-        count = self._kv.admit(seq, match, forked, budget, plan)
+        kv = self.state.kv
+        match, forked = kv.find_prefix(seq, self.state.step_id)
+        count = kv.admit(seq, match, forked, budget, plan)
         if count == 0:
             return 0
         request = seq.request
@@ -185,50 +188,50 @@ class StepBuilder(SchedulerState):
         self._start_running(seq, count, plan, scheduled)
         return count
 
-    def _start_running(
-        self, seq: Sequence, count: int, plan: StepPlan, scheduled: list[tuple[Sequence, int, bool]]
-    ) -> None:
+    def _start_running(self, seq: Sequence, count: int, plan: StepPlan, scheduled: list[ScheduledSequence]) -> None:
         """Send `seq` to the executor as a NewSequence and put it in the running list."""
+        st = self.state
         request = seq.request
         if request.queue_time_s is None:
-            request.queue_time_s = self._clock() - request.arrival_time
+            request.queue_time_s = st.clock() - request.arrival_time
         seq.status = _RUNNING
-        seq.started_step = self._step_id
-        bisect.insort(self._running, seq, key=QUEUE_ORDER)
+        seq.started_step = st.step_id
+        bisect.insort(st.running, seq, key=QUEUE_ORDER)
         num_tokens = len(seq.token_ids)
         plan.new_seqs.append(
             NewSequence(
-                seq.seq_id,
-                list(seq.token_ids),
-                seq.prompt_len,
-                seq.num_computed,
-                count,
-                list(seq.block_table),
-                request.sampling,
-                seq.seed,
+                seq_id=seq.seq_id,
+                token_ids=list(seq.token_ids),
+                prompt_len=seq.prompt_len,
+                num_computed_tokens=seq.num_computed,
+                num_scheduled_tokens=count,
+                block_table=list(seq.block_table),
+                sampling=request.sampling,
+                seed=seq.seed,
             )
         )
         seq.known = True
         seq.sent_tokens = num_tokens
         seq.sent_blocks = len(seq.block_table)
-        scheduled.append((seq, count, seq.num_computed + count == num_tokens))
+        scheduled.append(ScheduledSequence(seq, count, seq.num_computed + count == num_tokens))
 
     # --- preemption ------------------------------------------------------------------
 
     def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
         """Take a running sequence off the device: swap it to CPU if configured and possible, else recompute."""
-        assert self._running[-1] is seq
-        self._running.pop()
-        self._num_preemptions += 1
+        st = self.state
+        assert st.running[-1] is seq
+        st.running.pop()
+        st.num_preemptions += 1
         plan.drop_seq_ids.append(seq.seq_id)
         seq.known = False
         seq.sent_tokens = seq.sent_blocks = 0
-        if self.config.preemption_mode == "swap" and self._kv.swap_out(seq, plan):
+        if st.config.preemption_mode == "swap" and st.kv.swap_out(seq, plan):
             seq.status = SequenceStatus.SWAPPED
-            bisect.insort(self._swapped, seq, key=QUEUE_ORDER)
+            bisect.insort(st.swapped, seq, key=QUEUE_ORDER)
             log.debug("preempted", seq_id=seq.seq_id, mode="swap", blocks=len(seq.cpu_table))
             return
-        self._kv.forget(seq)
+        st.kv.forget(seq)
         seq.status = SequenceStatus.PREEMPTED
-        bisect.insort(self._waiting, seq, key=QUEUE_ORDER)
+        bisect.insort(st.waiting, seq, key=QUEUE_ORDER)
         log.debug("preempted", seq_id=seq.seq_id, mode="recompute", tokens=len(seq.token_ids))

@@ -29,9 +29,7 @@ import structlog
 from protos.sampling import InvalidFieldError
 from protos.step import ExecutorInfo, StepPlan
 from protos.stop_rules import FinishReason
-from scheduler_svc.core.outputs import SchedulerStats, SequenceOutput
-from scheduler_svc.core.scheduler import Scheduler
-from scheduler_svc.core.token_matcher import MatcherFactory
+from scheduler_svc.core import MatcherFactory, Scheduler, SchedulerStats, SequenceOutput
 from scheduler_svc.server.executor_link import ExecutorLink, ExecutorLost, ExecutorStepError
 from scheduler_svc.server.metrics import ServerMetrics
 from scheduler_svc.server.request_delivery import ActiveRequest

@@ -27,7 +27,7 @@ from protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from protos.sampling import InvalidFieldError
 from protos.step import ExecutorInfo
 from protos.stop_rules import FinishReason
-from scheduler_svc.core.request import RequestRejected
+from scheduler_svc.core import RequestRejected
 from scheduler_svc.server.auth import TokenTable
 from scheduler_svc.server.engine import Engine, ExecutorState
 from scheduler_svc.server.namespaces import ANONYMOUS_TENANT, prefix_namespace, tenant_from_metadata

@@ -23,7 +23,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import start_http_server as _prometheus_http_server
 
-from scheduler_svc.core.outputs import SchedulerStats
+from scheduler_svc.core import SchedulerStats
 from scheduler_svc.server.stats_logger import STATS_LOG_INTERVAL_S, StatsLogger
 
 PREFIX = "kvserve:"

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from protos.stop_rules import FinishReason
-from scheduler_svc.core.outputs import BlockCounts, SequenceOutput
+from scheduler_svc.core import BlockCounts, SequenceOutput
 from scheduler_svc.server.detokenizer import CompletionText, Decoder
 from scheduler_svc.server.metrics import ServerMetrics
 from scheduler_svc.server.request_stream import CompletionChunk, RequestStream, Usage

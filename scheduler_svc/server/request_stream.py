@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from protos.stop_rules import FinishReason
-from scheduler_svc.core.outputs import SampledLogprob
+from scheduler_svc.core import SampledLogprob
 
 
 class FailureKind(str, enum.Enum):

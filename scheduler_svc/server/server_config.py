@@ -13,7 +13,7 @@ from typing import Any
 
 from protos import defaults
 from protos.config_flags import flag
-from scheduler_svc.core.scheduler_config import SchedulerConfig
+from scheduler_svc.core import SchedulerConfig
 from scheduler_svc.server.generation_defaults import SOURCE_AUTO
 
 _API = "gRPC API"

@@ -23,8 +23,7 @@ from protos import defaults
 from protos.link_curve import CurveKeys, load_keys
 from protos.link_endpoint import private_ipc_endpoint
 from protos.step import ExecutorInfo
-from scheduler_svc.core.scheduler import Scheduler
-from scheduler_svc.core.scheduler_config import SchedulerConfig
+from scheduler_svc.core import Scheduler, SchedulerConfig
 from scheduler_svc.server.auth import BearerAuthInterceptor, TokenFileError, TokenTable, load_token_file
 from scheduler_svc.server.bind_policy import BindSecurity, InsecureBindError, check_bind
 from scheduler_svc.server.engine import Engine

@@ -16,7 +16,7 @@ from typing import Any
 
 import structlog
 
-from scheduler_svc.core.outputs import SchedulerStats
+from scheduler_svc.core import SchedulerStats
 
 log = structlog.get_logger(__name__)
 

@@ -22,7 +22,7 @@ def assert_all_blocks_back(h: Harness) -> None:
 
 
 def status_of(h: Harness, request_id: str, index: int = 0) -> SequenceStatus:
-    return h.scheduler._requests[request_id].seqs[index].status
+    return h.scheduler.request(request_id).seqs[index].status
 
 
 def test_abort_unknown_request_returns_nothing() -> None:
@@ -51,12 +51,12 @@ def test_abort_while_prefilling_and_while_decoding() -> None:
     h.step()
     h.step()
     assert status_of(h, "prefilling") is SequenceStatus.RUNNING
-    prefill_id = h.scheduler._requests["prefilling"].seqs[0].seq_id
+    prefill_id = h.scheduler.request("prefilling").seqs[0].seq_id
     (out,) = h.scheduler.abort("prefilling")
     assert out.finish_reason is FinishReason.ABORT
     plan = h.step()
     assert plan.drop_seq_ids == [prefill_id]
-    decode_id = h.scheduler._requests["decoding"].seqs[0].seq_id
+    decode_id = h.scheduler.request("decoding").seqs[0].seq_id
     h.scheduler.abort("decoding", FinishReason.ERROR)
     assert h.step().drop_seq_ids == [decode_id]
     assert_all_blocks_back(h)

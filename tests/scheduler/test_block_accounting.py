@@ -64,7 +64,7 @@ def test_every_reference_taken_is_given_back_and_the_pool_agrees(mode: str) -> N
     assert h.reason("d") is FinishReason.ABORT
     for request_id, c in counts.items():
         assert c.allocated + c.hit - c.copied == c.freed, (request_id, c)
-    pool = h.scheduler._kv.pool
+    pool = h.scheduler.view().pool
     total_allocated = sum(c.allocated for c in counts.values())
     total_hit = sum(c.hit for c in counts.values())
     total_copied = sum(c.copied for c in counts.values())
@@ -83,7 +83,7 @@ def test_every_reference_taken_is_given_back_and_the_pool_agrees(mode: str) -> N
 
 def test_a_reservation_changes_nothing_in_the_accounting() -> None:
     h, counts = run_workload("recompute", "max-model-len")
-    pool = h.scheduler._kv.pool
+    pool = h.scheduler.view().pool
     assert h.scheduler.stats().num_preemptions == 0
     assert sum(c.allocated for c in counts.values()) == pool.num_allocated_total
     assert sum(c.freed + c.copied for c in counts.values()) == pool.num_released_total
@@ -95,7 +95,7 @@ def test_an_executor_reset_counts_the_dropped_tables_as_freed() -> None:
     h = Harness(SchedulerConfig(num_blocks=16, block_size=4, max_model_len=32))
     h.add("a", [1, 2, 3, 4, 5, 6], max_tokens=8, ignore_eos=True)
     h.step()
-    counts = h.scheduler._requests["a"].blocks
+    counts = h.scheduler.request("a").blocks
     held = counts.allocated
     assert held == 2 and counts.freed == 0
     h.scheduler.reset_executor()
@@ -110,10 +110,10 @@ def test_broken_counts_are_caught() -> None:
     h = Harness(SchedulerConfig(num_blocks=16, block_size=4, max_model_len=32))
     h.add("a", [1, 2, 3, 4, 5, 6], max_tokens=8, ignore_eos=True)
     h.step()
-    h.scheduler._requests["a"].blocks.freed += 1
+    h.scheduler.request("a").blocks.freed += 1
     with pytest.raises(InvariantError, match="blocks its tables hold"):
         h.scheduler.check_invariants()
-    h.scheduler._requests["a"].blocks.freed -= 1
-    h.scheduler._kv.pool.num_released_total += 1
+    h.scheduler.request("a").blocks.freed -= 1
+    h.scheduler.view().pool.num_released_total += 1
     with pytest.raises(InvariantError, match="pool counters"):
         h.scheduler.check_invariants()

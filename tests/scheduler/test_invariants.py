@@ -1,4 +1,8 @@
-"""check_invariants() catches corrupted state, debug mode runs it, debug_dump shows tables and ref counts."""
+"""check_invariants() catches corrupted state, debug mode runs it, debug_dump shows tables and ref counts.
+
+These tests must reach past the public API: they corrupt the live pool (through `view().pool`), a
+sequence's table and, once, the scheduler's own queues (`Scheduler._state`), to prove each rule
+catches its breach."""
 
 from __future__ import annotations
 
@@ -25,15 +29,15 @@ def running_harness(**overrides) -> Harness:
 
 def test_a_leaked_reference_is_caught() -> None:
     h = running_harness()
-    seq = h.scheduler._running[0]
-    h.scheduler._kv.pool.ref_counts[seq.block_table[-1]] += 1
+    seq = h.scheduler.view().running[0]
+    h.scheduler.view().pool.ref_counts[seq.block_table[-1]] += 1
     with pytest.raises(InvariantError, match="ref count"):
         h.scheduler.check_invariants()
 
 
 def test_a_block_freed_twice_is_caught() -> None:
     h = running_harness()
-    pool = h.scheduler._kv.pool
+    pool = h.scheduler.view().pool
     pool._free.append(pool._free[0])
     with pytest.raises(InvariantError, match="free list"):
         h.scheduler.check_invariants()
@@ -41,14 +45,14 @@ def test_a_block_freed_twice_is_caught() -> None:
 
 def test_a_lost_block_is_caught() -> None:
     h = running_harness()
-    h.scheduler._kv.pool._free.pop()
+    h.scheduler.view().pool._free.pop()
     with pytest.raises(InvariantError, match="total"):
         h.scheduler.check_invariants()
 
 
 def test_a_broken_tree_chain_is_caught() -> None:
     h = running_harness()
-    seq = next(s for s in h.scheduler._running if s.num_tree_blocks > 0)
+    seq = next(s for s in h.scheduler.view().running if s.num_tree_blocks > 0)
     seq.block_table[0], seq.block_table[1] = seq.block_table[1], seq.block_table[0]
     with pytest.raises(InvariantError, match="tree chain"):
         h.scheduler.check_invariants()
@@ -56,14 +60,14 @@ def test_a_broken_tree_chain_is_caught() -> None:
 
 def test_a_misplaced_sequence_is_caught() -> None:
     h = running_harness()
-    h.scheduler._waiting.append(h.scheduler._running[0])
+    h.scheduler._state.waiting.append(h.scheduler.view().running[0])  # corrupts the queues on purpose
     with pytest.raises(InvariantError, match="two queues"):
         h.scheduler.check_invariants()
 
 
 def test_debug_mode_checks_inside_the_scheduler() -> None:
     h = running_harness(debug_invariants=True)
-    h.scheduler._kv.pool.ref_counts[0] += 1
+    h.scheduler.view().pool.ref_counts[0] += 1
     with pytest.raises(InvariantError):
         h.scheduler.schedule()
 
@@ -71,7 +75,7 @@ def test_debug_mode_checks_inside_the_scheduler() -> None:
 def test_debug_dump_lists_block_tables_with_ref_counts() -> None:
     h = running_harness()
     dump = h.scheduler.debug_dump()
-    for seq in h.scheduler._running:
+    for seq in h.scheduler.view().running:
         assert f"seq {seq.seq_id} " in dump
         shared = seq.block_table[0]
         assert f"{shared}(rc={h.scheduler.ref_count(shared)}" in dump

@@ -158,7 +158,7 @@ def test_a_preempted_reservation_is_returned_and_taken_again_on_resume(monkeypat
     while not refused:
         h.step()
     monkeypatch.undo()
-    second = sched._requests["second"].seqs[0]
+    second = sched.request("second").seqs[0]
     expected_state = SequenceStatus.SWAPPED if mode == "swap" else SequenceStatus.PREEMPTED
     assert second.status is expected_state and second.reserved_blocks == 0
     assert sched.stats().blocks_reserved + sched.stats().blocks_referenced == 8
@@ -210,11 +210,11 @@ def test_broken_reservations_are_caught() -> None:
     h.add("a", [1, 2, 3], max_tokens=10, ignore_eos=True)
     h.step()
     sched = h.scheduler
-    sched._kv.pool.num_reserved += 1
+    sched.view().pool.num_reserved += 1
     with pytest.raises(InvariantError, match="reserved"):
         sched.check_invariants()
-    sched._kv.pool.num_reserved -= 1
-    seq = sched._running[0]
+    sched.view().pool.num_reserved -= 1
+    seq = sched.view().running[0]
     seq.reserved_blocks -= 1
     with pytest.raises(InvariantError, match="reserved"):
         sched.check_invariants()

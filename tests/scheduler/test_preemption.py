@@ -33,7 +33,7 @@ def assert_complete(h: Harness) -> None:
 
 
 def seq_ids(h: Harness) -> dict[str, int]:
-    return {rid: request.seqs[0].seq_id for rid, request in h.scheduler._requests.items()}
+    return {rid: request.seqs[0].seq_id for rid, request in h.scheduler.view().requests.items()}
 
 
 def sent_new(h: Harness, seq_id: int) -> list[int]:

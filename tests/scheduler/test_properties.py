@@ -85,7 +85,7 @@ def test_random_interleavings_keep_every_invariant(kv_reservation: str, data, op
     prompts: dict[str, list[int]] = {}
     seeds: dict[str, int] = {}
     for number, op in enumerate(ops):
-        live = list(sched._requests)
+        live = list(sched.view().requests)
         if op == "add":
             random_request(rng, h, f"r{number}", prompts, seeds)
         elif op == "step":
@@ -101,7 +101,7 @@ def test_random_interleavings_keep_every_invariant(kv_reservation: str, data, op
             if not plan.is_empty:
                 h.finish_step(plan)
         elif op == "finish" and live:
-            request = sched._requests[rng.choice(live)]
+            request = sched.request(rng.choice(live))
             out = sched.finish_sequence(request.request_id, rng.randrange(len(request.seqs)))
             if out is not None:
                 h.collect([out])

@@ -32,7 +32,7 @@ def test_constrained_and_unconstrained_side_by_side() -> None:
     grammar = ChoiceGrammar(CHOICES, h.vocab_size)
     h.add("free", [5, 6, 7], max_tokens=10, ignore_eos=True)
     h.add("c", PROMPT, max_tokens=20, constraint=grammar)
-    constrained = {h.scheduler._requests["c"].seqs[0].seq_id}
+    constrained = {h.scheduler.request("c").seqs[0].seq_id}
     h.run()
     assert h.tokens("c") in CHOICES and h.reason("c") is FinishReason.GRAMMAR
     assert h.tokens("free") == expected_completion([5, 6, 7], 7, 10) and h.reason("free") is FinishReason.LENGTH

@@ -67,7 +67,7 @@ def test_random_workload_runs_clean_on_the_fake_executor(trial: int) -> None:
                 pass
             added += 1
         if rng.random() < 0.05 and scheduler.has_unfinished():
-            scheduler.abort(rng.choice(list(scheduler._requests)))
+            scheduler.abort(rng.choice(list(scheduler.view().requests)))
         if rng.random() < 0.02:
             scheduler.reset_executor()
             executor.reset()

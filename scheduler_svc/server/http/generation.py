@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from protos.sampling import InvalidFieldError
 from protos.stop_rules import FinishReason
-from scheduler_svc.core.request import RequestRejected
+from scheduler_svc.core import RequestRejected
 from scheduler_svc.server.grpc_api import ServingModel, scoped_request_id
 from scheduler_svc.server.http.errors import bad_field, from_failure
 from scheduler_svc.server.http.field_names import capacity_param, openai_param

@@ -20,7 +20,7 @@ import structlog
 from protos import defaults
 from protos.kvserve.v1 import api_pb2
 from protos.sampling import InvalidFieldError
-from scheduler_svc.core.request import RequestRejected
+from scheduler_svc.core import RequestRejected
 from scheduler_svc.server.engine import ExecutorState
 from scheduler_svc.server.grpc_api import ServingModel
 from scheduler_svc.server.namespaces import prefix_namespace

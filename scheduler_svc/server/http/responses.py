@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from protos.stop_rules import FinishReason
-from scheduler_svc.core.outputs import SampledLogprob
+from scheduler_svc.core import SampledLogprob
 from scheduler_svc.server.request_stream import Usage
 from scheduler_svc.server.tokenizer import Tokenizer
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from scheduler_svc.core.token_matcher import MatcherFactory
+from scheduler_svc.core import MatcherFactory
 from scheduler_svc.server.structured.spec import StructuredSpec
 
 

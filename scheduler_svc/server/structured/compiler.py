@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import structlog
 
-from scheduler_svc.core.token_matcher import MatcherFactory
+from scheduler_svc.core import MatcherFactory
 from scheduler_svc.server.structured.backend import GrammarBackend
 from scheduler_svc.server.structured.spec import StructuredSpec
 
