@@ -14,7 +14,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from executor_svc.fake_executor import FakeExecutorConfig
+from executor_svc.fake.executor import FakeExecutorConfig
 from executor_svc.link_worker import LinkWorkerConfig
 from executor_svc.runner_config import RunnerConfig
 from executor_svc.tensor_parallel.config import TensorParallelConfig
@@ -147,7 +147,7 @@ def runner_config_from_args(args: argparse.Namespace) -> RunnerConfig:
 
 
 def fake_config_from_args(args: argparse.Namespace) -> FakeExecutorConfig:
-    from executor_svc.model_store import ensure_model_dir
+    from executor_svc.weights.model_store import ensure_model_dir
 
     tokenizer_path = args.tokenizer_path or str(ensure_model_dir(args.model))
     return config_from_args(FakeExecutorConfig, args, tokenizer_path=tokenizer_path)

@@ -16,15 +16,12 @@ import time
 import structlog
 import torch
 
-from executor_svc import model_store
 from executor_svc.attention.cpu_backend import ensure_kernels
 from executor_svc.attention.registry import create_backend
 from executor_svc.cpu_features import has_native_bf16
-from executor_svc.input_batch import InputBatch, build_input_batch
-from executor_svc.int4_linear import Int4Linear
-from executor_svc.invariance import fix_model_rows, gemm_padding, probe_cache
-from executor_svc.kv_cache import CacheGeometry, PagedKVCache
-from executor_svc.llama import LlamaModel
+from executor_svc.model.input_batch import InputBatch, build_input_batch
+from executor_svc.model.kv_cache import CacheGeometry, PagedKVCache
+from executor_svc.model.llama import LlamaModel
 from executor_svc.model_config import load_model_config
 from executor_svc.process_memory import MIB, release_freed_heap, resident_bytes
 from executor_svc.runner_config import (
@@ -36,13 +33,16 @@ from executor_svc.runner_config import (
     resolve_num_threads,
     resolve_weights,
 )
-from executor_svc.sampler import sample
+from executor_svc.sampling.sampler import sample
+from executor_svc.sampling.token_mask import plan_token_masks
 from executor_svc.sequence_state import SequenceState, SequenceTable
 from executor_svc.tensor_parallel.config import RankPlace, TensorParallelConfig, resolve_backend
 from executor_svc.tensor_parallel.group import RankLostError, TensorParallelGroup
 from executor_svc.tensor_parallel.layout import plan_layout
-from executor_svc.token_mask import plan_token_masks
-from executor_svc.weights import load_weights, weight_files
+from executor_svc.weights import model_store
+from executor_svc.weights.int4_linear import Int4Linear
+from executor_svc.weights.invariance import fix_model_rows, gemm_padding, probe_cache
+from executor_svc.weights.loader import load_weights, weight_files
 from kernels import cpu_ops
 from protos import defaults
 from protos.kv_geometry import GIB
@@ -66,7 +66,7 @@ class ModelRunner:
         self.config = config
         self.device = resolve_device(config, place.local_rank if place is not None else None)
         self.backend_name = resolve_attention_backend(config, self.device)
-        # Rows computed alike in every batch: the CPU kernels and fixed GEMM call shapes (executor_svc.invariance).
+        # Rows computed alike in every batch: the CPU kernels, fixed GEMM call shapes (weights.invariance).
         self.invariant = config.batch_invariant and self.device == "cpu"
         if self.device == "cpu":
             torch.set_num_threads(resolve_num_threads(config, place.local_world_size if place is not None else 1))
@@ -275,7 +275,7 @@ class ModelRunner:
 
     def _profile_free_cuda_bytes(self) -> float:
         """Run a forward at the largest batch, then give the KV cache what is left of the fraction."""
-        from executor_svc.profiling_batch import profile_peak_activation_bytes
+        from executor_svc.model.profiling_batch import profile_peak_activation_bytes
 
         torch.cuda.synchronize()
         free, total = torch.cuda.mem_get_info()
@@ -292,7 +292,7 @@ class ModelRunner:
         return max(0.0, budget)
 
     def _native_linears(self) -> list[dict[str, Int4Linear]]:
-        from executor_svc.gguf_weights import native_layer_linears
+        from executor_svc.weights.gguf_weights import native_layer_linears
 
         source = model_store.resolve_source(self.config.model)
         if source.gguf_file is None:

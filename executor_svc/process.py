@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from executor_svc.fake_executor import FakeExecutor, FakeExecutorConfig
+from executor_svc.fake.executor import FakeExecutor, FakeExecutorConfig
 from executor_svc.link_worker import ExitReason, LinkWorker, LinkWorkerConfig
 from executor_svc.protocol import Executor
 from executor_svc.runner_config import RunnerConfig
@@ -94,13 +94,13 @@ def run_tensor_parallel(
 def start_local_group(runner: RunnerConfig, parallel: TensorParallelConfig) -> TensorParallelExecutor:
     """Rank 0 of a group on this host: refuse a size the model does not fit, start ranks 1 … N−1,
     load this rank's share; returns once every rank has its model and the KV pool is agreed."""
-    from executor_svc import model_store
-    from executor_svc.gguf_q4_1 import GROUP
     from executor_svc.model_config import load_model_config
     from executor_svc.tensor_parallel.launcher import LocalRanks, follower_argv, local_leader_place
     from executor_svc.tensor_parallel.layout import check_fits
     from executor_svc.tensor_parallel.leader import TensorParallelExecutor
     from executor_svc.tensor_parallel.plan_channel import PlanChannel
+    from executor_svc.weights import model_store
+    from executor_svc.weights.gguf_q4_1 import GROUP
 
     size = parallel.tensor_parallel_size
     check_rank_device(runner.device)

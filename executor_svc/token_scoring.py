@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from executor_svc.input_batch import build_input_batch
+from executor_svc.model.input_batch import build_input_batch
 from executor_svc.model_runner import ModelRunner
 from executor_svc.sequence_state import SequenceState
 from protos.sampling import SamplingParams

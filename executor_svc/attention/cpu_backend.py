@@ -2,7 +2,7 @@
 
 A token's attention output from these kernels is bit-identical however the token was batched,
 chunked, cached or recomputed (`kernels.cpu_ops`), which torch's CPU attention does not give.
-They read the cache in the head-major block layout (`executor_svc.kv_cache`).
+They read the cache in the head-major block layout (`executor_svc.model.kv_cache`).
 
 The kernels are compiled once per machine and torch version into `$KVSERVE_CACHE/kernels`
 (about 20 s; `scripts/setup.sh` does it ahead of the first start):
@@ -17,9 +17,8 @@ from pathlib import Path
 import structlog
 import torch
 
-from executor_svc.attention.base import AttentionMetadata
-from executor_svc.kv_cache import HEAD_MAJOR
-from executor_svc.model_store import cache_dir
+from executor_svc.attention.base import HEAD_MAJOR, AttentionMetadata
+from executor_svc.disk_cache import cache_dir
 from kernels import cpu_ops
 
 log = structlog.get_logger(__name__)

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from executor_svc.attention.base import AttentionMetadata
-from executor_svc.kv_cache import SLOT_MAJOR
+from executor_svc.attention.base import SLOT_MAJOR, AttentionMetadata
 from kernels.paged_decode import paged_decode_attention
 from kernels.prefill_extend import extend_attention
 from kernels.store_kv import store_kv

@@ -190,7 +190,7 @@ def _tokenizer(config: BenchConfig) -> WorkloadTokenizer:
     """The tokenizer of the model the servers run (kvserve's converted model dir), loaded only when needed."""
 
     def model_dir() -> Path:
-        from executor_svc.model_store import ensure_model_dir
+        from executor_svc.weights.model_store import ensure_model_dir
 
         return ensure_model_dir(config.model)
 
@@ -331,7 +331,7 @@ async def run_serve_benchmark(config: BenchConfig) -> BenchReport:
 
 
 def _run_hf(config: BenchConfig, mixed: wl.Workload, vocab_size: int) -> tuple[RunResult, int] | None:
-    from executor_svc.model_store import ensure_model_dir
+    from executor_svc.weights.model_store import ensure_model_dir
     from kvserve.bench.hf_baseline import load_model, requests_from_workload, run_hf_baseline
 
     model = load_model(ensure_model_dir(config.model))

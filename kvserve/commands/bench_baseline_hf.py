@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     import datetime as dt
     import sys
 
-    from executor_svc.model_store import ensure_model_dir
+    from executor_svc.weights.model_store import ensure_model_dir
     from kvserve.bench import workloads
     from kvserve.bench.hf_baseline import load_model, requests_from_workload, run_hf_baseline
     from kvserve.bench.report import BenchReport, summarize_run

@@ -222,8 +222,8 @@ def _gib_for_tokens(config: RunnerConfig, tokens: int, ranks: int = 1) -> float:
     tensor-parallel ranks (each holds its share of the KV heads). A size the model does not fit
     gets the whole model's figure here; starting the group then refuses it."""
     from executor_svc.model_config import load_model_config
-    from executor_svc.model_store import ensure_model_dir
     from executor_svc.tensor_parallel.layout import TensorParallelFitError, plan_layout
+    from executor_svc.weights.model_store import ensure_model_dir
     from protos.kv_geometry import GIB, KvGeometry, bytes_per_token
 
     cfg = load_model_config(ensure_model_dir(config.model))

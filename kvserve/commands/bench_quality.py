@@ -43,8 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from executor_svc.model_runner import ModelRunner
-    from executor_svc.model_store import ensure_model_dir
     from executor_svc.runner_config import RunnerConfig
+    from executor_svc.weights.model_store import ensure_model_dir
     from kvserve.bench import quality_bench as qb
     from protos.log_config import configure_logging
     from scheduler_svc.server.tokenizer import ChatMessage, Tokenizer

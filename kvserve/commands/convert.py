@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from executor_svc.model_store import ensure_model_dir
+    from executor_svc.weights.model_store import ensure_model_dir
     from protos.log_config import configure_logging
 
     configure_logging()

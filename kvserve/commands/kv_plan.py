@@ -63,7 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def load_config(path: str | None) -> dict:
     if path is None:
-        from executor_svc.model_store import ensure_model_dir
+        from executor_svc.weights.model_store import ensure_model_dir
 
         path = str(ensure_model_dir())
     config_path = Path(path)

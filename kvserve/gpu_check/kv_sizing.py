@@ -45,7 +45,7 @@ def big_runner(ctx: CheckContext) -> Any:
     def make() -> Any:
         import torch
 
-        from executor_svc import profiling_batch
+        from executor_svc.model import profiling_batch
         from executor_svc.model_runner import ModelRunner
         from executor_svc.runner_config import RunnerConfig
 

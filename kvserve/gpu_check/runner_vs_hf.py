@@ -145,7 +145,7 @@ def stepwise_logits(runner: Any, tokens: list[int], prefill_len: int) -> Any:
     paged decode kernel), each feeding the given token rather than a sampled one."""
     import torch
 
-    from executor_svc.input_batch import build_input_batch
+    from executor_svc.model.input_batch import build_input_batch
     from executor_svc.sequence_state import SequenceState
     from protos.sampling import SamplingParams
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from executor_svc.input_batch import build_input_batch
-from executor_svc.kv_cache import CacheGeometry, PagedKVCache
+from executor_svc.model.input_batch import build_input_batch
+from executor_svc.model.kv_cache import CacheGeometry, PagedKVCache
 from executor_svc.sequence_state import SequenceState
 from protos.sampling import SamplingParams
 from protos.step import PlanError

@@ -21,7 +21,7 @@ OVERHEAD_BOUND = 400e6
 
 _PROBE = """
 import json, sys
-from executor_svc.int4_linear import Int4Linear
+from executor_svc.weights.int4_linear import Int4Linear
 from executor_svc.model_runner import ModelRunner
 from executor_svc.process_memory import resident_bytes
 from executor_svc.runner_config import RunnerConfig

@@ -8,8 +8,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, quants
 
-from executor_svc import model_store
-from executor_svc.gguf_q4_1 import (
+from executor_svc.weights import model_store
+from executor_svc.weights.gguf_q4_1 import (
     BLOCK_BYTES,
     GROUP,
     concat_rows,

@@ -1,4 +1,4 @@
-"""GEMM rows that do not depend on the batch (`executor_svc.row_invariance`).
+"""GEMM rows that do not depend on the batch (`executor_svc.weights.row_invariance`).
 
 The probe finds the call sizes a kernel computes alike, `RowFixedLinear` keeps every call within
 them, and every GEMM path the runner uses then gives each row the same bits at 1, 7, 16, 64 and
@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from executor_svc.cpu_features import has_native_bf16
-from executor_svc.gguf_q4_1 import GROUP, Q4_1Weight
-from executor_svc.int4_linear import make_int4_linear
-from executor_svc.linear import PACKED, WIDENED, Linear, make_linear
-from executor_svc.row_invariance import MAX_ROWS, PROBE_ROWS, ProbeCache, RowFixedLinear, fix_rows, probe
+from executor_svc.weights.gguf_q4_1 import GROUP, Q4_1Weight
+from executor_svc.weights.int4_linear import make_int4_linear
+from executor_svc.weights.linear import PACKED, WIDENED, Linear, make_linear
+from executor_svc.weights.row_invariance import MAX_ROWS, PROBE_ROWS, ProbeCache, RowFixedLinear, fix_rows, probe
 
 ROWS = [1, 7, 16, 64, 300]
 

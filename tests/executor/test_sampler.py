@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from executor_svc.penalties import apply_penalties
-from executor_svc.sampler import filtered_logits, sample
-from executor_svc.seeded_noise import row_key, uniform_noise
+from executor_svc.sampling.penalties import apply_penalties
+from executor_svc.sampling.sampler import filtered_logits, sample
+from executor_svc.sampling.seeded_noise import row_key, uniform_noise
 from executor_svc.sequence_state import SequenceState
 from protos.sampling import SamplingParams
 

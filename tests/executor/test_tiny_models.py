@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from executor_svc.input_batch import build_input_batch
+from executor_svc.model.input_batch import build_input_batch
 from executor_svc.model_config import UnsupportedModelError
 from executor_svc.model_runner import ModelRunner
 from executor_svc.runner_config import RunnerConfig

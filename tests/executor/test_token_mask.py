@@ -9,9 +9,9 @@ import random
 import pytest
 import torch
 
-from executor_svc.sampler import sample
+from executor_svc.sampling.sampler import sample
+from executor_svc.sampling.token_mask import TokenMasks, apply_token_masks, plan_token_masks, unpack_blocked
 from executor_svc.sequence_state import SequenceState
-from executor_svc.token_mask import TokenMasks, apply_token_masks, plan_token_masks, unpack_blocked
 from protos.sampling import SamplingParams
 from protos.step import PlanError, StepPlan
 

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 
-from executor_svc.fake_executor import FakeExecutor, FakeExecutorConfig
+from executor_svc.fake.executor import FakeExecutor, FakeExecutorConfig
 from protos import step_codec
 from protos.kvserve.v1 import executor_link_pb2 as pb
 from protos.sampling import SamplingParams

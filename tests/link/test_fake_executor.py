@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from executor_svc.fake_executor import FakeExecutor, FakeExecutorConfig
+from executor_svc.fake.executor import FakeExecutor, FakeExecutorConfig
 from kvserve.testing.plan_driver import PlanDriver
 from protos.sampling import SamplingParams
 from protos.step import KnownSequence, NewSequence, PlanError, StepPlan
@@ -229,9 +229,9 @@ def test_a_correct_plan_after_the_same_setup_passes(tokenizer_dir: str) -> None:
 
 def test_fake_executor_process_never_imports_torch() -> None:
     code = (
-        "import sys, executor_svc.fake_executor, executor_svc.link_worker, executor_svc.process, kvserve.cli; "
+        "import sys, executor_svc.fake.executor, executor_svc.link_worker, executor_svc.process, kvserve.cli; "
         "kvserve.cli.build_parser().parse_args(['executor', '--executor', 'fake']); "
-        "executor_svc.fake_executor.FakeExecutor(); "
+        "executor_svc.fake.executor.FakeExecutor(); "
         "bad = [m for m in ('torch', 'transformers', 'triton') if m in sys.modules]; "
         "sys.exit(f'imported {bad}' if bad else 0)"
     )

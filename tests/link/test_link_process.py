@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from executor_svc.fake_executor import FakeExecutor, FakeExecutorConfig
+from executor_svc.fake.executor import FakeExecutor, FakeExecutorConfig
 from protos.sampling import SamplingParams
 from protos.step import KnownSequence, NewSequence, StepPlan
 from scheduler_svc.server.executor_link import ExecutorLink, ExecutorLost, ExecutorStepError

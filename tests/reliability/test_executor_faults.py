@@ -222,7 +222,7 @@ def test_executor_exits_when_its_scheduler_vanishes(serve, tmp_path: Path, super
 
 _SIGTERM_STORM_CHILD = """
 import time
-from executor_svc.fake_executor import FakeExecutor, FakeExecutorConfig
+from executor_svc.fake.executor import FakeExecutor, FakeExecutorConfig
 from executor_svc.link_worker import LinkWorker, LinkWorkerConfig
 executor = FakeExecutor(FakeExecutorConfig(num_blocks=8, strict=True, vocab_size=64))
 worker = LinkWorker(executor, LinkWorkerConfig(endpoint="tcp://127.0.0.1:9"))

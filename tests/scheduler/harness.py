@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from executor_svc.fake_executor import FakeExecutor, FakeExecutorConfig
+from executor_svc.fake.executor import FakeExecutor, FakeExecutorConfig
 from protos.sampling import SamplingParams
 from protos.step import StepPlan
 from protos.stop_rules import FinishReason

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from executor_svc.fake_tokens import expected_completion
+from executor_svc.fake.tokens import expected_completion
 from protos.stop_rules import FinishReason
 from scheduler_svc.core.invariants import InvariantError
 from scheduler_svc.core.kv_manager import KvManager

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from executor_svc.fake_tokens import expected_completion
+from executor_svc.fake.tokens import expected_completion
 from protos.step import StepResult
 from protos.stop_rules import FinishReason
 from scheduler_svc.core.scheduler_config import SchedulerConfig

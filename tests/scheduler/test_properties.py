@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from executor_svc.fake_tokens import expected_completion
+from executor_svc.fake.tokens import expected_completion
 from protos.stop_rules import FinishReason
 from scheduler_svc.core.request import RequestRejected, derive_seed
 from scheduler_svc.core.scheduler_config import KV_RESERVATIONS, SchedulerConfig

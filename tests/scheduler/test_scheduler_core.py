@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from executor_svc.fake_tokens import expected_completion
+from executor_svc.fake.tokens import expected_completion
 from protos.sampling import SamplingParams
 from protos.step import StepResult
 from protos.stop_rules import FinishReason, stop_reason

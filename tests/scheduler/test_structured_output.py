@@ -3,7 +3,7 @@ the grammar's end as the finish, and a matcher state that survives preemption an
 
 from __future__ import annotations
 
-from executor_svc.fake_tokens import expected_completion
+from executor_svc.fake.tokens import expected_completion
 from protos.step import SampledToken, StepResult
 from protos.stop_rules import FinishReason
 from scheduler_svc.core.scheduler_config import SchedulerConfig

@@ -1,4 +1,4 @@
-"""Cross-check against the project's strict FakeExecutor (executor_svc.fake_executor).
+"""Cross-check against the project's strict FakeExecutor (executor_svc.fake.executor).
 
 The FakeExecutor keeps its own shadow KV and block ownership and raises PlanError on
 any plan that breaks the step contract; random workloads with aborts, resets, n > 1
@@ -16,7 +16,7 @@ from scheduler_svc.core.request import RequestRejected
 from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.core.scheduler_config import SchedulerConfig
 
-fake_executor = pytest.importorskip("executor_svc.fake_executor")
+fake_executor = pytest.importorskip("executor_svc.fake.executor")
 
 
 @pytest.mark.parametrize("trial", range(16))

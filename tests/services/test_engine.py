@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from executor_svc.fake_executor import FakeExecutor, FakeExecutorConfig
+from executor_svc.fake.executor import FakeExecutor, FakeExecutorConfig
 from protos.sampling import SamplingParams
 from protos.step import ExecutorInfo, StepPlan, StepResult
 from protos.stop_rules import FinishReason

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from executor_svc.fake_vocabulary import default_model_dir
+from executor_svc.fake.vocabulary import default_model_dir
 from protos import defaults
 from protos.kvserve.v1 import api_pb2
 from protos.sampling import InvalidFieldError

@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 
 from executor_svc.attention.base import AttentionBackend
-from executor_svc.input_batch import InputBatch
-from executor_svc.kv_cache import PagedKVCache
+from executor_svc.model.input_batch import InputBatch
+from executor_svc.model.kv_cache import PagedKVCache
 from executor_svc.model_config import ModelConfig, RopeConfig
-from executor_svc.weights import ModelWeights
+from executor_svc.weights.loader import ModelWeights
 
 if TYPE_CHECKING:
     from executor_svc.tensor_parallel.group import TensorParallelGroup

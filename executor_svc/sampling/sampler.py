@@ -7,7 +7,7 @@ the batch and after a recompute. Greedy rows take the exact argmax, with no nois
 
 Before a sequence has `min_tokens` outputs, its EOS (unless ignore_eos) and stop token ids
 are masked out, by the rules in `protos.stop_rules` that the scheduler applies too.
-Structured output's token masks (`executor_svc.token_mask`) come after the penalties, so
+Structured output's token masks (`executor_svc.sampling.token_mask`) come after the penalties, so
 nothing can re-admit a token the grammar forbids. Logprobs are reported from the
 penalised, grammar-masked logits before temperature and filtering (the model's
 distribution over what may follow, as vLLM reports by default).
@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import torch
 
-from executor_svc.penalties import apply_penalties
-from executor_svc.seeded_noise import row_key, uniform_noise
+from executor_svc.sampling.penalties import apply_penalties
+from executor_svc.sampling.seeded_noise import row_key, uniform_noise
+from executor_svc.sampling.token_mask import TokenMasks, apply_token_masks
 from executor_svc.sequence_state import SequenceState
-from executor_svc.token_mask import TokenMasks, apply_token_masks
 from protos.step import SampledToken, TokenLogprob
 from protos.stop_rules import stop_token_ids, stop_tokens_allowed
 

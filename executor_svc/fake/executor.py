@@ -3,11 +3,11 @@
 It exists so scheduler, API and reliability tests run fast, and so they catch scheduler
 bugs a real model would hide behind plausible-looking text:
 
-- a *shadow KV cache* (`executor_svc.shadow_kv`: one slot per token, plus the CPU swap
+- a *shadow KV cache* (`executor_svc.fake.shadow_kv`: one slot per token, plus the CPU swap
   space) receives every computed token's id at its slot
   `block_table[pos // block_size] * block_size + pos % block_size`; swaps and copies move
   slots exactly as they would move K/V;
-- the next token (`executor_svc.fake_tokens`) is a hash of the last few context tokens
+- the next token (`executor_svc.fake.tokens`) is a hash of the last few context tokens
   *read back from the slots through the block table*, the context length and (when
   sampling) the seed. A wrong block table, a stale prefix hit or a bad copy therefore
   changes the output, and the read-back is also compared with the plan's tokens so it
@@ -36,7 +36,8 @@ from pathlib import Path
 
 import structlog
 
-from executor_svc.fake_tokens import (
+from executor_svc.fake.shadow_kv import ShadowKV
+from executor_svc.fake.tokens import (
     DEFAULT_CONTEXT_WINDOW,
     allowed_token_ids,
     context_hash,
@@ -46,8 +47,7 @@ from executor_svc.fake_tokens import (
     top_logprobs,
     wants_eos,
 )
-from executor_svc.fake_vocabulary import default_model_dir, load_vocabulary, plain_vocabulary
-from executor_svc.shadow_kv import ShadowKV
+from executor_svc.fake.vocabulary import default_model_dir, load_vocabulary, plain_vocabulary
 from protos import defaults
 from protos.config_flags import flag
 from protos.sampling import SamplingParams

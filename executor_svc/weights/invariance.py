@@ -2,7 +2,7 @@
 
 Three parts of the forward pass could make them depend on it, and each is fixed where it lives:
 attention and the SwiGLU activation run in kvserve's CPU kernels (`kernels.cpu_ops`), and the
-GEMMs get fixed call shapes (`executor_svc.row_invariance`). This module applies the last to a
+GEMMs get fixed call shapes (`executor_svc.weights.row_invariance`). This module applies the last to a
 loaded model and answers, before loading, whether a dtype's GEMMs can be made invariant here at a
 price worth paying (`auto` picks bfloat16 only then).
 """
@@ -13,10 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
-from executor_svc.linear import linear_kind, make_linear
+from executor_svc.disk_cache import cache_dir
 from executor_svc.model_config import ModelConfig
-from executor_svc.model_store import cache_dir
-from executor_svc.row_invariance import (
+from executor_svc.weights.linear import linear_kind, make_linear
+from executor_svc.weights.loader import LINEAR_NAMES, ModelWeights
+from executor_svc.weights.row_invariance import (
     AFFORDABLE_MIN_ROWS,
     MAX_ROWS,
     ProbeCache,
@@ -25,7 +26,6 @@ from executor_svc.row_invariance import (
     probe,
     probe_key,
 )
-from executor_svc.weights import LINEAR_NAMES, ModelWeights
 from kernels.cpu_ops import cpu_identity
 
 

@@ -13,7 +13,7 @@
 - **Elsewhere:** the weight transposed, [in, out] contiguous, so the call is `x @ w`: on CPU
   about 15% faster than `F.linear` on HF's [out, in] layout for decode-sized batches.
 
-Which bits a row gets can still depend on how many rows share the call: `executor_svc.row_invariance`
+Which bits a row gets can still depend on how many rows share the call: `executor_svc.weights.row_invariance`
 fixes the call shapes.
 """
 

@@ -20,10 +20,10 @@ import structlog
 import torch
 from gguf import GGMLQuantizationType, GGUFReader
 
-from executor_svc.gguf_q4_1 import GROUP, Q4_1Weight, concat_rows, parse_q4_1, select_columns, select_rows
-from executor_svc.int4_linear import Int4Linear, make_int4_linear
 from executor_svc.model_config import ModelConfig
 from executor_svc.tensor_parallel.layout import TensorParallelLayout, check_fits, plan_layout
+from executor_svc.weights.gguf_q4_1 import GROUP, Q4_1Weight, concat_rows, parse_q4_1, select_columns, select_rows
+from executor_svc.weights.int4_linear import Int4Linear, make_int4_linear
 
 log = structlog.get_logger(__name__)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 import tempfile
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import structlog
 
+from executor_svc.disk_cache import cache_dir
 from protos import defaults
 
 log = structlog.get_logger(__name__)
@@ -39,11 +39,6 @@ class ModelSource:
     name: str
     path: Path
     gguf_file: str | None = None
-
-
-def cache_dir() -> Path:
-    """Root of kvserve's on-disk cache: $KVSERVE_CACHE, else ~/.cache/kvserve."""
-    return Path(os.environ.get(defaults.CACHE_DIR_ENV) or Path.home() / ".cache" / "kvserve")
 
 
 def default_model_source() -> ModelSource:

@@ -18,10 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from executor_svc.attention.base import HEAD_MAJOR, SLOT_MAJOR
 from protos.kv_geometry import KvGeometry, bytes_per_token
-
-SLOT_MAJOR = "slot-major"
-HEAD_MAJOR = "head-major"
 
 
 @dataclass(slots=True)
