@@ -1,36 +1,69 @@
-"""What keeps a token's logits independent of its batch, chunking, cache hits and restarts.
+"""What keeps a token's logits independent of its batch, chunking, cache hits and restarts: the GEMM part.
 
 Three parts of the forward pass could make them depend on it, and each is fixed where it lives:
 attention and the SwiGLU activation run in kvserve's CPU kernels (`kernels.cpu_ops`), and the
-GEMMs get fixed call shapes (`executor_svc.weights.row_invariance`). This module applies the last to a
-loaded model and answers, before loading, whether a dtype's GEMMs can be made invariant here at a
-price worth paying (`auto` picks bfloat16 only then).
+GEMMs get fixed call shapes (`executor_svc.weights.row_invariance`). This module applies the last
+to a loaded model, and answers before loading whether a dtype's GEMMs can be made invariant here
+at a price worth paying (`auto` picks bfloat16 only then).
+
+The probe runs on random layers of each matrix's kernel and shape, in a child process
+(`python -m executor_svc.weights.invariance`): what it leaves behind, oneDNN's kernels for ~45
+call sizes per matrix among them, would otherwise stay resident in the executor (measured: 20 MB
+past the memory bound on the default model).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
 
+import structlog
 import torch
 
 from executor_svc.disk_cache import cache_dir
 from executor_svc.model_config import ModelConfig
-from executor_svc.weights.linear import linear_kind, make_linear
+from executor_svc.weights.gguf_q4_1 import GROUP, Q4_1Weight
+from executor_svc.weights.int4_linear import make_int4_linear
+from executor_svc.weights.linear import MATMUL, PACKED, WIDENED, Linear, linear_kind, make_linear
 from executor_svc.weights.loader import LINEAR_NAMES, ModelWeights
 from executor_svc.weights.row_invariance import (
     AFFORDABLE_MIN_ROWS,
     MAX_ROWS,
     ProbeCache,
     RowFixedLinear,
-    fix_rows,
+    RowKernel,
     probe,
     probe_key,
 )
 from kernels.cpu_ops import cpu_identity
 
+log = structlog.get_logger(__name__)
+
+INT4 = "int4pack"
+
 
 def probe_cache() -> ProbeCache:
-    return ProbeCache(cache_dir() / "kernels", cpu_identity())
+    """This machine's probe results for the current thread count (set the threads first)."""
+    return ProbeCache(cache_dir() / "kernels", cpu_identity(), torch.get_num_threads())
+
+
+@dataclass(frozen=True, slots=True)
+class GemmShape:
+    """One matrix as the probe sees it: the kernel, the dtype it is called with, its shape, the most rows."""
+
+    kind: str
+    dtype: str
+    n_in: int
+    n_out: int
+    bias: bool
+    max_rows: int
+
+    @property
+    def key(self) -> str:
+        kind = f"{self.kind}+bias" if self.bias else self.kind
+        return probe_key(kind, self.n_in, self.n_out, getattr(torch, self.dtype), self.max_rows)
 
 
 def linear_shapes(config: ModelConfig, vocab_rows: int) -> dict[str, tuple[int, int]]:
@@ -43,6 +76,44 @@ def linear_shapes(config: ModelConfig, vocab_rows: int) -> dict[str, tuple[int, 
 def lm_head_rows(max_num_seqs: int) -> int:
     """The most rows the lm_head is called with: one per sampling sequence, in calls of at most MAX_ROWS."""
     return min(max_num_seqs, MAX_ROWS)
+
+
+def model_gemms(
+    config: ModelConfig, vocab_rows: int, kinds: dict[str, tuple[str, torch.dtype]], max_num_seqs: int
+) -> dict[str, GemmShape]:
+    """Each matrix's `GemmShape`, from its (kernel, call dtype) in `kinds` (by `LINEAR_NAMES` and lm_head)."""
+    shapes = {}
+    for name, (n_in, n_out) in linear_shapes(config, vocab_rows).items():
+        kind, dtype = kinds[name]
+        rows = lm_head_rows(max_num_seqs) if name == "lm_head" else MAX_ROWS
+        bias = name == "qkv" and config.attention_bias and kind != INT4
+        shapes[name] = GemmShape(kind, str(dtype).removeprefix("torch."), n_in, n_out, bias, rows)
+    return shapes
+
+
+def min_rows(shapes: list[GemmShape], cache: ProbeCache) -> dict[str, int]:
+    """Each shape's `min_rows` by key: from the cache, or probed in a child process (once per machine)."""
+    missing = list({s.key: s for s in shapes if cache.get(s.key) is None}.values())
+    if missing:
+        log.info("probing GEMM call sizes for batch invariance (once per machine, then cached)", kernels=len(missing))
+        request = json.dumps({"threads": cache.threads, "shapes": [asdict(s) for s in missing]})
+        child = subprocess.run(
+            [sys.executable, "-m", "executor_svc.weights.invariance"],
+            input=request,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if child.returncode != 0:
+            raise RuntimeError(f"the GEMM probe failed (exit {child.returncode}): {child.stderr.strip()[-2000:]}")
+        cache.store(json.loads(child.stdout))
+    found = {}
+    for shape in shapes:
+        value = cache.get(shape.key)
+        if value is None:
+            raise RuntimeError(f"the GEMM probe returned no result for {shape.key}")
+        found[shape.key] = value
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,23 +132,13 @@ class Padding:
 def gemm_padding(
     config: ModelConfig, vocab_rows: int, dtype: torch.dtype, max_num_seqs: int, cache: ProbeCache
 ) -> Padding:
-    """Probe (or read from the cache) the model's GEMM shapes in `dtype` on the CPU, on random weights."""
-    worst = Padding(1, "")
-    for name, (n_in, n_out) in linear_shapes(config, vocab_rows).items():
-        rows = lm_head_rows(max_num_seqs) if name == "lm_head" else MAX_ROWS
-        bias = name == "qkv" and config.attention_bias
-        kind = linear_kind("cpu", dtype) + ("+bias" if bias else "")
-
-        def measure(n_in: int = n_in, n_out: int = n_out, rows: int = rows, bias: bool = bias) -> int:
-            generator = torch.Generator().manual_seed(0)
-            weight = (torch.randn(n_out, n_in, generator=generator) * 0.05).to(dtype)
-            linear = make_linear(weight, torch.randn(n_out, generator=generator).to(dtype) if bias else None)
-            return probe(linear, n_in, dtype, rows)
-
-        min_rows = cache.min_rows(probe_key(kind, n_in, n_out, dtype, rows), measure)
-        if min_rows > worst.min_rows:
-            worst = Padding(min_rows, name)
-    return worst
+    """What the model's GEMMs in `dtype` would need on this CPU, before any weight is loaded."""
+    kind = linear_kind("cpu", dtype)
+    names = (*LINEAR_NAMES, "lm_head")
+    shapes = model_gemms(config, vocab_rows, dict.fromkeys(names, (kind, dtype)), max_num_seqs)
+    found = min_rows(list(shapes.values()), cache)
+    worst = max(names, key=lambda name: found[shapes[name].key])
+    return Padding(found[shapes[worst].key], worst)
 
 
 def fix_model_rows(
@@ -89,17 +150,57 @@ def fix_model_rows(
     cache: ProbeCache,
 ) -> None:
     """Wrap every layer matrix and the lm_head of `weights` (in place) in `RowFixedLinear`s."""
-    shapes = linear_shapes(config, vocab_rows)
+    layer = weights.layers[0]
+    kinds = {name: _kind_and_dtype(getattr(layer, name), dtype) for name in LINEAR_NAMES}
+    kinds["lm_head"] = _kind_and_dtype(weights.lm_head, dtype)
+    shapes = model_gemms(config, vocab_rows, kinds, max_num_seqs)
+    found = min_rows(list(shapes.values()), cache)
     for layer in weights.layers:
         for name in LINEAR_NAMES:
-            linear = getattr(layer, name)
-            if not isinstance(linear, RowFixedLinear):
-                setattr(layer, name, fix_rows(linear, *shapes[name], _activation(linear, dtype), cache))
-    if not isinstance(weights.lm_head, RowFixedLinear):
-        n_in, n_out = shapes["lm_head"]
-        weights.lm_head = fix_rows(weights.lm_head, n_in, n_out, dtype, cache, lm_head_rows(max_num_seqs))
+            setattr(layer, name, RowFixedLinear(getattr(layer, name), found[shapes[name].key]))
+    weights.lm_head = RowFixedLinear(weights.lm_head, found[shapes["lm_head"].key])
 
 
-def _activation(linear: object, dtype: torch.dtype) -> torch.dtype:
-    """What a layer matrix is called with: `dtype`, except int4 layers, which take float32 (`--weights native`)."""
-    return torch.float32 if getattr(linear, "kind", "") == "int4pack" else dtype
+def _kind_and_dtype(linear: RowKernel, dtype: torch.dtype) -> tuple[str, torch.dtype]:
+    """A matrix's kernel and the dtype it is called with: `dtype`, but float32 for int4 layers (`--weights native`)."""
+    kind = linear.kind.removesuffix("+bias")
+    return kind, torch.float32 if kind == INT4 else dtype
+
+
+def random_layer(shape: GemmShape) -> RowKernel:
+    """A layer of `shape`'s kernel with random weights (dispatch depends on shapes, not values)."""
+    generator = torch.Generator().manual_seed(0)
+    dtype = getattr(torch, shape.dtype)
+    if shape.kind == INT4:
+        q4 = Q4_1Weight(
+            codes=torch.randint(0, 16, (shape.n_out, shape.n_in), generator=generator, dtype=torch.uint8),
+            d=(torch.rand(shape.n_out, shape.n_in // GROUP, generator=generator) * 0.01).half(),
+            m=(-torch.rand(shape.n_out, shape.n_in // GROUP, generator=generator) * 0.05).half(),
+        )
+        return make_int4_linear(q4)
+    weight = (torch.randn(shape.n_out, shape.n_in, generator=generator) * 0.05).to(dtype)
+    bias = torch.randn(shape.n_out, generator=generator).to(dtype) if shape.bias else None
+    if shape.kind == PACKED:
+        layer = make_linear(weight, bias)
+        assert layer.kind.removesuffix("+bias") == PACKED
+        return layer
+    if shape.kind == WIDENED:
+        return Linear(weight=weight.contiguous(), bias=bias, widen=True)
+    assert shape.kind == MATMUL, shape.kind
+    return Linear(weight=weight.t().contiguous(), bias=bias)
+
+
+def _probe_main() -> int:
+    """The child: {"threads", "shapes": [GemmShape fields]} on stdin, {key: min_rows} on stdout."""
+    request = json.load(sys.stdin)
+    torch.set_num_threads(request["threads"])
+    results = {}
+    for fields in request["shapes"]:
+        shape = GemmShape(**fields)
+        results[shape.key] = probe(random_layer(shape), shape.n_in, getattr(torch, shape.dtype), shape.max_rows)
+    json.dump(results, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_probe_main())

@@ -30,21 +30,26 @@ from executor_svc.model_config import ModelConfig
 from executor_svc.tensor_parallel.layout import TensorParallelLayout, plan_layout
 from executor_svc.weights.int4_linear import Int4Linear
 from executor_svc.weights.linear import Linear, make_linear
+from executor_svc.weights.row_invariance import RowFixedLinear
 from executor_svc.weights.token_embedding import TokenEmbedding, mapped_table
 
 log = structlog.get_logger(__name__)
 
 
+Matrix = Linear | Int4Linear | RowFixedLinear
+"""A layer matrix: as loaded, or in fixed GEMM call shapes (`executor_svc.weights.invariance`)."""
+
+
 @dataclass(slots=True)
 class LayerWeights:
     input_norm: torch.Tensor
-    qkv: Linear | Int4Linear
+    qkv: Matrix
     """hidden -> (num_heads + 2 * num_kv_heads) * head_dim, with the bias for Qwen2."""
-    o_proj: Linear | Int4Linear
+    o_proj: Matrix
     post_attention_norm: torch.Tensor
-    gate_up: Linear | Int4Linear
+    gate_up: Matrix
     """hidden -> 2 * intermediate: gate outputs first, then up."""
-    down: Linear | Int4Linear
+    down: Matrix
 
 
 @dataclass(slots=True)
@@ -52,7 +57,7 @@ class ModelWeights:
     embed: TokenEmbedding
     layers: list[LayerWeights]
     final_norm: torch.Tensor
-    lm_head: Linear
+    lm_head: Linear | RowFixedLinear
     """hidden -> vocab; built from the embedding matrix when the model ties them."""
 
 

@@ -12,13 +12,14 @@ behaviour at those call sizes, which `probe` measures: it runs the layer at ever
 rows and at steps up to MAX_ROWS, each on rows taken from different places of a MAX_ROWS-row
 reference call (so every row also changes its place in its call), and returns the smallest
 `min_rows` from which every probed size gives each row the bits it got in the reference. GEMM
-libraries dispatch on shapes, not values, so random inputs of the layer's shape are enough.
+libraries dispatch on shapes, not values, so random inputs and weights of the layer's shape are
+enough (`executor_svc.weights.invariance` probes random layers, in a child process).
 
 A bfloat16 result hides most differences in the fp32 sums behind its rounding (about one output
 element in 30,000 comes out different when two kernels sum in another order), so each size is
 checked on PROBE_ELEMENTS output elements, which misses such a pair of kernels with a probability
 under 1e-6. Results are cached per machine, torch version, thread count, kernel and shape
-(`ProbeCache`): only the first start pays, a few seconds for the default model.
+(`ProbeCache`): only the first start on a machine pays, a few seconds for the default model.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -103,20 +103,21 @@ def probe(linear: RowKernel, in_features: int, dtype: torch.dtype, max_rows: int
 class ProbeCache:
     """`probe` results on disk, one JSON file per machine, torch version and thread count."""
 
-    def __init__(self, directory: Path, identity: str) -> None:
-        digest = hashlib.sha256(f"{identity}|torch {torch.__version__}|{torch.get_num_threads()} threads".encode())
+    def __init__(self, directory: Path, identity: str, threads: int) -> None:
+        self.threads = threads
+        digest = hashlib.sha256(f"{identity}|torch {torch.__version__}|{threads} threads".encode())
         self.path = directory / f"row-invariance-{digest.hexdigest()[:16]}.json"
         try:
             self._entries: dict[str, int] = json.loads(self.path.read_text())
         except (OSError, ValueError):
             self._entries = {}
 
-    def min_rows(self, key: str, measure: Callable[[], int]) -> int:
-        if key not in self._entries:
-            log.info("probing a GEMM's call sizes for batch invariance (once per machine, then cached)", kernel=key)
-            self._entries[key] = measure()
-            self._save()
-        return self._entries[key]
+    def get(self, key: str) -> int | None:
+        return self._entries.get(key)
+
+    def store(self, results: dict[str, int]) -> None:
+        self._entries.update(results)
+        self._save()
 
     def _save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -129,19 +130,3 @@ class ProbeCache:
 def probe_key(kind: str, in_features: int, out_features: int, dtype: torch.dtype, max_rows: int) -> str:
     """What a probe result depends on besides the machine: the kernel, the call's dtype and shape."""
     return f"{kind}:{str(dtype).removeprefix('torch.')}:{in_features}x{out_features}:rows<={max_rows}"
-
-
-def fix_rows(
-    linear: RowKernel,
-    in_features: int,
-    out_features: int,
-    dtype: torch.dtype,
-    cache: ProbeCache,
-    max_rows: int = MAX_ROWS,
-) -> RowFixedLinear:
-    """`linear` wrapped so that its rows do not depend on the batch (its `min_rows` probed or cached)."""
-    key = probe_key(linear.kind, in_features, out_features, dtype, max_rows)
-    min_rows = cache.min_rows(key, lambda: probe(linear, in_features, dtype, max_rows))
-    if min_rows > 1:
-        log.debug("padding small GEMM calls", kernel=key, min_rows=min_rows)
-    return RowFixedLinear(linear, min_rows)

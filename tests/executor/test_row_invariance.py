@@ -13,8 +13,9 @@ import torch
 from executor_svc.cpu_features import has_native_bf16
 from executor_svc.weights.gguf_q4_1 import GROUP, Q4_1Weight
 from executor_svc.weights.int4_linear import make_int4_linear
+from executor_svc.weights.invariance import GemmShape, min_rows, random_layer
 from executor_svc.weights.linear import PACKED, WIDENED, Linear, make_linear
-from executor_svc.weights.row_invariance import MAX_ROWS, PROBE_ROWS, ProbeCache, RowFixedLinear, fix_rows, probe
+from executor_svc.weights.row_invariance import MAX_ROWS, PROBE_ROWS, ProbeCache, RowFixedLinear, probe
 
 ROWS = [1, 7, 16, 64, 300]
 
@@ -58,12 +59,24 @@ def test_row_fixed_calls_stay_within_the_probed_sizes_and_return_every_row():
         assert torch.equal(out, kernel.exact(x))  # never the small-call bits
 
 
-def test_probe_results_are_cached_on_disk(tmp_path):
-    first = ProbeCache(tmp_path, "cpu")
-    assert first.min_rows("k", lambda: 7) == 7
-    again = ProbeCache(tmp_path, "cpu")
-    assert again.min_rows("k", lambda: pytest.fail("measured twice")) == 7
-    assert ProbeCache(tmp_path, "another cpu").min_rows("k", lambda: 2) == 2
+def test_probe_results_are_cached_on_disk_per_cpu_and_thread_count(tmp_path):
+    ProbeCache(tmp_path, "cpu", 2).store({"k": 7})
+    assert ProbeCache(tmp_path, "cpu", 2).get("k") == 7
+    assert ProbeCache(tmp_path, "another cpu", 2).get("k") is None
+    assert ProbeCache(tmp_path, "cpu", 3).get("k") is None
+
+
+def test_the_child_process_probes_random_layers_of_each_shape_and_caches_them(tmp_path):
+    """`min_rows` runs the probe in a child (its oneDNN kernels never stay in the executor) and stores it."""
+    cache = ProbeCache(tmp_path, "test", torch.get_num_threads())
+    shapes = [
+        GemmShape("onednn-packed", "float32", 1536, 576, False, 64),
+        GemmShape("int4pack", "float32", 576, 96, False, 64),
+    ]
+    found = min_rows(shapes, cache)
+    assert set(found) == {s.key for s in shapes} and all(1 <= v <= 64 for v in found.values())
+    assert found[shapes[0].key] == probe(random_layer(shapes[0]), 1536, torch.float32, 64)  # the same in-process
+    assert ProbeCache(tmp_path, "test", torch.get_num_threads()).get(shapes[1].key) == found[shapes[1].key]
 
 
 def _paths() -> list[tuple[str, object, int, torch.dtype]]:
@@ -91,7 +104,7 @@ def _paths() -> list[tuple[str, object, int, torch.dtype]]:
 def test_every_gemm_path_gives_a_row_the_same_bits_at_every_row_count(tmp_path, name, layer, n_in, dtype):
     """All 300 rows computed in calls of 1, 7, 16, 64 and 300 rows. A bf16 result hides most
     differences in the sums behind its rounding, so every row is compared, not one."""
-    fixed = fix_rows(layer, n_in, 0, dtype, ProbeCache(tmp_path, "test"))
+    fixed = RowFixedLinear(layer, probe(layer, n_in, dtype))
     x = torch.randn(300, n_in, generator=torch.Generator().manual_seed(2)).to(dtype)
     with torch.inference_mode():
         results = {rows: torch.cat([fixed(x[s : s + rows]) for s in range(0, 300, rows)]) for rows in ROWS}
