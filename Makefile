@@ -32,7 +32,7 @@ format: setup
 	$(BIN)/ruff format .
 
 protos:
-	$(BIN)/python -m protos.generate
+	$(BIN)/python -m kvserve.protos.generate
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache .import_linter_cache

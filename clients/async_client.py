@@ -16,9 +16,9 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from clients.channel import CHANNEL_OPTIONS, DEFAULT_TARGET, HEALTH_SERVICE, bearer_metadata
-from clients.errors import KVServeError
-from clients.request_builder import (
+from kvserve.clients.channel import CHANNEL_OPTIONS, DEFAULT_TARGET, HEALTH_SERVICE, bearer_metadata
+from kvserve.clients.errors import KVServeError
+from kvserve.clients.request_builder import (
     CompletionAssembler,
     build_generate_request,
     chat_prompt,
@@ -26,8 +26,8 @@ from clients.request_builder import (
     message_to_dict,
     requested_n,
 )
-from clients.types import Chunk, Completion
-from protos.kvserve.v1 import api_pb2, api_pb2_grpc
+from kvserve.clients.types import Chunk, Completion
+from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 
 _WAIT_POLL_S = 0.1
 

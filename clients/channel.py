@@ -5,7 +5,7 @@ from __future__ import annotations
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 50051
 DEFAULT_TARGET = f"{DEFAULT_HOST}:{DEFAULT_PORT}"
-"""Duplicates protos.defaults GRPC_HOST/GRPC_PORT on purpose: clients import no kvserve code.
+"""Duplicates kvserve.config.defaults GRPC_HOST/GRPC_PORT on purpose: clients import no kvserve code.
 A test keeps the two equal."""
 
 HEALTH_SERVICE = ""

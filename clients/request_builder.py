@@ -13,9 +13,9 @@ from typing import Any
 
 import grpc
 
-from clients.errors import KVServeError
-from clients.types import Chunk, Completion, TokenLogprobs, Usage
-from protos.kvserve.v1 import api_pb2
+from kvserve.clients.errors import KVServeError
+from kvserve.clients.types import Chunk, Completion, TokenLogprobs, Usage
+from kvserve.protos.kvserve.v1 import api_pb2
 
 SAMPLING_FIELDS: tuple[str, ...] = tuple(f.name for f in api_pb2.SamplingParams.DESCRIPTOR.fields)
 """The accepted sampling keyword arguments: exactly api.proto's SamplingParams field names."""

@@ -1,4 +1,4 @@
-"""`python -m executor_svc ...`: one executor process, as `kvserve serve` starts it.
+"""`python -m kvserve.executor ...`: one executor process, as `kvserve serve` starts it.
 
 The same flags as `kvserve executor`, without importing the `kvserve` CLI package.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from executor_svc.entry import main
+from kvserve.executor.entry import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from protos import defaults
+from kvserve.config import defaults
 
 
 def cache_dir() -> Path:

@@ -1,8 +1,8 @@
 """The executor process's command line: flags, configs, `main(argv)`.
 
-`python -m executor_svc` (what `kvserve serve` supervises) and `kvserve executor` both
+`python -m kvserve.executor` (what `kvserve serve` supervises) and `kvserve executor` both
 parse here, so the executor never imports the `kvserve` CLI package. Every flag is
-generated from a config dataclass (protos.config_flags): `LinkWorkerConfig`,
+generated from a config dataclass (kvserve.config.flags): `LinkWorkerConfig`,
 `RunnerConfig`, `TensorParallelConfig`, `FakeExecutorConfig` and this module's
 `EntryOptions`, so a new field gets a flag without touching this file.
 """
@@ -14,12 +14,12 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from executor_svc.fake.executor import FakeExecutorConfig
-from executor_svc.link_worker import LinkWorkerConfig
-from executor_svc.runner_config import RunnerConfig
-from executor_svc.tensor_parallel.config import TensorParallelConfig
-from protos import defaults
-from protos.config_flags import HelpFormatter, add_flags, config_from_args, flag
+from kvserve.config import defaults
+from kvserve.config.flags import HelpFormatter, add_flags, config_from_args, flag
+from kvserve.executor.fake.executor import FakeExecutorConfig
+from kvserve.executor.link_worker import LinkWorkerConfig
+from kvserve.executor.runner_config import RunnerConfig
+from kvserve.executor.tensor_parallel.config import TensorParallelConfig
 
 PROG = "kvserve executor"
 DESCRIPTION = (
@@ -69,7 +69,7 @@ class EntryOptions:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from protos.link_endpoint import default_tcp_endpoint
+    from kvserve.link.endpoint import default_tcp_endpoint
 
     parser.add_argument_group(_LINK)
     parser.add_argument_group(
@@ -90,9 +90,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from executor_svc.process import run_executor
-    from protos.link_endpoint import LinkEndpointError, check_endpoint
-    from protos.log_config import configure_logging
+    from kvserve.executor.process import run_executor
+    from kvserve.link.endpoint import LinkEndpointError, check_endpoint
+    from kvserve.log_config import configure_logging
 
     configure_logging(process="executor")
     options = config_from_args(EntryOptions, args)
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         if not (options.curve_secret_key and options.curve_server_key):
             print(f"{PROG}: CURVE needs both --curve-secret-key and --curve-server-key", file=sys.stderr)
             return 2
-        from protos.link_curve import load_keys
+        from kvserve.link.curve import load_keys
 
         curve = load_keys(options.curve_secret_key, [options.curve_server_key])
     link = config_from_args(LinkWorkerConfig, args, curve_keys=curve, parent_pid=parent_pid_from_env())
@@ -125,9 +125,9 @@ def run(args: argparse.Namespace) -> int:
         return run_executor("fake", link, fake=fake_config_from_args(args))
     if parallel.tensor_parallel_size == 1:
         return run_executor("torch", link, runner=runner_config_from_args(args))
-    from executor_svc.process import run_tensor_parallel
-    from executor_svc.tensor_parallel.config import TensorParallelSetupError
-    from executor_svc.tensor_parallel.layout import TensorParallelFitError
+    from kvserve.executor.process import run_tensor_parallel
+    from kvserve.executor.tensor_parallel.config import TensorParallelSetupError
+    from kvserve.executor.tensor_parallel.layout import TensorParallelFitError
 
     try:
         return run_tensor_parallel(link, runner_config_from_args(args), parallel, link.parent_pid)
@@ -147,7 +147,7 @@ def runner_config_from_args(args: argparse.Namespace) -> RunnerConfig:
 
 
 def fake_config_from_args(args: argparse.Namespace) -> FakeExecutorConfig:
-    from executor_svc.weights.model_store import ensure_model_dir
+    from kvserve.executor.weights.model_store import ensure_model_dir
 
     tokenizer_path = args.tokenizer_path or str(ensure_model_dir(args.model))
     return config_from_args(FakeExecutorConfig, args, tokenizer_path=tokenizer_path)

@@ -30,12 +30,13 @@ from enum import IntEnum
 import structlog
 import zmq
 
-from executor_svc.protocol import Executor
-from protos import defaults, step_codec
-from protos.config_flags import flag
-from protos.kvserve.v1 import executor_link_pb2 as pb
-from protos.link_curve import CurveKeys
-from protos.link_endpoint import check_endpoint
+from kvserve.config import defaults
+from kvserve.config.flags import flag
+from kvserve.executor.protocol import Executor
+from kvserve.link.curve import CurveKeys
+from kvserve.link.endpoint import check_endpoint
+from kvserve.protos import step_codec
+from kvserve.protos.kvserve.v1 import executor_link_pb2 as pb
 
 log = structlog.get_logger(__name__)
 
@@ -56,7 +57,7 @@ class ExitReason(IntEnum):
     SCHEDULER_LOST = 3
     NEVER_CONNECTED = 4
     RANK_LOST = 5
-    """A tensor-parallel rank died or hung (executor_svc.tensor_parallel): the group ends for a restart."""
+    """A tensor-parallel rank died or hung (kvserve.executor.tensor_parallel): the group ends for a restart."""
 
 
 @dataclass(slots=True)

@@ -1,6 +1,6 @@
 """The Llama-family hyper-parameters kvserve needs, read from an HF `config.json`.
 
-Only architectures whose forward pass `executor_svc.model.llama` implements exactly are
+Only architectures whose forward pass `kvserve.executor.model.llama` implements exactly are
 accepted; anything else fails at load time with an error naming the architecture,
 rather than producing subtly wrong tokens later.
 """

@@ -5,7 +5,7 @@ swap-in, copies, then the sequence deltas, one forward pass over every scheduled
 and a sample for each sequence whose scheduled tokens reach the end of its known tokens.
 
 Under tensor parallelism (`place`) every rank builds its own runner on its share of the model
-(`executor_svc.tensor_parallel.layout`) and runs every plan; only rank 0 samples.
+(`kvserve.executor.tensor_parallel.layout`) and runs every plan; only rank 0 samples.
 """
 
 from __future__ import annotations
@@ -16,15 +16,16 @@ import time
 import structlog
 import torch
 
-from executor_svc.attention.cpu_backend import ensure_kernels
-from executor_svc.attention.registry import create_backend
-from executor_svc.cpu_features import has_native_bf16
-from executor_svc.model.input_batch import InputBatch, build_input_batch
-from executor_svc.model.kv_cache import CacheGeometry, PagedKVCache
-from executor_svc.model.llama import LlamaModel
-from executor_svc.model_config import load_model_config
-from executor_svc.process_memory import MIB, release_freed_heap, resident_bytes
-from executor_svc.runner_config import (
+from kvserve.config import defaults
+from kvserve.executor.attention.cpu_backend import ensure_kernels
+from kvserve.executor.attention.registry import create_backend
+from kvserve.executor.cpu_features import has_native_bf16
+from kvserve.executor.model.input_batch import InputBatch, build_input_batch
+from kvserve.executor.model.kv_cache import CacheGeometry, PagedKVCache
+from kvserve.executor.model.llama import LlamaModel
+from kvserve.executor.model_config import load_model_config
+from kvserve.executor.process_memory import MIB, release_freed_heap, resident_bytes
+from kvserve.executor.runner_config import (
     RunnerConfig,
     resolve_attention_backend,
     resolve_device,
@@ -33,20 +34,19 @@ from executor_svc.runner_config import (
     resolve_num_threads,
     resolve_weights,
 )
-from executor_svc.sampling.sampler import sample
-from executor_svc.sampling.token_mask import plan_token_masks
-from executor_svc.sequence_state import SequenceState, SequenceTable
-from executor_svc.tensor_parallel.config import RankPlace, TensorParallelConfig, resolve_backend
-from executor_svc.tensor_parallel.group import RankLostError, TensorParallelGroup
-from executor_svc.tensor_parallel.layout import plan_layout
-from executor_svc.weights import model_store
-from executor_svc.weights.int4_linear import Int4Linear
-from executor_svc.weights.invariance import fix_model_rows, gemm_padding, probe_cache
-from executor_svc.weights.loader import load_weights, weight_files
-from kernels import cpu_ops
-from protos import defaults
-from protos.kv_geometry import GIB
-from protos.step import ExecutorInfo, StepPlan, StepResult
+from kvserve.executor.sampling.sampler import sample
+from kvserve.executor.sampling.token_mask import plan_token_masks
+from kvserve.executor.sequence_state import SequenceState, SequenceTable
+from kvserve.executor.tensor_parallel.config import RankPlace, TensorParallelConfig, resolve_backend
+from kvserve.executor.tensor_parallel.group import RankLostError, TensorParallelGroup
+from kvserve.executor.tensor_parallel.layout import plan_layout
+from kvserve.executor.weights import model_store
+from kvserve.executor.weights.int4_linear import Int4Linear
+from kvserve.executor.weights.invariance import fix_model_rows, gemm_padding, probe_cache
+from kvserve.executor.weights.loader import load_weights, weight_files
+from kvserve.kernels import cpu_ops
+from kvserve.protos.kv_geometry import GIB
+from kvserve.protos.step import ExecutorInfo, StepPlan, StepResult
 
 log = structlog.get_logger(__name__)
 
@@ -57,7 +57,7 @@ them costs ~30 ms (under 1% of such a step) and keeps RSS near weights + KV (mea
 
 
 class ModelRunner:
-    """Satisfies `executor_svc.protocol.Executor` for real models."""
+    """Satisfies `kvserve.executor.protocol.Executor` for real models."""
 
     def __init__(
         self, config: RunnerConfig, place: RankPlace | None = None, parallel: TensorParallelConfig | None = None
@@ -275,7 +275,7 @@ class ModelRunner:
 
     def _profile_free_cuda_bytes(self) -> float:
         """Run a forward at the largest batch, then give the KV cache what is left of the fraction."""
-        from executor_svc.model.profiling_batch import profile_peak_activation_bytes
+        from kvserve.executor.model.profiling_batch import profile_peak_activation_bytes
 
         torch.cuda.synchronize()
         free, total = torch.cuda.mem_get_info()
@@ -292,7 +292,7 @@ class ModelRunner:
         return max(0.0, budget)
 
     def _native_linears(self) -> list[dict[str, Int4Linear]]:
-        from executor_svc.weights.gguf_weights import native_layer_linears
+        from kvserve.executor.weights.gguf_weights import native_layer_linears
 
         source = model_store.resolve_source(self.config.model)
         if source.gguf_file is None:

@@ -1,6 +1,6 @@
 """The executor process: build an executor, register with the scheduler, serve plans.
 
-executor_svc.entry parses flags into the configs below and calls `run_executor`. The torch
+kvserve.executor.entry parses flags into the configs below and calls `run_executor`. The torch
 model runner is imported only for `--executor torch`, so a fake executor process never
 imports torch (and starts in well under a second). With `--tensor-parallel-size N` above 1 this
 process is one rank of a group (`run_tensor_parallel`): rank 0 is the executor the scheduler sees.
@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from executor_svc.fake.executor import FakeExecutor, FakeExecutorConfig
-from executor_svc.link_worker import ExitReason, LinkWorker, LinkWorkerConfig
-from executor_svc.protocol import Executor
-from executor_svc.runner_config import RunnerConfig
-from executor_svc.tensor_parallel.config import RankPlace, TensorParallelConfig, check_rank_device, place_from_env
+from kvserve.executor.fake.executor import FakeExecutor, FakeExecutorConfig
+from kvserve.executor.link_worker import ExitReason, LinkWorker, LinkWorkerConfig
+from kvserve.executor.protocol import Executor
+from kvserve.executor.runner_config import RunnerConfig
+from kvserve.executor.tensor_parallel.config import RankPlace, TensorParallelConfig, check_rank_device, place_from_env
 
 if TYPE_CHECKING:
-    from executor_svc.model_runner import ModelRunner
-    from executor_svc.tensor_parallel.launcher import LocalRanks
-    from executor_svc.tensor_parallel.leader import TensorParallelExecutor
+    from kvserve.executor.model_runner import ModelRunner
+    from kvserve.executor.tensor_parallel.launcher import LocalRanks
+    from kvserve.executor.tensor_parallel.leader import TensorParallelExecutor
 
 log = structlog.get_logger(__name__)
 
@@ -35,7 +35,7 @@ def build_executor(
     if kind == "fake":
         return FakeExecutor(fake or FakeExecutorConfig())
     if kind == "torch":
-        from executor_svc.model_runner import ModelRunner  # imports torch
+        from kvserve.executor.model_runner import ModelRunner  # imports torch
 
         return ModelRunner(runner or RunnerConfig())
     raise ValueError(f"unknown executor kind {kind!r}; choose one of {', '.join(EXECUTOR_KINDS)}")
@@ -73,9 +73,9 @@ def run_tensor_parallel(
 ) -> int:
     """One rank of a tensor-parallel group. Without a place in the environment this process is rank 0
     and starts the others on this host; rank 0 serves the link, the others follow its plans."""
-    from executor_svc.tensor_parallel.follower import serve_follower, watch_leader
-    from executor_svc.tensor_parallel.leader import TensorParallelExecutor
-    from executor_svc.tensor_parallel.plan_channel import PlanChannel
+    from kvserve.executor.tensor_parallel.follower import serve_follower, watch_leader
+    from kvserve.executor.tensor_parallel.leader import TensorParallelExecutor
+    from kvserve.executor.tensor_parallel.plan_channel import PlanChannel
 
     check_rank_device(runner.device)
     place = place_from_env(parallel.tensor_parallel_size)
@@ -94,13 +94,13 @@ def run_tensor_parallel(
 def start_local_group(runner: RunnerConfig, parallel: TensorParallelConfig) -> TensorParallelExecutor:
     """Rank 0 of a group on this host: refuse a size the model does not fit, start ranks 1 … N−1,
     load this rank's share; returns once every rank has its model and the KV pool is agreed."""
-    from executor_svc.model_config import load_model_config
-    from executor_svc.tensor_parallel.launcher import LocalRanks, follower_argv, local_leader_place
-    from executor_svc.tensor_parallel.layout import check_fits
-    from executor_svc.tensor_parallel.leader import TensorParallelExecutor
-    from executor_svc.tensor_parallel.plan_channel import PlanChannel
-    from executor_svc.weights import model_store
-    from executor_svc.weights.gguf_q4_1 import GROUP
+    from kvserve.executor.model_config import load_model_config
+    from kvserve.executor.tensor_parallel.launcher import LocalRanks, follower_argv, local_leader_place
+    from kvserve.executor.tensor_parallel.layout import check_fits
+    from kvserve.executor.tensor_parallel.leader import TensorParallelExecutor
+    from kvserve.executor.tensor_parallel.plan_channel import PlanChannel
+    from kvserve.executor.weights import model_store
+    from kvserve.executor.weights.gguf_q4_1 import GROUP
 
     size = parallel.tensor_parallel_size
     check_rank_device(runner.device)
@@ -122,8 +122,8 @@ def build_rank(
     runner: RunnerConfig, place: RankPlace, parallel: TensorParallelConfig, ranks: LocalRanks | None
 ) -> ModelRunner:
     """This rank's model runner; a rank lost while the group forms ends the group like one lost later."""
-    from executor_svc.model_runner import ModelRunner
-    from executor_svc.tensor_parallel.group import RankLostError
+    from kvserve.executor.model_runner import ModelRunner
+    from kvserve.executor.tensor_parallel.group import RankLostError
 
     try:
         return ModelRunner(runner, place, parallel)

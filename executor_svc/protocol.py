@@ -1,6 +1,6 @@
 """The one interface every executor implementation satisfies.
 
-`executor_svc.link_worker` drives any `Executor` from StepPlans received over ZeroMQ:
+`kvserve.executor.link_worker` drives any `Executor` from StepPlans received over ZeroMQ:
 the real torch model runner and the fake executor used by fast tests plug in the same way.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from protos.step import ExecutorInfo, StepPlan, StepResult
+from kvserve.protos.step import ExecutorInfo, StepPlan, StepResult
 
 
 class Executor(Protocol):

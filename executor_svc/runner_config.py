@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from executor_svc.cpu_features import has_native_bf16
-from protos import defaults
-from protos.config_flags import flag
+from kvserve.config import defaults
+from kvserve.config.flags import flag
+from kvserve.executor.cpu_features import has_native_bf16
 
 DTYPES = ("float32", "bfloat16", "float16")
 """What --dtype and --kv-cache-dtype take besides auto."""
@@ -20,7 +20,7 @@ ATTENTION_BACKENDS = ("cpu", "torch", "triton")
 class RunnerConfig:
     """Every knob of `ModelRunner`; "auto" values are resolved once at start-up.
 
-    Each field is a `kvserve executor` flag (executor_svc.entry), its help written here.
+    Each field is a `kvserve executor` flag (kvserve.executor.entry), its help written here.
     """
 
     model: str | None = field(
@@ -107,7 +107,7 @@ class RunnerConfig:
 
 
 def check_block_size(block_size: int) -> None:
-    """Refuse a block size the kernels and backends are not tested at (`protos.defaults.BLOCK_SIZES`)."""
+    """Refuse a block size the kernels and backends are not tested at (`kvserve.config.defaults.BLOCK_SIZES`)."""
     if block_size not in defaults.BLOCK_SIZES:
         allowed = ", ".join(map(str, defaults.BLOCK_SIZES))
         raise ValueError(f"--block-size must be one of {allowed}, got {block_size!r}")

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from protos.sampling import SamplingParams
-from protos.step import KnownSequence, NewSequence, PlanError
+from kvserve.protos.sampling import SamplingParams
+from kvserve.protos.step import KnownSequence, NewSequence, PlanError
 
 
 class UnknownSequenceError(PlanError):

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
-from executor_svc.model.input_batch import build_input_batch
-from executor_svc.model_runner import ModelRunner
-from executor_svc.sequence_state import SequenceState
-from protos.sampling import SamplingParams
+from kvserve.executor.model.input_batch import build_input_batch
+from kvserve.executor.model_runner import ModelRunner
+from kvserve.executor.sequence_state import SequenceState
+from kvserve.protos.sampling import SamplingParams
 
 
 @dataclass(slots=True)
@@ -28,12 +28,11 @@ class TokenScores:
     """[n - 1] int64: the greedy choice after tokens[: i + 1]."""
 
 
-def score_tokens(runner: ModelRunner, token_ids: list[int]) -> TokenScores:
-    """Score `token_ids` in one prefill on the runner's first KV blocks.
-
-    It overwrites those blocks, so use it on a runner that serves nothing else (a benchmark's)."""
-    if len(token_ids) < 2:
-        raise ValueError("scoring needs at least two tokens")
+def every_position_logits(runner: ModelRunner, token_ids: list[int], split: int | None = None) -> torch.Tensor:
+    """Logits [n, vocab] at every position of `token_ids`, through the runner's own forward pass on its
+    first KV blocks: one prefill, or with `split` a prefill of that many tokens then an extend over the
+    cached context (which exercises the paged cache). It overwrites those blocks, so use it on a runner
+    that serves nothing else (a benchmark's, a test's)."""
     block_size = runner.config.block_size
     num_blocks = -(-len(token_ids) // block_size)
     if num_blocks > runner.cache.num_blocks:
@@ -47,14 +46,26 @@ def score_tokens(runner: ModelRunner, token_ids: list[int]) -> TokenScores:
         block_table=list(range(num_blocks)),
         sampling=SamplingParams(temperature=0.0),
         seed=0,
-        num_scheduled_tokens=len(token_ids),
     )
+    chunks = [(0, len(token_ids))] if split is None else [(0, split), (split, len(token_ids) - split)]
+    logits = []
     with torch.inference_mode():
-        batch = build_input_batch(
-            [state], block_size, runner.device, runner.model.scale, runner.dtype, runner.model_config.num_kv_heads
-        )
-        batch.sample_indices = torch.arange(len(token_ids) - 1, device=runner.device)
-        logits = runner.model.forward(batch, runner.cache, runner.backend)
+        for start, count in chunks:
+            state.num_computed_tokens, state.num_scheduled_tokens = start, count
+            batch = build_input_batch(
+                [state], block_size, runner.device, runner.model.scale, runner.dtype, runner.model_config.num_kv_heads
+            )
+            batch.sample_indices = torch.arange(count, device=runner.device)
+            logits.append(runner.model.forward(batch, runner.cache, runner.backend))
+    return torch.cat(logits)
+
+
+def score_tokens(runner: ModelRunner, token_ids: list[int]) -> TokenScores:
+    """Score `token_ids` in one prefill on the runner's first KV blocks (see `every_position_logits`)."""
+    if len(token_ids) < 2:
+        raise ValueError("scoring needs at least two tokens")
+    logits = every_position_logits(runner, token_ids)[:-1]
+    with torch.inference_mode():
         targets = torch.tensor(token_ids[1:], dtype=torch.long, device=logits.device)
         logprobs = torch.log_softmax(logits, dim=-1).gather(1, targets[:, None]).squeeze(1)
     return TokenScores(logprobs=logprobs.cpu(), argmax=logits.argmax(dim=-1).cpu())

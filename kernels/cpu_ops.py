@@ -5,7 +5,7 @@ code by shape (a one-row product, a split of the keys, a flash-attention block t
 query length, a scalar tail where a thread's chunk ends), so the same token's hidden state
 changed with what it was batched with and how its prompt was chunked or cached. These kernels
 compute every row in one fixed order, whatever else shares the call (the sources' headers say
-how), so a token's result is bit-identical however it arrived. `kernels.reference` holds the
+how), so a token's result is bit-identical however it arrived. `kvserve.kernels.reference` holds the
 plain-torch semantics they are tested against.
 
 The library is compiled by torch's extension builder (ninja and the system C++ compiler) into
@@ -103,7 +103,7 @@ def paged_attention(
 ) -> torch.Tensor:
     """Causal attention of packed new tokens over each sequence's paged context.
 
-    The semantics of `kernels.reference.paged_attention_reference`: `query` [tokens, heads,
+    The semantics of `kvserve.kernels.reference.paged_attention_reference`: `query` [tokens, heads,
     head_dim] packed by sequence; head-major caches (`head_major`) already holding the new
     tokens' K/V; int32 `block_tables` [seqs, width], `query_start_loc` [seqs + 1] and `seq_lens`
     [seqs]. The output has the query's dtype; K/V may have another."""

@@ -3,7 +3,7 @@
 One program handles one (sequence, KV head, split): the query heads that share the KV
 head are packed into the rows of one tile (GQA packing), so each K/V block is read from
 memory once per KV head rather than once per query head. Each split runs an online
-softmax over its range of KV tiles (`kernels.kv_tile`: one block, or two 8-token blocks)
+softmax over its range of KV tiles (`kvserve.kernels.kv_tile`: one block, or two 8-token blocks)
 and writes a partial output plus its log-sum-exp; a second kernel merges the splits.
 Splitting the context keeps the GPU busy when the batch is small but contexts are long.
 """
@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.kv_tile import kv_tile_tokens, tile_slots
+from kvserve.kernels.kv_tile import kv_tile_tokens, tile_slots
 
 
 @triton.jit

@@ -3,7 +3,7 @@
 New tokens of many sequences are packed back to back (`query_start_loc`), with no
 padding. A program owns one tile of BLOCK_M new tokens of one sequence and one query
 head. The new tokens' K/V are stored into the cache before this kernel runs, so one
-loop over the block table, a KV tile at a time (`kernels.kv_tile`: one block, or two
+loop over the block table, a KV tile at a time (`kvserve.kernels.kv_tile`: one block, or two
 8-token blocks), covers both the cached context (fully visible) and the causal part over
 the new tokens (masked by position); the loop stops at the tile's last query position,
 so causal work above the diagonal is skipped.
@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.kv_tile import kv_tile_tokens, tile_slots
+from kvserve.kernels.kv_tile import kv_tile_tokens, tile_slots
 
 
 @triton.jit

@@ -13,7 +13,7 @@ import importlib
 import sys
 
 from kvserve import __version__
-from protos.config_flags import HelpFormatter
+from kvserve.config.flags import HelpFormatter
 
 COMMANDS = (
     "kvserve.commands.serve",

@@ -4,11 +4,13 @@ Two trees hold them: `protos/kvserve/v1/` (the kvserve API and the executor link
 `protos/grpc/` (standard gRPC protocols that the installed grpcio packages lack, such as
 server reflection v1).
 
-    python -m protos.generate          # write *_pb2.py, *_pb2.pyi, *_pb2_grpc.py beside each .proto
-    python -m protos.generate --check  # exit 1 when the committed generated code is stale
+    python -m kvserve.protos.generate          # write *_pb2.py, *_pb2.pyi, *_pb2_grpc.py beside each .proto
+    python -m kvserve.protos.generate --check  # exit 1 when the committed generated code is stale
 
 protoc runs with `-I <repo root>`, so generated modules import each other as
-`from protos.kvserve.v1 import ...` and the package layout is the import path (a proto's
+`from protos.kvserve.v1 import ...`; the folder is installed as `kvserve.protos`, so those imports
+are rewritten to `from kvserve.protos.kvserve.v1 import ...` (`PACKAGE`), and the package layout
+is the import path (a proto's
 `package` statement need not match it: `protos/grpc/reflection/v1/reflection.proto` declares
 `grpc.reflection.v1`).
 `--check` generates into a temporary directory and compares, so it never touches the
@@ -29,6 +31,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 PROTO_TREE = "protos"
 """Every .proto below this folder of the repo root is generated."""
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
+PACKAGE = "kvserve.protos"
+"""The import name of the `protos/` folder (the symlink kvserve/protos)."""
+_IMPORTS = re.compile(rb"^(from|import) protos\.", re.M)
 _VERSION_STAMPS = (
     re.compile(rb"# Protobuf Python Version: [^\n]*"),
     re.compile(rb"_runtime_version\.ValidateProtobufRuntimeVersion\([^)]*\)"),
@@ -71,7 +76,11 @@ def generate(out_root: Path) -> list[Path]:
     ]
     if protoc.main(args) != 0:
         raise GenerationError(f"protoc failed on {', '.join(map(str, protos))}")
-    return [name for proto in protos for name in generated_names(proto)]
+    written = [name for proto in protos for name in generated_names(proto)]
+    for name in written:
+        path = out_root / name
+        path.write_bytes(_IMPORTS.sub(rb"\1 " + PACKAGE.encode() + rb".", path.read_bytes()))
+    return written
 
 
 def stale_files() -> list[Path]:
@@ -96,7 +105,9 @@ def _content(path: Path) -> bytes:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m protos.generate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m kvserve.protos.generate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--check", action="store_true", help="do not write; exit 1 if the generated code is missing or stale"
@@ -107,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in stale:
             print(f"stale generated file: {name}", file=sys.stderr)
         if stale:
-            print("run `make protos` (python -m protos.generate) and commit the result", file=sys.stderr)
+            print("run `make protos` (python -m kvserve.protos.generate) and commit the result", file=sys.stderr)
             return 1
         print(f"generated code is up to date ({len(proto_files())} .proto files)")
         return 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from protos import defaults
+from kvserve.config import defaults
 
 
 class InvalidFieldError(ValueError):

@@ -2,7 +2,7 @@
 
 The scheduler builds a `StepPlan` each step; the executor runs it and answers with a
 `StepResult`. On the wire both are protobuf messages (`protos/kvserve/v1/executor_link.proto`,
-encoded by `protos.step_codec`); these dataclasses are the in-memory form on each side.
+encoded by `kvserve.protos.step_codec`); these dataclasses are the in-memory form on each side.
 
 A plan is a *delta*, like vLLM v1's SchedulerOutput:
 - `new_seqs` are sequences the executor does not know (first admission, resume after a
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from protos.sampling import SamplingParams
+from kvserve.protos.sampling import SamplingParams
 
 
 class PlanError(ValueError):

@@ -1,4 +1,4 @@
-"""Convert the step contract (`protos.step` dataclasses) to and from its protobuf form.
+"""Convert the step contract (`kvserve.protos.step` dataclasses) to and from its protobuf form.
 
 This runs twice per step on each side, so it avoids per-sequence protobuf objects on
 the hot path: cached sequences and outputs travel as parallel packed arrays (see
@@ -13,9 +13,9 @@ from itertools import accumulate, chain
 from operator import attrgetter
 from typing import TypeVar
 
-from protos.kvserve.v1 import executor_link_pb2 as pb
-from protos.sampling import SamplingParams
-from protos.step import (
+from kvserve.protos.kvserve.v1 import executor_link_pb2 as pb
+from kvserve.protos.sampling import SamplingParams
+from kvserve.protos.step import (
     ExecutorInfo,
     KnownSequence,
     NewSequence,

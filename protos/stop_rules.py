@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 
-from protos.sampling import SamplingParams
+from kvserve.protos.sampling import SamplingParams
 
 
 class FinishReason(str, enum.Enum):

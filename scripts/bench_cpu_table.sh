@@ -19,7 +19,7 @@ threads="${THREADS:-2}"
 mkdir -p "$out"
 cd "$here"
 
-gguf="$("$python" -c 'from executor_svc.weights.model_store import default_model_source as d; s = d(); print(s.path / s.gguf_file)')"
+gguf="$("$python" -c 'from kvserve.executor.weights.model_store import default_model_source as d; s = d(); print(s.path / s.gguf_file)')"
 lscpu > "$out/lscpu.txt"
 git rev-parse --short HEAD > "$out/commit.txt" 2>/dev/null || true
 

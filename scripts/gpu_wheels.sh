@@ -33,7 +33,7 @@ CACHE=${KVSERVE_CACHE:-$HOME/.cache/kvserve}
 MODEL="$CACHE/models/smollm2-135m-instruct"
 if [ ! -f "$MODEL/tokenizer.json" ]; then
     echo ">> converting the default model once, for its tokenizer files"
-    "$PY" -c "from executor_svc.weights.model_store import ensure_model_dir; ensure_model_dir()"
+    "$PY" -c "from kvserve.executor.weights.model_store import ensure_model_dir; ensure_model_dir()"
 fi
 TOKENIZER="$DEST/smollm2-tokenizer"
 mkdir -p "$TOKENIZER"

@@ -37,6 +37,6 @@ fi
 # `kvserve serve` from spending half a minute on it. On a GPU host the executor runs Triton instead.
 if ! { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }; then
     echo ">> building kvserve's CPU kernels (once per machine; about 30 s the first time)"
-    "$VENV/bin/python" -m executor_svc.attention.cpu_backend >/dev/null
+    "$VENV/bin/python" -m kvserve.executor.attention.cpu_backend >/dev/null
 fi
 echo ">> setup complete ($VENV)"

@@ -15,7 +15,7 @@ from kvserve.testing.server_launcher import ServeProcess, start_serve
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
     """The default model converted to a safetensors directory (converted once, then cached)."""
-    from executor_svc.weights.model_store import ensure_model_dir
+    from kvserve.executor.weights.model_store import ensure_model_dir
 
     return ensure_model_dir()
 

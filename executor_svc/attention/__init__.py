@@ -1,7 +1,7 @@
 """Attention backends behind one interface: `cpu` (kvserve's CPU kernels, the CPU default), `torch`
 (plain torch, any device) and `triton` (the CUDA default)."""
 
-from executor_svc.attention.base import AttentionBackend, AttentionMetadata
-from executor_svc.attention.registry import create_backend
+from kvserve.executor.attention.base import AttentionBackend, AttentionMetadata
+from kvserve.executor.attention.registry import create_backend
 
 __all__ = ["AttentionBackend", "AttentionMetadata", "create_backend"]

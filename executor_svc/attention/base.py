@@ -17,7 +17,7 @@ SLOT_MAJOR = "slot-major"
 """K and V blocks `[num_blocks, block_size, num_kv_heads, head_dim]` (the torch and triton backends)."""
 HEAD_MAJOR = "head-major"
 """K blocks `[num_blocks, num_kv_heads, head_dim, block_size]` and V `[num_blocks, num_kv_heads, block_size,
-head_dim]` (the cpu backend): one head's block a contiguous run, keys transposed (`executor_svc.model.kv_cache`)."""
+head_dim]` (the cpu backend): one head's block a contiguous run, keys transposed (`kvserve.executor.model.kv_cache`)."""
 
 
 @dataclass(slots=True)
@@ -52,7 +52,7 @@ class AttentionMetadata:
 class AttentionBackend(Protocol):
     name: str
     kv_layout: str
-    """The order of a KV block's elements this backend reads and writes (`executor_svc.model.kv_cache`)."""
+    """The order of a KV block's elements this backend reads and writes (`kvserve.executor.model.kv_cache`)."""
 
     def prepare(self, meta: AttentionMetadata) -> None:
         """Precompute what every layer of this step shares; stores it in `meta.prepared`."""

@@ -1,12 +1,12 @@
 """Attention through kvserve's own CPU kernels (`kernels/cpu/`): the CPU default.
 
 A token's attention output from these kernels is bit-identical however the token was batched,
-chunked, cached or recomputed (`kernels.cpu_ops`), which torch's CPU attention does not give.
-They read the cache in the head-major block layout (`executor_svc.model.kv_cache`).
+chunked, cached or recomputed (`kvserve.kernels.cpu_ops`), which torch's CPU attention does not give.
+They read the cache in the head-major block layout (`kvserve.executor.model.kv_cache`).
 
 The kernels are compiled once per machine and torch version into `$KVSERVE_CACHE/kernels`
 (about 20 s; `scripts/setup.sh` does it ahead of the first start):
-`python -m executor_svc.attention.cpu_backend` builds them and prints where.
+`python -m kvserve.executor.attention.cpu_backend` builds them and prints where.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 import structlog
 import torch
 
-from executor_svc.attention.base import HEAD_MAJOR, AttentionMetadata
-from executor_svc.disk_cache import cache_dir
-from kernels import cpu_ops
+from kvserve.executor.attention.base import HEAD_MAJOR, AttentionMetadata
+from kvserve.executor.disk_cache import cache_dir
+from kvserve.kernels import cpu_ops
 
 log = structlog.get_logger(__name__)
 

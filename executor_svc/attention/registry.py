@@ -7,7 +7,7 @@ loads triton).
 
 from __future__ import annotations
 
-from executor_svc.attention.base import AttentionBackend
+from kvserve.executor.attention.base import AttentionBackend
 
 BACKENDS = ("cpu", "torch", "triton")
 
@@ -15,15 +15,15 @@ BACKENDS = ("cpu", "torch", "triton")
 def create_backend(name: str) -> AttentionBackend:
     """A fresh backend of the given name (one of BACKENDS)."""
     if name == "cpu":
-        from executor_svc.attention.cpu_backend import CpuAttentionBackend
+        from kvserve.executor.attention.cpu_backend import CpuAttentionBackend
 
         return CpuAttentionBackend()
     if name == "torch":
-        from executor_svc.attention.torch_backend import TorchAttentionBackend
+        from kvserve.executor.attention.torch_backend import TorchAttentionBackend
 
         return TorchAttentionBackend()
     if name == "triton":
-        from executor_svc.attention.triton_backend import TritonAttentionBackend
+        from kvserve.executor.attention.triton_backend import TritonAttentionBackend
 
         return TritonAttentionBackend()
     raise ValueError(f"unknown attention backend {name!r}; choose one of {', '.join(BACKENDS)}")

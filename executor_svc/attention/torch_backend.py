@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from executor_svc.attention.base import SLOT_MAJOR, AttentionMetadata
+from kvserve.executor.attention.base import SLOT_MAJOR, AttentionMetadata
 
 CONTEXT_BUCKET_RATIO = 0.7
 """A decode sequence joins the current group while its context is at least this fraction of the

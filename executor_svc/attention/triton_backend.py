@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from executor_svc.attention.base import SLOT_MAJOR, AttentionMetadata
-from kernels.paged_decode import paged_decode_attention
-from kernels.prefill_extend import extend_attention
-from kernels.store_kv import store_kv
+from kvserve.executor.attention.base import SLOT_MAJOR, AttentionMetadata
+from kvserve.kernels.paged_decode import paged_decode_attention
+from kvserve.kernels.prefill_extend import extend_attention
+from kvserve.kernels.store_kv import store_kv
 
 
 class TritonAttentionBackend:

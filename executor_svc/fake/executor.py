@@ -3,11 +3,11 @@
 It exists so scheduler, API and reliability tests run fast, and so they catch scheduler
 bugs a real model would hide behind plausible-looking text:
 
-- a *shadow KV cache* (`executor_svc.fake.shadow_kv`: one slot per token, plus the CPU swap
+- a *shadow KV cache* (`kvserve.executor.fake.shadow_kv`: one slot per token, plus the CPU swap
   space) receives every computed token's id at its slot
   `block_table[pos // block_size] * block_size + pos % block_size`; swaps and copies move
   slots exactly as they would move K/V;
-- the next token (`executor_svc.fake.tokens`) is a hash of the last few context tokens
+- the next token (`kvserve.executor.fake.tokens`) is a hash of the last few context tokens
   *read back from the slots through the block table*, the context length and (when
   sampling) the seed. A wrong block table, a stale prefix hit or a bad copy therefore
   changes the output, and the read-back is also compared with the plan's tokens so it
@@ -36,8 +36,10 @@ from pathlib import Path
 
 import structlog
 
-from executor_svc.fake.shadow_kv import ShadowKV
-from executor_svc.fake.tokens import (
+from kvserve.config import defaults
+from kvserve.config.flags import flag
+from kvserve.executor.fake.shadow_kv import ShadowKV
+from kvserve.executor.fake.tokens import (
     DEFAULT_CONTEXT_WINDOW,
     allowed_token_ids,
     context_hash,
@@ -47,12 +49,10 @@ from executor_svc.fake.tokens import (
     top_logprobs,
     wants_eos,
 )
-from executor_svc.fake.vocabulary import default_model_dir, load_vocabulary, plain_vocabulary
-from protos import defaults
-from protos.config_flags import flag
-from protos.sampling import SamplingParams
-from protos.step import ExecutorInfo, PlanError, SampledToken, StepPlan, StepResult
-from protos.stop_rules import stop_tokens_allowed
+from kvserve.executor.fake.vocabulary import default_model_dir, load_vocabulary, plain_vocabulary
+from kvserve.protos.sampling import SamplingParams
+from kvserve.protos.step import ExecutorInfo, PlanError, SampledToken, StepPlan, StepResult
+from kvserve.protos.stop_rules import stop_tokens_allowed
 
 log = structlog.get_logger(__name__)
 
@@ -65,7 +65,7 @@ class FakeExecutorConfig:
     block_size: int = defaults.BLOCK_SIZE
     """Any positive size here: the scheduler's tests use blocks of 1-4 tokens to cross many block
     boundaries. From the command line it is the runner's `--block-size` (`RunnerConfig.block_size`),
-    so a served fake executor takes only `protos.defaults.BLOCK_SIZES`, like the model runner."""
+    so a served fake executor takes only `kvserve.config.defaults.BLOCK_SIZES`, like the model runner."""
     num_cpu_blocks: int = field(default=0, metadata=flag("CPU swap blocks (0: no swap-preemption)"))
     max_model_len: int | None = None
     """None: the tokenizer dir's config.json max_position_embeddings, else 8192."""
@@ -111,7 +111,7 @@ class _Sequence:
 
 
 class FakeExecutor:
-    """`executor_svc.protocol.Executor` with a shadow KV cache instead of a model."""
+    """`kvserve.executor.protocol.Executor` with a shadow KV cache instead of a model."""
 
     def __init__(self, config: FakeExecutorConfig | None = None) -> None:
         self.config = config = config or FakeExecutorConfig()

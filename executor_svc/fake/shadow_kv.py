@@ -10,7 +10,7 @@ that sits at the wrong offset, and the block moves get the stricter checks below
 
 from __future__ import annotations
 
-from protos.step import PlanError
+from kvserve.protos.step import PlanError
 
 EMPTY_SLOT = -1
 Slot = int | tuple[int, int]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from protos.step import TokenLogprob
+from kvserve.protos.step import TokenLogprob
 
 DEFAULT_CONTEXT_WINDOW = 4
 """How many trailing context tokens the next token depends on."""

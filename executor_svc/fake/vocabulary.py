@@ -33,7 +33,7 @@ def plain_vocabulary(size: int) -> Vocabulary:
 
 
 def default_model_dir() -> Path:
-    from executor_svc.weights.model_store import ensure_model_dir  # no torch when already converted
+    from kvserve.executor.weights.model_store import ensure_model_dir  # no torch when already converted
 
     return ensure_model_dir()
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from executor_svc.attention.base import AttentionMetadata
-from executor_svc.sequence_state import SequenceState
-from protos.step import PlanError
+from kvserve.executor.attention.base import AttentionMetadata
+from kvserve.executor.sequence_state import SequenceState
+from kvserve.protos.step import PlanError
 
 
 @dataclass(slots=True)

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from executor_svc.attention.base import HEAD_MAJOR, SLOT_MAJOR
-from protos.kv_geometry import KvGeometry, bytes_per_token
+from kvserve.executor.attention.base import HEAD_MAJOR, SLOT_MAJOR
+from kvserve.protos.kv_geometry import KvGeometry, bytes_per_token
 
 
 @dataclass(slots=True)

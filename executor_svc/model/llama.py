@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from executor_svc.attention.base import AttentionBackend
-from executor_svc.model.input_batch import InputBatch
-from executor_svc.model.kv_cache import PagedKVCache
-from executor_svc.model_config import ModelConfig, RopeConfig
-from executor_svc.weights.loader import ModelWeights
+from kvserve.executor.attention.base import AttentionBackend
+from kvserve.executor.model.input_batch import InputBatch
+from kvserve.executor.model.kv_cache import PagedKVCache
+from kvserve.executor.model_config import ModelConfig, RopeConfig
+from kvserve.executor.weights.loader import ModelWeights
 
 if TYPE_CHECKING:
-    from executor_svc.tensor_parallel.group import TensorParallelGroup
+    from kvserve.executor.tensor_parallel.group import TensorParallelGroup
 
 
 def rope_inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
@@ -49,7 +49,7 @@ class LlamaModel:
 
     Under tensor parallelism `config` is this rank's shard (its heads and MLP width,
     `TensorParallelLayout.shard_config`) and `group` completes the row-parallel products, the
-    vocab-parallel embedding and the lm_head logits (`executor_svc.tensor_parallel.layout`)."""
+    vocab-parallel embedding and the lm_head logits (`kvserve.executor.tensor_parallel.layout`)."""
 
     def __init__(
         self,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from executor_svc.model.input_batch import build_input_batch
-from executor_svc.model.kv_cache import PagedKVCache
-from executor_svc.sequence_state import SequenceState
-from protos.sampling import SamplingParams
+from kvserve.executor.model.input_batch import build_input_batch
+from kvserve.executor.model.kv_cache import PagedKVCache
+from kvserve.executor.sequence_state import SequenceState
+from kvserve.protos.sampling import SamplingParams
 
 
 def profile_peak_activation_bytes(runner) -> int:

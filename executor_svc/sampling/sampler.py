@@ -6,8 +6,8 @@ Every row is processed in one vectorised pass. Random draws use the exponential 
 the batch and after a recompute. Greedy rows take the exact argmax, with no noise.
 
 Before a sequence has `min_tokens` outputs, its EOS (unless ignore_eos) and stop token ids
-are masked out, by the rules in `protos.stop_rules` that the scheduler applies too.
-Structured output's token masks (`executor_svc.sampling.token_mask`) come after the penalties, so
+are masked out, by the rules in `kvserve.protos.stop_rules` that the scheduler applies too.
+Structured output's token masks (`kvserve.executor.sampling.token_mask`) come after the penalties, so
 nothing can re-admit a token the grammar forbids. Logprobs are reported from the
 penalised, grammar-masked logits before temperature and filtering (the model's
 distribution over what may follow, as vLLM reports by default).
@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import torch
 
-from executor_svc.sampling.penalties import apply_penalties
-from executor_svc.sampling.seeded_noise import row_key, uniform_noise
-from executor_svc.sampling.token_mask import TokenMasks, apply_token_masks
-from executor_svc.sequence_state import SequenceState
-from protos.step import SampledToken, TokenLogprob
-from protos.stop_rules import stop_token_ids, stop_tokens_allowed
+from kvserve.executor.sampling.penalties import apply_penalties
+from kvserve.executor.sampling.seeded_noise import row_key, uniform_noise
+from kvserve.executor.sampling.token_mask import TokenMasks, apply_token_masks
+from kvserve.executor.sequence_state import SequenceState
+from kvserve.protos.step import SampledToken, TokenLogprob
+from kvserve.protos.stop_rules import stop_token_ids, stop_tokens_allowed
 
 
 def sample(
@@ -71,7 +71,7 @@ def sample(
 def _suppress_early_stops(
     logits: torch.Tensor, seqs: list[SequenceState], eos_token_ids: list[int] | tuple[int, ...]
 ) -> bool:
-    """Mask the stop tokens of every row that may not stop yet (protos.stop_rules), so the
+    """Mask the stop tokens of every row that may not stop yet (kvserve.protos.stop_rules), so the
     scheduler never receives a stop token it would have to disregard. True if any was masked."""
     vocab = logits.shape[1]
     held_back = False

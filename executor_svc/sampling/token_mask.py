@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from protos.step import PlanError, StepPlan
+from kvserve.protos.step import PlanError, StepPlan
 
 _BYTE_BITS = 1 << torch.arange(8, dtype=torch.uint8)
 """Token t is bit t % 8 of byte t // 8 of a row: the little-endian uint32 layout, read bytewise."""

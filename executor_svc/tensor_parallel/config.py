@@ -1,6 +1,6 @@
 """How a tensor-parallel executor is configured, and where one rank learns its place.
 
-A group of ranks on one host is started by rank 0 itself (`executor_svc.tensor_parallel.launcher`).
+A group of ranks on one host is started by rank 0 itself (`kvserve.executor.tensor_parallel.launcher`).
 Ranks started by something else (torchrun, a job scheduler, one `kvserve executor` per node) find
 their rank in the usual torch.distributed environment: `RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
 `MASTER_ADDR`, `MASTER_PORT`.
@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from protos.config_flags import flag
+from kvserve.config.flags import flag
 
 BACKENDS = ("gloo", "nccl")
 

@@ -17,10 +17,10 @@ import traceback
 
 import structlog
 
-from executor_svc.link_worker import PARENT_CHECK_S, ExitReason
-from executor_svc.protocol import Executor
-from executor_svc.tensor_parallel.group import RankLostError
-from executor_svc.tensor_parallel.plan_channel import MessageKind, PlanChannel
+from kvserve.executor.link_worker import PARENT_CHECK_S, ExitReason
+from kvserve.executor.protocol import Executor
+from kvserve.executor.tensor_parallel.group import RankLostError
+from kvserve.executor.tensor_parallel.plan_channel import MessageKind, PlanChannel
 
 log = structlog.get_logger(__name__)
 

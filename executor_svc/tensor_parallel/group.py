@@ -24,7 +24,7 @@ import structlog
 import torch
 import torch.distributed as dist
 
-from executor_svc.tensor_parallel.config import RankPlace
+from kvserve.executor.tensor_parallel.config import RankPlace
 
 log = structlog.get_logger(__name__)
 

@@ -1,11 +1,11 @@
 """Rank 0 starts the other ranks of a one-host group, watches them, and ends the group when one dies.
 
-Each rank is `python -m executor_svc` with the same model flags and its place in the environment
-(`executor_svc.tensor_parallel.config`). A rank that exits while the group runs ends the whole group
+Each rank is `python -m kvserve.executor` with the same model flags and its place in the environment
+(`kvserve.executor.tensor_parallel.config`). A rank that exits while the group runs ends the whole group
 at once: rank 0 kills the others and exits with `ExitReason.RANK_LOST`, and the supervisor above it
 (`kvserve serve`) restarts the group, which the scheduler re-syncs like any new executor. The ranks
 know rank 0's pid and exit within a fraction of a second once it is gone (the parent-pid contract of
-`protos.defaults.EXECUTOR_PARENT_PID_ENV`), so none outlives the group.
+`kvserve.config.defaults.EXECUTOR_PARENT_PID_ENV`), so none outlives the group.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from collections.abc import Sequence
 
 import structlog
 
-from executor_svc.link_worker import ExitReason
-from executor_svc.runner_config import RunnerConfig
-from executor_svc.tensor_parallel.config import SPAWNED_ENV, RankPlace, TensorParallelConfig
-from protos import defaults
-from protos.config_flags import config_to_argv
+from kvserve.config import defaults
+from kvserve.config.flags import config_to_argv
+from kvserve.executor.link_worker import ExitReason
+from kvserve.executor.runner_config import RunnerConfig
+from kvserve.executor.tensor_parallel.config import SPAWNED_ENV, RankPlace, TensorParallelConfig
 
 log = structlog.get_logger(__name__)
 
@@ -47,7 +47,7 @@ class LocalRanks:
 
     def __init__(self, leader: RankPlace, argv: Sequence[str], broadcast_timeout_s: float) -> None:
         self.leader = leader
-        self.argv = [sys.executable, "-m", "executor_svc", *argv]
+        self.argv = [sys.executable, "-m", "kvserve.executor", *argv]
         self.processes: dict[int, subprocess.Popen] = {}
         self.broadcast_timeout_s = broadcast_timeout_s
         self.sending_since: float | None = None

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from executor_svc.model_config import ModelConfig
+from kvserve.executor.model_config import ModelConfig
 
 MAX_SIZE_LISTED = 16
 """Sizes that fit are listed up to this one in a refusal."""

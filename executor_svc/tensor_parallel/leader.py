@@ -16,18 +16,18 @@ from typing import NoReturn
 
 import structlog
 
-from executor_svc.link_worker import ExitReason
-from executor_svc.protocol import Executor
-from executor_svc.tensor_parallel.group import RankLostError
-from executor_svc.tensor_parallel.launcher import LocalRanks
-from executor_svc.tensor_parallel.plan_channel import MessageKind, PlanChannel
-from protos.step import ExecutorInfo, StepPlan, StepResult
+from kvserve.executor.link_worker import ExitReason
+from kvserve.executor.protocol import Executor
+from kvserve.executor.tensor_parallel.group import RankLostError
+from kvserve.executor.tensor_parallel.launcher import LocalRanks
+from kvserve.executor.tensor_parallel.plan_channel import MessageKind, PlanChannel
+from kvserve.protos.step import ExecutorInfo, StepPlan, StepResult
 
 log = structlog.get_logger(__name__)
 
 
 class TensorParallelExecutor:
-    """Satisfies `executor_svc.protocol.Executor` for a group of ranks."""
+    """Satisfies `kvserve.executor.protocol.Executor` for a group of ranks."""
 
     def __init__(self, runner: Executor, channel: PlanChannel, ranks: LocalRanks | None) -> None:
         self.runner = runner

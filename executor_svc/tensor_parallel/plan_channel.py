@@ -15,10 +15,10 @@ from enum import IntEnum
 import numpy as np
 import torch
 
-from executor_svc.tensor_parallel.group import TensorParallelGroup
-from protos import step_codec
-from protos.kvserve.v1 import executor_link_pb2 as pb
-from protos.step import StepPlan
+from kvserve.executor.tensor_parallel.group import TensorParallelGroup
+from kvserve.protos import step_codec
+from kvserve.protos.kvserve.v1 import executor_link_pb2 as pb
+from kvserve.protos.step import StepPlan
 
 INLINE_BYTES = 32 * 1024
 """One broadcast carries a message of up to this size (less the header); a larger one (a plan with long

@@ -20,10 +20,10 @@ import structlog
 import torch
 from gguf import GGMLQuantizationType, GGUFReader
 
-from executor_svc.model_config import ModelConfig
-from executor_svc.tensor_parallel.layout import TensorParallelLayout, check_fits, plan_layout
-from executor_svc.weights.gguf_q4_1 import GROUP, Q4_1Weight, concat_rows, parse_q4_1, select_columns, select_rows
-from executor_svc.weights.int4_linear import Int4Linear, make_int4_linear
+from kvserve.executor.model_config import ModelConfig
+from kvserve.executor.tensor_parallel.layout import TensorParallelLayout, check_fits, plan_layout
+from kvserve.executor.weights.gguf_q4_1 import GROUP, Q4_1Weight, concat_rows, parse_q4_1, select_columns, select_rows
+from kvserve.executor.weights.int4_linear import Int4Linear, make_int4_linear
 
 log = structlog.get_logger(__name__)
 
@@ -56,7 +56,7 @@ def native_layer_linears(
     gguf_path: Path, config: ModelConfig, layout: TensorParallelLayout | None = None
 ) -> list[dict[str, Int4Linear]]:
     """Each layer's `Int4Linear`s on the GGUF's codes, by `weights.LINEAR_NAMES`, for `load_weights`;
-    under tensor parallelism, this rank's rows and columns of them (`executor_svc.tensor_parallel.layout`)."""
+    under tensor parallelism, this rank's rows and columns of them (`kvserve.executor.tensor_parallel.layout`)."""
     if config.attention_bias:
         raise NativeWeightsUnavailable("q/k/v biases are not read from GGUF files")
     check_fits(config, layout.size if layout else 1, group_columns=GROUP)

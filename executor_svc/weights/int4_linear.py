@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from executor_svc.weights.gguf_q4_1 import GROUP, Q4_1Weight, kernel_scales, kernel_weight
+from kvserve.executor.weights.gguf_q4_1 import GROUP, Q4_1Weight, kernel_scales, kernel_weight
 
 ACTIVATION_DTYPE = torch.bfloat16
 

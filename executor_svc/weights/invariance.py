@@ -1,13 +1,13 @@
 """What keeps a token's logits independent of its batch, chunking, cache hits and restarts: the GEMM part.
 
 Three parts of the forward pass could make them depend on it, and each is fixed where it lives:
-attention and the SwiGLU activation run in kvserve's CPU kernels (`kernels.cpu_ops`), and the
-GEMMs get fixed call shapes (`executor_svc.weights.row_invariance`). This module applies the last
+attention and the SwiGLU activation run in kvserve's CPU kernels (`kvserve.kernels.cpu_ops`), and the
+GEMMs get fixed call shapes (`kvserve.executor.weights.row_invariance`). This module applies the last
 to a loaded model, and answers before loading whether a dtype's GEMMs can be made invariant here
 at a price worth paying (`auto` picks bfloat16 only then).
 
 The probe runs on random layers of each matrix's kernel and shape, in a child process
-(`python -m executor_svc.weights.invariance`): what it leaves behind, oneDNN's kernels for ~45
+(`python -m kvserve.executor.weights.invariance`): what it leaves behind, oneDNN's kernels for ~45
 call sizes per matrix among them, would otherwise stay resident in the executor (measured: 20 MB
 past the memory bound on the default model).
 """
@@ -22,13 +22,13 @@ from dataclasses import asdict, dataclass
 import structlog
 import torch
 
-from executor_svc.disk_cache import cache_dir
-from executor_svc.model_config import ModelConfig
-from executor_svc.weights.gguf_q4_1 import GROUP, Q4_1Weight
-from executor_svc.weights.int4_linear import make_int4_linear
-from executor_svc.weights.linear import MATMUL, PACKED, WIDENED, Linear, linear_kind, make_linear
-from executor_svc.weights.loader import LINEAR_NAMES, ModelWeights
-from executor_svc.weights.row_invariance import (
+from kvserve.executor.disk_cache import cache_dir
+from kvserve.executor.model_config import ModelConfig
+from kvserve.executor.weights.gguf_q4_1 import GROUP, Q4_1Weight
+from kvserve.executor.weights.int4_linear import make_int4_linear
+from kvserve.executor.weights.linear import MATMUL, PACKED, WIDENED, Linear, linear_kind, make_linear
+from kvserve.executor.weights.loader import LINEAR_NAMES, ModelWeights
+from kvserve.executor.weights.row_invariance import (
     AFFORDABLE_MIN_ROWS,
     MAX_ROWS,
     ProbeCache,
@@ -37,7 +37,7 @@ from executor_svc.weights.row_invariance import (
     probe,
     probe_key,
 )
-from kernels.cpu_ops import cpu_identity
+from kvserve.kernels.cpu_ops import cpu_identity
 
 log = structlog.get_logger(__name__)
 
@@ -98,7 +98,7 @@ def min_rows(shapes: list[GemmShape], cache: ProbeCache) -> dict[str, int]:
         log.info("probing GEMM call sizes for batch invariance (once per machine, then cached)", kernels=len(missing))
         request = json.dumps({"threads": cache.threads, "shapes": [asdict(s) for s in missing]})
         child = subprocess.run(
-            [sys.executable, "-m", "executor_svc.weights.invariance"],
+            [sys.executable, "-m", "kvserve.executor.weights.invariance"],
             input=request,
             capture_output=True,
             text=True,

@@ -13,7 +13,7 @@
 - **Elsewhere:** the weight transposed, [in, out] contiguous, so the call is `x @ w`: on CPU
   about 15% faster than `F.linear` on HF's [out, in] layout for decode-sized batches.
 
-Which bits a row gets can still depend on how many rows share the call: `executor_svc.weights.row_invariance`
+Which bits a row gets can still depend on how many rows share the call: `kvserve.executor.weights.row_invariance`
 fixes the call shapes.
 """
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from executor_svc.cpu_features import has_native_bf16
+from kvserve.executor.cpu_features import has_native_bf16
 
 
 @dataclass(slots=True)

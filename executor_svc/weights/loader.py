@@ -3,15 +3,15 @@
 q/k/v projections are concatenated into one matrix and gate/up into another at load
 time, so each layer runs 4 matmuls instead of 7: fewer kernel launches and better
 GEMM shapes, which matters most for small-batch decode. Each matrix becomes a `Linear`
-(one copy, in the layout its device multiplies fastest; see `executor_svc.weights.linear`), or, with
-`--weights native`, an `Int4Linear` on a GGUF's own 4-bit codes (`executor_svc.weights.gguf_weights`).
+(one copy, in the layout its device multiplies fastest; see `kvserve.executor.weights.linear`), or, with
+`--weights native`, an `Int4Linear` on a GGUF's own 4-bit codes (`kvserve.executor.weights.gguf_weights`).
 
 Every tensor kept is copied out of the file, so the file's mapping (and every page of it the
 load touched) is released when loading ends; on CPU the token embedding alone stays mapped,
-read row by row (`executor_svc.weights.token_embedding`).
+read row by row (`kvserve.executor.weights.token_embedding`).
 
 Under tensor parallelism each rank reads only its own rows or columns of each matrix
-(`executor_svc.tensor_parallel.layout`) and builds the same fused layers from them.
+(`kvserve.executor.tensor_parallel.layout`) and builds the same fused layers from them.
 """
 
 from __future__ import annotations
@@ -26,18 +26,18 @@ import structlog
 import torch
 from safetensors import safe_open
 
-from executor_svc.model_config import ModelConfig
-from executor_svc.tensor_parallel.layout import TensorParallelLayout, plan_layout
-from executor_svc.weights.int4_linear import Int4Linear
-from executor_svc.weights.linear import Linear, make_linear
-from executor_svc.weights.row_invariance import RowFixedLinear
-from executor_svc.weights.token_embedding import TokenEmbedding, mapped_table
+from kvserve.executor.model_config import ModelConfig
+from kvserve.executor.tensor_parallel.layout import TensorParallelLayout, plan_layout
+from kvserve.executor.weights.int4_linear import Int4Linear
+from kvserve.executor.weights.linear import Linear, make_linear
+from kvserve.executor.weights.row_invariance import RowFixedLinear
+from kvserve.executor.weights.token_embedding import TokenEmbedding, mapped_table
 
 log = structlog.get_logger(__name__)
 
 
 Matrix = Linear | Int4Linear | RowFixedLinear
-"""A layer matrix: as loaded, or in fixed GEMM call shapes (`executor_svc.weights.invariance`)."""
+"""A layer matrix: as loaded, or in fixed GEMM call shapes (`kvserve.executor.weights.invariance`)."""
 
 
 @dataclass(slots=True)
@@ -70,7 +70,7 @@ def weight_files(model_dir: Path) -> list[Path]:
 
 _EMBED = "model.embed_tokens.weight"
 LINEAR_NAMES = ("qkv", "o_proj", "gate_up", "down")
-"""A layer's matrices that `--weights native` replaces (`executor_svc.weights.gguf_weights`)."""
+"""A layer's matrices that `--weights native` replaces (`kvserve.executor.weights.gguf_weights`)."""
 _LINEAR_SOURCES = (
     "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
     "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import structlog
 
-from executor_svc.disk_cache import cache_dir
-from protos import defaults
+from kvserve.config import defaults
+from kvserve.executor.disk_cache import cache_dir
 
 log = structlog.get_logger(__name__)
 

@@ -13,7 +13,7 @@ rows and at steps up to MAX_ROWS, each on rows taken from different places of a 
 reference call (so every row also changes its place in its call), and returns the smallest
 `min_rows` from which every probed size gives each row the bits it got in the reference. GEMM
 libraries dispatch on shapes, not values, so random inputs and weights of the layer's shape are
-enough (`executor_svc.weights.invariance` probes random layers, in a child process).
+enough (`kvserve.executor.weights.invariance` probes random layers, in a child process).
 
 A bfloat16 result hides most differences in the fp32 sums behind its rounding (about one output
 element in 30,000 comes out different when two kernels sum in another order), so each size is

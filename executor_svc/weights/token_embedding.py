@@ -3,7 +3,7 @@
 A step looks up only its own tokens' rows, a few hundred of the vocabulary's tens of
 thousands. On CPU the table is therefore not loaded at all: it is a read-only view of the
 safetensors file, and the OS pages in the rows that are looked up. A tied lm_head still
-needs the whole matrix, but in its GEMM layout (`executor_svc.weights.linear`), so the two never
+needs the whole matrix, but in its GEMM layout (`kvserve.executor.weights.linear`), so the two never
 hold the same matrix twice in anonymous memory: the saving is the table's whole size
 (113 MB fp32 for SmolLM2-135M), with bit-identical rows.
 

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 
 import torch
 
-from executor_svc.model_runner import ModelRunner
-from executor_svc.protocol import Executor
-from executor_svc.tensor_parallel.leader import TensorParallelExecutor
 from kvserve.bench.plan_broadcast import decode_times
+from kvserve.executor.model_runner import ModelRunner
+from kvserve.executor.protocol import Executor
+from kvserve.executor.tensor_parallel.leader import TensorParallelExecutor
+from kvserve.protos.sampling import SamplingParams
 from kvserve.testing.plan_driver import PlanDriver
-from protos.sampling import SamplingParams
 
 
 @dataclass(slots=True)

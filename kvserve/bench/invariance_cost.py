@@ -18,10 +18,10 @@ import time
 
 import torch
 
-from executor_svc.model_runner import ModelRunner
-from executor_svc.runner_config import DTYPES, WEIGHTS, RunnerConfig
+from kvserve.executor.model_runner import ModelRunner
+from kvserve.executor.runner_config import DTYPES, WEIGHTS, RunnerConfig
+from kvserve.log_config import configure_logging
 from kvserve.testing.plan_driver import PlanDriver
-from protos.log_config import configure_logging
 
 VARIANTS = {
     "invariant": {},

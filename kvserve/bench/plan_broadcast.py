@@ -24,12 +24,12 @@ from collections.abc import Sequence
 
 import torch
 
-from executor_svc.tensor_parallel.config import RankPlace
-from executor_svc.tensor_parallel.group import TensorParallelGroup
-from executor_svc.tensor_parallel.launcher import local_leader_place
-from executor_svc.tensor_parallel.plan_channel import MessageKind, PlanChannel
-from protos import step_codec
-from protos.step import KnownSequence, StepPlan
+from kvserve.executor.tensor_parallel.config import RankPlace
+from kvserve.executor.tensor_parallel.group import TensorParallelGroup
+from kvserve.executor.tensor_parallel.launcher import local_leader_place
+from kvserve.executor.tensor_parallel.plan_channel import MessageKind, PlanChannel
+from kvserve.protos import step_codec
+from kvserve.protos.step import KnownSequence, StepPlan
 
 CONTEXT = 512
 """Tokens of each sequence's context: sets the block ids' magnitude (their varint size), not the cost much."""

@@ -1,6 +1,6 @@
 """`kvserve bench quality`: what a faster configuration costs in quality, against the fp32 path.
 
-Two measures, both through the runner's own forward pass (`executor_svc.token_scoring`):
+Two measures, both through the runner's own forward pass (`kvserve.executor.token_scoring`):
 
 - **Perplexity** on a fixed public-domain text the package ships (`data/quality_text.txt`),
   cut into non-overlapping windows that are each scored from a fresh context.
@@ -21,10 +21,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 
-from executor_svc.model_runner import ModelRunner
-from executor_svc.token_scoring import score_tokens
+from kvserve.executor.model_runner import ModelRunner
+from kvserve.executor.token_scoring import score_tokens
+from kvserve.protos.sampling import SamplingParams
 from kvserve.testing.plan_driver import PlanDriver
-from protos.sampling import SamplingParams
 
 PROMPTS = (
     "What is the capital of France?",

@@ -13,10 +13,10 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from protos import defaults
-from protos.sampling import SamplingParams
-from protos.step import SampledToken, StepPlan, StepResult
-from scheduler_svc.core import Scheduler, SchedulerConfig
+from kvserve.config import defaults
+from kvserve.protos.sampling import SamplingParams
+from kvserve.protos.step import SampledToken, StepPlan, StepResult
+from kvserve.scheduler.core import Scheduler, SchedulerConfig
 
 SHARED_PREFIX_FRACTION = 0.75
 """With prefix sharing on, this share of each prompt is a common system prompt."""

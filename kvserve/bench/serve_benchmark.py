@@ -47,8 +47,8 @@ from kvserve.bench.report import (
 )
 from kvserve.bench.run_meta import run_meta
 from kvserve.bench.sweep import SweepSpec, sweep_points
+from kvserve.config import defaults
 from kvserve.testing.server_launcher import DEFAULT_STARTUP_TIMEOUT_S, ServeProcess, serving
-from protos import defaults
 
 log = structlog.get_logger(__name__)
 
@@ -140,7 +140,7 @@ async def _run_against(
     target: str, configuration: str, loads: list[wl.Workload], config: BenchConfig, http_url: str | None = None
 ) -> list[RunResult]:
     """A kvserve server at gRPC `target`; driven over its HTTP API at `http_url` when `config.api` is openai."""
-    from clients.async_client import AsyncClient
+    from kvserve.clients.async_client import AsyncClient
 
     async with AsyncClient(target) as client:
         await client.wait_until_serving(config.startup_timeout_s)
@@ -190,7 +190,7 @@ def _tokenizer(config: BenchConfig) -> WorkloadTokenizer:
     """The tokenizer of the model the servers run (kvserve's converted model dir), loaded only when needed."""
 
     def model_dir() -> Path:
-        from executor_svc.weights.model_store import ensure_model_dir
+        from kvserve.executor.weights.model_store import ensure_model_dir
 
         return ensure_model_dir(config.model)
 
@@ -198,7 +198,7 @@ def _tokenizer(config: BenchConfig) -> WorkloadTokenizer:
 
 
 async def _model_info(target: str, timeout_s: float) -> dict:
-    from clients.async_client import AsyncClient
+    from kvserve.clients.async_client import AsyncClient
 
     async with AsyncClient(target) as client:
         await client.wait_until_serving(timeout_s)
@@ -331,8 +331,8 @@ async def run_serve_benchmark(config: BenchConfig) -> BenchReport:
 
 
 def _run_hf(config: BenchConfig, mixed: wl.Workload, vocab_size: int) -> tuple[RunResult, int] | None:
-    from executor_svc.weights.model_store import ensure_model_dir
     from kvserve.bench.hf_baseline import load_model, requests_from_workload, run_hf_baseline
+    from kvserve.executor.weights.model_store import ensure_model_dir
 
     model = load_model(ensure_model_dir(config.model))
     if model.config.vocab_size < vocab_size:

@@ -17,14 +17,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from executor_svc.model_runner import ModelRunner
-from protos import step_codec
-from protos.kvserve.v1 import executor_link_pb2 as pb
-from protos.sampling import SamplingParams
-from scheduler_svc.core import MatcherFactory, Scheduler, SchedulerConfig
-from scheduler_svc.server.structured.llguidance_backend import LlguidanceBackend
-from scheduler_svc.server.structured.spec import StructuredSpec
-from scheduler_svc.server.tokenizer import ChatMessage, Tokenizer
+from kvserve.executor.model_runner import ModelRunner
+from kvserve.protos import step_codec
+from kvserve.protos.kvserve.v1 import executor_link_pb2 as pb
+from kvserve.protos.sampling import SamplingParams
+from kvserve.scheduler.core import MatcherFactory, Scheduler, SchedulerConfig
+from kvserve.scheduler.server.structured.llguidance_backend import LlguidanceBackend
+from kvserve.scheduler.server.structured.spec import StructuredSpec
+from kvserve.scheduler.server.tokenizer import ChatMessage, Tokenizer
 
 BENCH_SCHEMA = {
     "type": "object",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from protos import defaults
+from kvserve.config import defaults
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -41,12 +41,12 @@ def run(args: argparse.Namespace) -> int:
     import datetime as dt
     import sys
 
-    from executor_svc.weights.model_store import ensure_model_dir
     from kvserve.bench import workloads
     from kvserve.bench.hf_baseline import load_model, requests_from_workload, run_hf_baseline
     from kvserve.bench.report import BenchReport, summarize_run
     from kvserve.commands.bench_serve import write_outputs
-    from protos.log_config import configure_logging
+    from kvserve.executor.weights.model_store import ensure_model_dir
+    from kvserve.log_config import configure_logging
 
     configure_logging()
     model_dir = ensure_model_dir(args.model)

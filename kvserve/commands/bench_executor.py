@@ -9,14 +9,14 @@ import sys
 from dataclasses import asdict
 from typing import TYPE_CHECKING, cast
 
-from protos import defaults
+from kvserve.config import defaults
 
 if TYPE_CHECKING:
-    from executor_svc.model_runner import ModelRunner
-    from executor_svc.protocol import Executor
-    from executor_svc.runner_config import RunnerConfig
-    from executor_svc.tensor_parallel.config import TensorParallelConfig
     from kvserve.bench.executor_bench import BenchResult
+    from kvserve.executor.model_runner import ModelRunner
+    from kvserve.executor.protocol import Executor
+    from kvserve.executor.runner_config import RunnerConfig
+    from kvserve.executor.tensor_parallel.config import TensorParallelConfig
 
 PROG = "kvserve bench executor"
 
@@ -26,8 +26,8 @@ GOAL_DECODE64_ROOFLINE = 0.5
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from executor_svc.runner_config import ATTENTION_BACKENDS, DTYPES, WEIGHTS
     from kvserve.cli import HelpFormatter
+    from kvserve.executor.runner_config import ATTENTION_BACKENDS, DTYPES, WEIGHTS
 
     parser = subparsers.add_parser(
         "executor",
@@ -103,12 +103,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from executor_svc.process_memory import MIB, resident_bytes
-    from executor_svc.runner_config import RunnerConfig
-    from executor_svc.tensor_parallel.config import TensorParallelConfig
-    from executor_svc.tensor_parallel.layout import TensorParallelFitError
     from kvserve.bench.executor_bench import run_executor_bench
-    from protos.log_config import configure_logging
+    from kvserve.executor.process_memory import MIB, resident_bytes
+    from kvserve.executor.runner_config import RunnerConfig
+    from kvserve.executor.tensor_parallel.config import TensorParallelConfig
+    from kvserve.executor.tensor_parallel.layout import TensorParallelFitError
+    from kvserve.log_config import configure_logging
 
     configure_logging(level="WARNING" if args.json else None)
     try:
@@ -190,11 +190,11 @@ def _start(config: RunnerConfig, parallel: TensorParallelConfig) -> tuple[Execut
     """(the executor to drive, rank 0's runner): one runner here, or rank 0 of a group whose other
     ranks are this process's children."""
     if parallel.tensor_parallel_size == 1:
-        from executor_svc.model_runner import ModelRunner
+        from kvserve.executor.model_runner import ModelRunner
 
         runner = ModelRunner(config)
         return runner, runner
-    from executor_svc.process import start_local_group
+    from kvserve.executor.process import start_local_group
 
     group = start_local_group(config, parallel)
     return group, cast("ModelRunner", group.runner)
@@ -221,10 +221,10 @@ def _gib_for_tokens(config: RunnerConfig, tokens: int, ranks: int = 1) -> float:
     """KV GiB for `tokens` cached tokens of the configured model, in float32, on each of `ranks`
     tensor-parallel ranks (each holds its share of the KV heads). A size the model does not fit
     gets the whole model's figure here; starting the group then refuses it."""
-    from executor_svc.model_config import load_model_config
-    from executor_svc.tensor_parallel.layout import TensorParallelFitError, plan_layout
-    from executor_svc.weights.model_store import ensure_model_dir
-    from protos.kv_geometry import GIB, KvGeometry, bytes_per_token
+    from kvserve.executor.model_config import load_model_config
+    from kvserve.executor.tensor_parallel.layout import TensorParallelFitError, plan_layout
+    from kvserve.executor.weights.model_store import ensure_model_dir
+    from kvserve.protos.kv_geometry import GIB, KvGeometry, bytes_per_token
 
     cfg = load_model_config(ensure_model_dir(config.model))
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from protos import defaults
+from kvserve.config import defaults
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -42,12 +42,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from executor_svc.model_runner import ModelRunner
-    from executor_svc.runner_config import RunnerConfig
-    from executor_svc.weights.model_store import ensure_model_dir
     from kvserve.bench import quality_bench as qb
-    from protos.log_config import configure_logging
-    from scheduler_svc.server.tokenizer import ChatMessage, Tokenizer
+    from kvserve.executor.model_runner import ModelRunner
+    from kvserve.executor.runner_config import RunnerConfig
+    from kvserve.executor.weights.model_store import ensure_model_dir
+    from kvserve.log_config import configure_logging
+    from kvserve.scheduler.server.tokenizer import ChatMessage, Tokenizer
 
     configure_logging(level="WARNING" if args.json else None)
     configs = qb.CANDIDATES if args.configs is None else args.configs
@@ -90,8 +90,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _config(spec: str):
     """A --configs entry, refused at parse time (not after the reference's minutes) when unknown."""
-    from executor_svc.runner_config import DTYPES, WEIGHTS
     from kvserve.bench.quality_bench import CANDIDATES, QualityConfig
+    from kvserve.executor.runner_config import DTYPES, WEIGHTS
 
     dtype, _, weights = spec.partition("/")
     weights = weights or "dequantized"

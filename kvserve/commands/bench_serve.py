@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from protos import defaults
+from kvserve.config import defaults
 
 WORKLOAD_CHOICES = ("mixed", "shared-prefix", "multi-turn", "cold-warm", "all")
 
@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     from kvserve.bench.serve_benchmark import BenchConfig, run_serve_benchmark
     from kvserve.bench.sweep import SweepSpec
     from kvserve.bench.workloads import WORKLOAD_NAMES
-    from protos.log_config import configure_logging
+    from kvserve.log_config import configure_logging
 
     configure_logging()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request of the HTTP driver

@@ -6,7 +6,7 @@ import argparse
 import json
 from dataclasses import asdict
 
-from protos import defaults
+from kvserve.config import defaults
 
 GOAL_OVERHEAD = 0.10
 """The project's goal: a step whose rows are all constrained costs at most 10% more than a free one."""
@@ -40,11 +40,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from executor_svc.model_runner import ModelRunner
-    from executor_svc.runner_config import RunnerConfig
     from kvserve.bench.structured_bench import run_structured_bench
-    from protos.log_config import configure_logging
-    from scheduler_svc.server.tokenizer import Tokenizer
+    from kvserve.executor.model_runner import ModelRunner
+    from kvserve.executor.runner_config import RunnerConfig
+    from kvserve.log_config import configure_logging
+    from kvserve.scheduler.server.tokenizer import Tokenizer
 
     configure_logging(level="WARNING" if args.json else None)
     runner = ModelRunner(

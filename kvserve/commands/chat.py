@@ -52,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from clients import KVServeError
+    from kvserve.clients import KVServeError
 
     sampling = sampling_from_args(args, chat=True)
     request = request_from_args(args)

@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from protos import defaults
-from protos.sampling import SamplingParams
+from kvserve.config import defaults
+from kvserve.protos.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from clients import Client
+    from kvserve.clients import Client
 
 # (flag, type, help) for each scalar SamplingParams field; the list ones are added separately.
 _SAMPLING_FLAGS: tuple[tuple[str, type, str], ...] = (
@@ -167,8 +167,8 @@ def request_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def make_client(args: argparse.Namespace) -> Client:
-    from clients import Client
-    from clients.channel import host_port
+    from kvserve.clients import Client
+    from kvserve.clients.channel import host_port
 
     token = args.token
     if args.token_file is not None:
@@ -181,7 +181,7 @@ def make_client(args: argparse.Namespace) -> Client:
 
 def report_error(command: str, error: BaseException) -> int:
     """One line on stderr naming the gRPC status (or the local problem); returns the exit code."""
-    from clients import KVServeError
+    from kvserve.clients import KVServeError
 
     if isinstance(error, KVServeError):
         print(f"kvserve {command}: {error.code.name}: {error.details}", file=sys.stderr)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from protos import defaults
+from kvserve.config import defaults
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,8 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from executor_svc.weights.model_store import ensure_model_dir
-    from protos.log_config import configure_logging
+    from kvserve.executor.weights.model_store import ensure_model_dir
+    from kvserve.log_config import configure_logging
 
     configure_logging()
     print(ensure_model_dir(args.model))

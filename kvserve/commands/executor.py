@@ -1,7 +1,7 @@
 """`kvserve executor`: run the executor process alone, connected to a scheduler's link.
 
-The flags, the configs built from them and the run itself live in executor_svc.entry
-(shared with `python -m executor_svc`, which `kvserve serve` supervises); this module
+The flags, the configs built from them and the run itself live in kvserve.executor.entry
+(shared with `python -m kvserve.executor`, which `kvserve serve` supervises); this module
 only hangs them into the `kvserve` parser.
 """
 
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import argparse
 
-from protos.config_flags import HelpFormatter
+from kvserve.config.flags import HelpFormatter
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from executor_svc.entry import DESCRIPTION, EPILOG, add_arguments, run
+    from kvserve.executor.entry import DESCRIPTION, EPILOG, add_arguments, run
 
     parser = subparsers.add_parser(
         "executor",

@@ -25,7 +25,7 @@ from kvserve.commands.client_options import (
 )
 
 if TYPE_CHECKING:
-    from clients import Completion
+    from kvserve.clients import Completion
 
 EXIT_INTERRUPTED = 130
 
@@ -58,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from clients import KVServeError
+    from kvserve.clients import KVServeError
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     chat = args.chat or args.system is not None
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
 
 def stream_to_stdout(client: Any, kwargs: dict[str, Any]) -> Completion | None:
     """Print text deltas as they arrive; None if the user interrupted (the request is cancelled)."""
-    from clients.request_builder import CompletionAssembler
+    from kvserve.clients.request_builder import CompletionAssembler
 
     assembler = CompletionAssembler(n=1)
     stream = client.stream(**kwargs)

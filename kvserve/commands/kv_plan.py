@@ -9,21 +9,21 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from protos import defaults
+from kvserve.config import defaults
 
 if TYPE_CHECKING:
-    from scheduler_svc.core import KvPlan
+    from kvserve.scheduler.core import KvPlan
 
 DEFAULT_KV_MEMORY_GB = 4.0
 DEFAULT_AVG_CONTEXT = 1024
 JSON_KEYS = ("bytes_per_token", "block_bytes", "num_blocks", "token_capacity", "max_concurrency", "by_block_size")
 BY_BLOCK_SIZE_KEYS = ("block_size", "num_blocks", "max_concurrency", "fragmentation_pct")
-"""The figures of each `by_block_size` entry (one per protos.defaults.BLOCK_SIZES)."""
+"""The figures of each `by_block_size` entry (one per kvserve.config.defaults.BLOCK_SIZES)."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from kvserve.cli import HelpFormatter
-    from protos.kv_geometry import DTYPE_BYTES
+    from kvserve.protos.kv_geometry import DTYPE_BYTES
 
     parser = subparsers.add_parser(
         "kv-plan",
@@ -63,7 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def load_config(path: str | None) -> dict:
     if path is None:
-        from executor_svc.weights.model_store import ensure_model_dir
+        from kvserve.executor.weights.model_store import ensure_model_dir
 
         path = str(ensure_model_dir())
     config_path = Path(path)
@@ -73,8 +73,8 @@ def load_config(path: str | None) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from protos.kv_geometry import GIB, KvGeometry
-    from scheduler_svc.core import plan_kv
+    from kvserve.protos.kv_geometry import GIB, KvGeometry
+    from kvserve.scheduler.core import plan_kv
 
     try:
         geometry = KvGeometry.from_hf_config(load_config(getattr(args, "config", None)))

@@ -49,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from clients import KVServeError
+    from kvserve.clients import KVServeError
 
     try:
         with make_client(args) as client:

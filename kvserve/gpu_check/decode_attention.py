@@ -36,7 +36,7 @@ def measure_point(
     """Seconds per call and K/V bytes per second of one (batch, context) point."""
     import torch
 
-    from kernels.paged_decode import paged_decode_attention
+    from kvserve.kernels.paged_decode import paged_decode_attention
 
     num_heads, kv_heads, head_dim = heads
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32

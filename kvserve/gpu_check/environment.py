@@ -49,9 +49,9 @@ REQUIRED_IMPORTS = (
     "openai",
     "httpx",
     "yaml",
-    "protos.kvserve.v1.api_pb2_grpc",  # the generated code checks the grpcio and protobuf it runs on
-    "scheduler_svc.server.service",
-    "executor_svc.model_runner",
+    "kvserve.protos.kvserve.v1.api_pb2_grpc",  # the generated code checks the grpcio and protobuf it runs on
+    "kvserve.scheduler.server.service",
+    "kvserve.executor.model_runner",
 )
 MINIMUM_VERSIONS = {"torch": "2.4", "transformers": "4.46", "tokenizers": "0.19", "safetensors": "0.4"}
 """pyproject.toml's lower bounds for what the image, not the wheels, provides."""

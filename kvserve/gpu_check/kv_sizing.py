@@ -6,8 +6,8 @@ profiling pass observed, so the check knows what the runner knew: the device's t
 free memory before profiling and the activation peak. It then checks
 
 - the arithmetic: blocks = floor((total x utilization - in use - activation peak) / block
-  bytes), and the scheduler's `kv-plan` arithmetic (scheduler_svc.core.kv_capacity over
-  protos.kv_geometry) gives the same block count for that budget;
+  bytes), and the scheduler's `kv-plan` arithmetic (kvserve.scheduler.core.kv_capacity over
+  kvserve.protos.kv_geometry) gives the same block count for that budget;
 - the fill: after the pool is allocated, memory in use + the activation peak it reserved is
   the utilization of the device, within 2% (nothing left unclaimed, nothing over);
 - two stress steps on the real pool: the largest prefill step (the profiled shape) in the
@@ -45,9 +45,9 @@ def big_runner(ctx: CheckContext) -> Any:
     def make() -> Any:
         import torch
 
-        from executor_svc.model import profiling_batch
-        from executor_svc.model_runner import ModelRunner
-        from executor_svc.runner_config import RunnerConfig
+        from kvserve.executor.model import profiling_batch
+        from kvserve.executor.model_runner import ModelRunner
+        from kvserve.executor.runner_config import RunnerConfig
 
         record: dict[str, Any] = {}
         original = profiling_batch.profile_peak_activation_bytes
@@ -77,7 +77,7 @@ def big_runner(ctx: CheckContext) -> Any:
 
 
 def _greedy() -> Any:
-    from protos.sampling import SamplingParams
+    from kvserve.protos.sampling import SamplingParams
 
     return SamplingParams(temperature=0.0)
 
@@ -85,7 +85,7 @@ def _greedy() -> Any:
 def stress_largest_prefill(runner: Any, first_id: int) -> dict[str, Any]:
     """max_num_seqs fresh prompts of max_num_batched_tokens / max_num_seqs tokens in one step,
     in the pool's last blocks."""
-    from protos.step import NewSequence, StepPlan
+    from kvserve.protos.step import NewSequence, StepPlan
 
     cfg, block_size = runner.config, runner.config.block_size
     seqs = cfg.max_num_seqs
@@ -120,7 +120,7 @@ def stress_full_pool_decode(runner: Any, first_id: int) -> dict[str, Any]:
     """max_num_seqs sequences whose cached contexts cover every block (up to max_model_len each),
     decoded twice; the second step is timed (the whole pool is read)."""
     from kvserve.gpu_check.timing import synchronize
-    from protos.step import KnownSequence, NewSequence, StepPlan
+    from kvserve.protos.step import KnownSequence, NewSequence, StepPlan
 
     block_size, num_blocks = runner.config.block_size, runner.cache.num_blocks
     seqs = runner.config.max_num_seqs
@@ -155,8 +155,8 @@ def stress_full_pool_decode(runner: Any, first_id: int) -> dict[str, Any]:
 def check_kv_sizing(ctx: CheckContext) -> Outcome:
     import torch
 
-    from protos.kv_geometry import GIB, KvGeometry
-    from scheduler_svc.core import plan_kv
+    from kvserve.protos.kv_geometry import GIB, KvGeometry
+    from kvserve.scheduler.core import plan_kv
 
     runner = big_runner(ctx)
     cuda = runner.device.startswith("cuda")

@@ -30,7 +30,7 @@ def _fraction(value: float | None) -> str:
 
 def measure_decode(ctx: CheckContext) -> Outcome:
     from kvserve.bench.executor_bench import time_decode
-    from protos.sampling import SamplingParams
+    from kvserve.protos.sampling import SamplingParams
 
     scale = ctx.scale
     runner = big_runner(ctx)

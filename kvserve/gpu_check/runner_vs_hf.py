@@ -24,14 +24,15 @@ import structlog
 
 from kvserve.gpu_check.random_models import model_dir
 from kvserve.gpu_check.results import Outcome
+from kvserve.testing.plan_driver import RUN_NEW_TOKENS
 
 if TYPE_CHECKING:
     from kvserve.gpu_check.stage import CheckContext
 
 log = structlog.get_logger(__name__)
 
-NEW_TOKENS = 12
-"""As tests/executor/test_tiny_models.py's `_run`."""
+NEW_TOKENS = RUN_NEW_TOKENS
+"""What `run_prompts` generates by default."""
 FP32_REL_L2_LIMIT = 1e-3
 """Float32 against float32 (the CPU rehearsal): only op order differs."""
 BF16_ERROR_RATIO = 2.0
@@ -53,8 +54,8 @@ def _free(device: str) -> None:
 
 
 def _runner(path: Any, device: str, dtype: str, backend: str, kv_cache_gb: float, **extra: Any) -> Any:
-    from executor_svc.model_runner import ModelRunner
-    from executor_svc.runner_config import RunnerConfig
+    from kvserve.executor.model_runner import ModelRunner
+    from kvserve.executor.runner_config import RunnerConfig
 
     config = RunnerConfig(
         model=str(path), device=device, dtype=dtype, attention_backend=backend, kv_cache_gb=kv_cache_gb, **extra
@@ -78,8 +79,9 @@ def _check_one(name: str, path: Any, hf: Any, prompts: list[list[int]], ctx: Che
     """Both backends of the runner on one checkpoint against HF's greedy tokens (and logits)."""
     import torch
 
+    from kvserve.executor.token_scoring import every_position_logits
     from kvserve.gpu_check.hf_reference import greedy_tokens, sequence_logits
-    from tests.executor.test_tiny_models import _run, _runner_logits
+    from kvserve.testing.plan_driver import run_prompts
 
     device = ctx.scale.device
     expected = [greedy_tokens(hf, p, NEW_TOKENS) for p in prompts]
@@ -88,10 +90,10 @@ def _check_one(name: str, path: Any, hf: Any, prompts: list[list[int]], ctx: Che
     found: dict[str, Any] = {}
     for backend in ("triton", "torch"):
         runner = _runner(path, device, "float32", backend, kv_cache_gb=0.05)
-        outcome = _compare_greedy(_run(runner, prompts, chunk_size=9), expected)
+        outcome = _compare_greedy(run_prompts(runner, prompts, chunk_size=9), expected)
         if hf_logits is not None:
             with torch.inference_mode():
-                got = _runner_logits(runner, tokens, split=20)
+                got = every_position_logits(runner, tokens, split=20)
             outcome["max_abs_logit_diff"] = float((got.float() - hf_logits).abs().max())
         found[backend] = outcome
         runner.close()
@@ -104,13 +106,13 @@ def check_tiny_models(ctx: CheckContext) -> Outcome:
     import os
 
     from kvserve.gpu_check.hf_reference import load_hf_model
-    from tests.executor.test_tiny_models import CASES, PROMPTS, _tiny_checkpoint
+    from kvserve.testing.tiny_checkpoints import CASES, PROMPTS, tiny_checkpoint
 
     device = ctx.scale.device
     figures: dict[str, Any] = {"triton_f32_default": os.environ.get("TRITON_F32_DEFAULT"), "models": {}}
     for case, (arch, overrides) in CASES.items():
         options: dict[str, Any] = overrides  # type: ignore[assignment]
-        model, path = _tiny_checkpoint(ctx.work_dir / "tiny" / case, arch, **options)
+        model, path = tiny_checkpoint(ctx.work_dir / "tiny" / case, arch, **options)
         figures["models"][case] = _check_one(case, path, model.to(device), PROMPTS, ctx, logits_case=True)
         del model
     small = ctx.scale.small_model
@@ -145,9 +147,9 @@ def stepwise_logits(runner: Any, tokens: list[int], prefill_len: int) -> Any:
     paged decode kernel), each feeding the given token rather than a sampled one."""
     import torch
 
-    from executor_svc.model.input_batch import build_input_batch
-    from executor_svc.sequence_state import SequenceState
-    from protos.sampling import SamplingParams
+    from kvserve.executor.model.input_batch import build_input_batch
+    from kvserve.executor.sequence_state import SequenceState
+    from kvserve.protos.sampling import SamplingParams
 
     block_size = runner.config.block_size
     seq = SequenceState(

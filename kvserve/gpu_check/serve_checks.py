@@ -75,7 +75,7 @@ async def _consume(stub: Any, request: Any, arrived: list[int]) -> tuple[list[in
 
 async def run_streams(server: Any, requests: list[Any], *, kill_at_tokens: int | None = None) -> dict[str, Any]:
     """Every request at once; with `kill_at_tokens`, kill -9 the executor once that many have arrived."""
-    from protos.kvserve.v1 import api_pb2_grpc
+    from kvserve.protos.kvserve.v1 import api_pb2_grpc
 
     arrived = [0]
     killed: dict[str, Any] = {}
@@ -97,7 +97,7 @@ async def run_streams(server: Any, requests: list[Any], *, kill_at_tokens: int |
 
 def _complete(results: list[Any], tokens: int) -> tuple[list[str], list[list[int]]]:
     """(problems, token ids per stream): every stream must end LENGTH with exactly `tokens` tokens."""
-    from protos.kvserve.v1 import api_pb2
+    from kvserve.protos.kvserve.v1 import api_pb2
 
     problems: list[str] = []
     outputs: list[list[int]] = []
@@ -159,8 +159,8 @@ def check_64_streams(ctx: CheckContext) -> Outcome:
 
 
 def check_kill9(ctx: CheckContext) -> Outcome:
+    from kvserve.protos.kvserve.v1 import api_pb2
     from kvserve.testing.server_launcher import wait_dead
-    from protos.kvserve.v1 import api_pb2
 
     server = serve_server(ctx)
     streams, tokens = ctx.scale.serve_streams, ctx.scale.serve_tokens

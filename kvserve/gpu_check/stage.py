@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     scale = scale_for(args.mode)
     if scale.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # the kernels run through the interpreter
-    from protos.log_config import configure_logging
+    from kvserve.log_config import configure_logging
 
     configure_logging(json=True, process=f"gpu_check-{args.stage}")
     ctx = CheckContext(args.out, args.work, args.wheels, args.mode, scale, args.stage, args.deadline)

@@ -10,10 +10,11 @@ a test can put an executor through each step-contract case without the real sche
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from executor_svc.protocol import Executor
-from protos.sampling import SamplingParams
-from protos.step import KnownSequence, NewSequence, StepPlan, StepResult
+from kvserve.executor.protocol import Executor
+from kvserve.protos.sampling import SamplingParams
+from kvserve.protos.step import KnownSequence, NewSequence, StepPlan, StepResult
 
 
 @dataclass(slots=True)
@@ -241,3 +242,19 @@ class PlanDriver:
     def _next_id(self) -> int:
         self._step += 1
         return self._step
+
+
+RUN_NEW_TOKENS = 12
+
+
+RUN_NEW_TOKENS = 12
+
+
+def run_prompts(
+    executor: Executor, prompts: list[list[int]], max_new_tokens: int = RUN_NEW_TOKENS, **add: Any
+) -> dict[int, list[int]]:
+    """Sequence i = prompts[i], each run to `max_new_tokens` greedy tokens (`add`: `PlanDriver.add` options)."""
+    driver = PlanDriver(executor)
+    for i, prompt in enumerate(prompts):
+        driver.add(i, prompt, max_new_tokens=max_new_tokens, **add)
+    return driver.run()

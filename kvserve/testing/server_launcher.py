@@ -28,8 +28,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from kvserve.testing.ports import free_ports
-from protos.kvserve.v1 import api_pb2, api_pb2_grpc
 
 DEFAULT_STARTUP_TIMEOUT_S = 180.0
 """A real-model server converts and loads weights before it serves."""

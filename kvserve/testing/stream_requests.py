@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from protos.kvserve.v1 import api_pb2, api_pb2_grpc
+from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 
 
 def greedy_request(key: int, max_tokens: int, *, prompt_len: int = 24, **fields) -> api_pb2.GenerateRequest:

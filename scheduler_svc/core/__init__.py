@@ -1,18 +1,18 @@
 """The pure scheduling core: requests, KV blocks, the prefix tree and continuous batching.
 
-No I/O, no asyncio, no grpc, no zmq, no torch: the service around it (`scheduler_svc.server`)
+No I/O, no asyncio, no grpc, no zmq, no torch: the service around it (`kvserve.scheduler.server`)
 drives it one `schedule()`/`update()` pair per step, and imports it only from here (an
 import-linter contract): everything below is the core's public API.
 """
 
-from scheduler_svc.core.invariants import InvariantError
-from scheduler_svc.core.kv_capacity import KvPlan, plan_kv
-from scheduler_svc.core.outputs import BlockCounts, SampledLogprob, SchedulerStats, SequenceOutput
-from scheduler_svc.core.request import RequestRejected
-from scheduler_svc.core.scheduler import Scheduler
-from scheduler_svc.core.scheduler_config import KV_RESERVATIONS, PREEMPTION_MODES, SchedulerConfig
-from scheduler_svc.core.scheduler_view import SchedulerView
-from scheduler_svc.core.token_matcher import MatcherFactory, TokenMatcher
+from kvserve.scheduler.core.invariants import InvariantError
+from kvserve.scheduler.core.kv_capacity import KvPlan, plan_kv
+from kvserve.scheduler.core.outputs import BlockCounts, SampledLogprob, SchedulerStats, SequenceOutput
+from kvserve.scheduler.core.request import RequestRejected
+from kvserve.scheduler.core.scheduler import Scheduler
+from kvserve.scheduler.core.scheduler_config import KV_RESERVATIONS, PREEMPTION_MODES, SchedulerConfig
+from kvserve.scheduler.core.scheduler_view import SchedulerView
+from kvserve.scheduler.core.token_matcher import MatcherFactory, TokenMatcher
 
 __all__ = [
     "KV_RESERVATIONS",

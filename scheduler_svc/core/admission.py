@@ -11,10 +11,10 @@ A waiting sequence reuses KV from one of two places:
 
 from __future__ import annotations
 
-from protos.sampling import SamplingParams
-from scheduler_svc.core.prefix_tree import PrefixMatch, PrefixTree
-from scheduler_svc.core.request import RequestRejected, Sequence, SequenceStatus
-from scheduler_svc.core.scheduler_config import SchedulerConfig
+from kvserve.protos.sampling import SamplingParams
+from kvserve.scheduler.core.prefix_tree import PrefixMatch, PrefixTree
+from kvserve.scheduler.core.request import RequestRejected, Sequence, SequenceStatus
+from kvserve.scheduler.core.scheduler_config import SchedulerConfig
 
 
 def check_fits(config: SchedulerConfig, num_blocks: int, prompt_len: int, sampling: SamplingParams) -> None:

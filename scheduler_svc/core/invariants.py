@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from scheduler_svc.core.request import WAITING_STATES, SequenceStatus
-from scheduler_svc.core.scheduler_view import SchedulerView
+from kvserve.scheduler.core.request import WAITING_STATES, SequenceStatus
+from kvserve.scheduler.core.scheduler_view import SchedulerView
 
 
 class InvariantError(AssertionError):

@@ -1,14 +1,14 @@
 """KV capacity arithmetic: how many tokens and sequences a memory budget holds.
 
 Pure functions used by `kvserve kv-plan` and by tests; the bytes-per-token formula
-itself is `protos.kv_geometry`, shared with the executor that sizes the real cache.
+itself is `kvserve.protos.kv_geometry`, shared with the executor that sizes the real cache.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from protos.kv_geometry import KvGeometry, bytes_per_token
+from kvserve.protos.kv_geometry import KvGeometry, bytes_per_token
 
 
 @dataclass(slots=True)

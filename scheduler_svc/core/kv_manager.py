@@ -18,11 +18,11 @@ It also bumps each request's `BlockCounts` where it shares, allocates, copies an
 
 from __future__ import annotations
 
-from protos.step import StepPlan
-from scheduler_svc.core import admission
-from scheduler_svc.core.block_pool import BlockPool, CpuBlockPool
-from scheduler_svc.core.prefix_tree import PrefixMatch, PrefixTree
-from scheduler_svc.core.request import Sequence
+from kvserve.protos.step import StepPlan
+from kvserve.scheduler.core import admission
+from kvserve.scheduler.core.block_pool import BlockPool, CpuBlockPool
+from kvserve.scheduler.core.prefix_tree import PrefixMatch, PrefixTree
+from kvserve.scheduler.core.request import Sequence
 
 
 class KvManager:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from protos.step import TokenLogprob
-from protos.stop_rules import FinishReason
+from kvserve.protos.step import TokenLogprob
+from kvserve.protos.stop_rules import FinishReason
 
 
 @dataclass(slots=True)

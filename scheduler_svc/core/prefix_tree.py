@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from scheduler_svc.core.block_pool import BlockPool
+from kvserve.scheduler.core.block_pool import BlockPool
 
 
 class PrefixNode:

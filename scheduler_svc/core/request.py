@@ -17,12 +17,12 @@ import secrets
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from protos import defaults
-from protos.sampling import SamplingParams
-from protos.stop_rules import FinishReason
-from scheduler_svc.core.outputs import BlockCounts
-from scheduler_svc.core.prefix_tree import PrefixNode
-from scheduler_svc.core.token_matcher import TokenMatcher
+from kvserve.config import defaults
+from kvserve.protos.sampling import SamplingParams
+from kvserve.protos.stop_rules import FinishReason
+from kvserve.scheduler.core.outputs import BlockCounts
+from kvserve.scheduler.core.prefix_tree import PrefixNode
+from kvserve.scheduler.core.token_matcher import TokenMatcher
 
 
 class RequestRejected(ValueError):

@@ -17,14 +17,14 @@ from collections.abc import Sequence as SequenceOf
 
 import structlog
 
-from protos.sampling import InvalidFieldError, SamplingParams
-from protos.step import StepPlan, StepResult
-from protos.stop_rules import FinishReason, stop_token_ids
-from scheduler_svc.core import invariants
-from scheduler_svc.core.admission import check_fits
-from scheduler_svc.core.kv_manager import KvManager
-from scheduler_svc.core.outputs import SchedulerStats, SequenceOutput
-from scheduler_svc.core.request import (
+from kvserve.protos.sampling import InvalidFieldError, SamplingParams
+from kvserve.protos.step import StepPlan, StepResult
+from kvserve.protos.stop_rules import FinishReason, stop_token_ids
+from kvserve.scheduler.core import invariants
+from kvserve.scheduler.core.admission import check_fits
+from kvserve.scheduler.core.kv_manager import KvManager
+from kvserve.scheduler.core.outputs import SchedulerStats, SequenceOutput
+from kvserve.scheduler.core.request import (
     QUEUE_ORDER,
     Request,
     RequestRejected,
@@ -33,12 +33,12 @@ from scheduler_svc.core.request import (
     derive_seed,
     resolve_seed,
 )
-from scheduler_svc.core.scheduler_config import SchedulerConfig
-from scheduler_svc.core.scheduler_state import SchedulerState
-from scheduler_svc.core.scheduler_view import SchedulerView, stats_of, view_of
-from scheduler_svc.core.step_builder import StepBuilder
-from scheduler_svc.core.step_results import ResultApplier
-from scheduler_svc.core.token_matcher import MatcherFactory
+from kvserve.scheduler.core.scheduler_config import SchedulerConfig
+from kvserve.scheduler.core.scheduler_state import SchedulerState
+from kvserve.scheduler.core.scheduler_view import SchedulerView, stats_of, view_of
+from kvserve.scheduler.core.step_builder import StepBuilder
+from kvserve.scheduler.core.step_results import ResultApplier
+from kvserve.scheduler.core.token_matcher import MatcherFactory
 
 log = structlog.get_logger(__name__)
 
@@ -78,7 +78,7 @@ class Scheduler:
 
         Lower `priority` is served first; FCFS within a priority. Requests in different
         `namespace`s never share KV blocks. The caller has validated the request (see
-        `scheduler_svc.server.request_parsing`): a reused id, an empty prompt, a negative
+        `kvserve.scheduler.server.request_parsing`): a reused id, an empty prompt, a negative
         token id or out-of-range sampling fail an assertion here, not a validation.
         A `constraint` (structured output) gives each completion its own matcher.
         """

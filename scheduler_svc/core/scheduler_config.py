@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from protos import defaults
+from kvserve.config import defaults
 
 PREEMPTION_MODES = ("recompute", "swap")
 KV_RESERVATIONS = ("paged", "max-model-len", "prompt-plus-max-tokens")
@@ -16,7 +16,7 @@ class SchedulerConfig:
     """Budgets and policies of one `Scheduler`.
 
     `num_blocks`, `block_size`, `num_cpu_blocks` and `max_model_len` come from the
-    executor's handshake (`protos.step.ExecutorInfo`); the rest are serving policy.
+    executor's handshake (`kvserve.protos.step.ExecutorInfo`); the rest are serving policy.
     """
 
     num_blocks: int

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from scheduler_svc.core.kv_manager import KvManager
-from scheduler_svc.core.request import Request, Sequence
-from scheduler_svc.core.scheduler_config import SchedulerConfig
+from kvserve.scheduler.core.kv_manager import KvManager
+from kvserve.scheduler.core.request import Request, Sequence
+from kvserve.scheduler.core.scheduler_config import SchedulerConfig
 
 
 @dataclass(slots=True)

@@ -10,12 +10,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from scheduler_svc.core.block_pool import BlockPool, CpuBlockPool
-from scheduler_svc.core.outputs import SchedulerStats
-from scheduler_svc.core.prefix_tree import PrefixTree
-from scheduler_svc.core.request import Request, Sequence
-from scheduler_svc.core.scheduler_config import SchedulerConfig
-from scheduler_svc.core.scheduler_state import SchedulerState
+from kvserve.scheduler.core.block_pool import BlockPool, CpuBlockPool
+from kvserve.scheduler.core.outputs import SchedulerStats
+from kvserve.scheduler.core.prefix_tree import PrefixTree
+from kvserve.scheduler.core.request import Request, Sequence
+from kvserve.scheduler.core.scheduler_config import SchedulerConfig
+from kvserve.scheduler.core.scheduler_state import SchedulerState
 
 
 @dataclass(frozen=True, slots=True)

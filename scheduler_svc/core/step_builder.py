@@ -22,10 +22,10 @@ import bisect
 
 import structlog
 
-from protos.step import KnownSequence, NewSequence, StepPlan
-from scheduler_svc.core import admission
-from scheduler_svc.core.request import QUEUE_ORDER, Sequence, SequenceStatus
-from scheduler_svc.core.scheduler_state import InFlight, ScheduledSequence, SchedulerState
+from kvserve.protos.step import KnownSequence, NewSequence, StepPlan
+from kvserve.scheduler.core import admission
+from kvserve.scheduler.core.request import QUEUE_ORDER, Sequence, SequenceStatus
+from kvserve.scheduler.core.scheduler_state import InFlight, ScheduledSequence, SchedulerState
 
 log = structlog.get_logger(__name__)
 

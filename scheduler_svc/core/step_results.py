@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import structlog
 
-from protos.step import StepResult
-from protos.stop_rules import FinishReason, stop_reason
-from scheduler_svc.core.outputs import SampledLogprob, SequenceOutput
-from scheduler_svc.core.request import WAITING_STATES, Sequence, SequenceStatus
-from scheduler_svc.core.scheduler_state import SchedulerState
+from kvserve.protos.step import StepResult
+from kvserve.protos.stop_rules import FinishReason, stop_reason
+from kvserve.scheduler.core.outputs import SampledLogprob, SequenceOutput
+from kvserve.scheduler.core.request import WAITING_STATES, Sequence, SequenceStatus
+from kvserve.scheduler.core.scheduler_state import SchedulerState
 
 log = structlog.get_logger(__name__)
 

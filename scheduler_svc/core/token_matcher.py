@@ -7,7 +7,7 @@ step for its bitmask (sent in the plan; the executor applies it to the logits), 
 restart keep the output tokens, so they keep the matcher state too: nothing is rebuilt.
 
 The core knows only these two protocols; the grammar engine behind them (llguidance,
-see `scheduler_svc.server.structured`) is chosen and compiled by the service.
+see `kvserve.scheduler.server.structured`) is chosen and compiled by the service.
 """
 
 from __future__ import annotations

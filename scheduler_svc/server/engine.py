@@ -26,17 +26,17 @@ from dataclasses import dataclass
 
 import structlog
 
-from protos.sampling import InvalidFieldError
-from protos.step import ExecutorInfo, StepPlan
-from protos.stop_rules import FinishReason
-from scheduler_svc.core import MatcherFactory, Scheduler, SchedulerStats, SequenceOutput
-from scheduler_svc.server.executor_link import ExecutorLink, ExecutorLost, ExecutorStepError
-from scheduler_svc.server.metrics import ServerMetrics
-from scheduler_svc.server.request_delivery import ActiveRequest
-from scheduler_svc.server.request_parsing import ValidatedRequest
-from scheduler_svc.server.request_stream import FailureKind, RequestFailed, RequestStream
-from scheduler_svc.server.server_config import ServerConfig
-from scheduler_svc.server.tokenizer import Tokenizer
+from kvserve.protos.sampling import InvalidFieldError
+from kvserve.protos.step import ExecutorInfo, StepPlan
+from kvserve.protos.stop_rules import FinishReason
+from kvserve.scheduler.core import MatcherFactory, Scheduler, SchedulerStats, SequenceOutput
+from kvserve.scheduler.server.executor_link import ExecutorLink, ExecutorLost, ExecutorStepError
+from kvserve.scheduler.server.metrics import ServerMetrics
+from kvserve.scheduler.server.request_delivery import ActiveRequest
+from kvserve.scheduler.server.request_parsing import ValidatedRequest
+from kvserve.scheduler.server.request_stream import FailureKind, RequestFailed, RequestStream
+from kvserve.scheduler.server.server_config import ServerConfig
+from kvserve.scheduler.server.tokenizer import Tokenizer
 
 log = structlog.get_logger(__name__)
 

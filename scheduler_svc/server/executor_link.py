@@ -25,12 +25,13 @@ from dataclasses import dataclass
 
 import structlog
 
-from protos import defaults, step_codec
-from protos.kvserve.v1 import executor_link_pb2 as pb
-from protos.link_curve import CurveKeys
-from protos.link_endpoint import check_endpoint
-from protos.step import ExecutorInfo, StepPlan, StepResult
-from scheduler_svc.server.link_socket import RouterSocket, Sent
+from kvserve.config import defaults
+from kvserve.link.curve import CurveKeys
+from kvserve.link.endpoint import check_endpoint
+from kvserve.protos import step_codec
+from kvserve.protos.kvserve.v1 import executor_link_pb2 as pb
+from kvserve.protos.step import ExecutorInfo, StepPlan, StepResult
+from kvserve.scheduler.server.link_socket import RouterSocket, Sent
 
 log = structlog.get_logger(__name__)
 

@@ -1,10 +1,10 @@
 """Run the executor as a child process and restart it when it dies.
 
 `kvserve serve` is the scheduler process plus this supervisor. The executor is started
-with `python -m executor_svc ...` (never imported: the scheduler stays torch-free),
+with `python -m kvserve.executor ...` (never imported: the scheduler stays torch-free),
 in its own process group so a terminal's Ctrl-C reaches only the scheduler, which then
-stops it in order. The child learns our pid (`protos.defaults.EXECUTOR_PARENT_PID_ENV`) and exits within a fraction
-of a second once its parent pid changes; on Linux it also gets PR_SET_PDEATHSIG. So even a
+stops it in order. The child learns our pid (`kvserve.config.defaults.EXECUTOR_PARENT_PID_ENV`) and
+exits within a fraction of a second once its parent pid changes; on Linux it also gets PR_SET_PDEATHSIG. So even a
 kill -9 of the scheduler leaves no orphan (and the executor's own scheduler-timeout covers the rest).
 """
 
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import structlog
 
-from protos import defaults
+from kvserve.config import defaults
 
 log = structlog.get_logger(__name__)
 
@@ -30,8 +30,8 @@ _STABLE_AFTER_S = 30.0
 def executor_command(args: Sequence[str]) -> list[str]:
     """The argv that starts an executor with the given `kvserve executor` options.
 
-    `python -m executor_svc` parses exactly those flags without loading the kvserve CLI."""
-    return [sys.executable, "-m", "executor_svc", *args]
+    `python -m kvserve.executor` parses exactly those flags without loading the kvserve CLI."""
+    return [sys.executable, "-m", "kvserve.executor", *args]
 
 
 class ExecutorSupervisor:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import structlog
 
-from protos.sampling import InvalidFieldError, SamplingParams
+from kvserve.protos.sampling import InvalidFieldError, SamplingParams
 
 log = structlog.get_logger(__name__)
 

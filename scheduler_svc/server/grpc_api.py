@@ -23,21 +23,21 @@ import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2
 
-from protos.kvserve.v1 import api_pb2, api_pb2_grpc
-from protos.sampling import InvalidFieldError
-from protos.step import ExecutorInfo
-from protos.stop_rules import FinishReason
-from scheduler_svc.core import RequestRejected
-from scheduler_svc.server.auth import TokenTable
-from scheduler_svc.server.engine import Engine, ExecutorState
-from scheduler_svc.server.namespaces import ANONYMOUS_TENANT, prefix_namespace, tenant_from_metadata
-from scheduler_svc.server.request_parsing import ModelLimits, encode_chat, encode_text, parse_generate
-from scheduler_svc.server.request_stream import CompletionChunk, FailureKind, RequestFailed
-from scheduler_svc.server.server_config import ServerConfig
-from scheduler_svc.server.server_reflection import enable_reflection
-from scheduler_svc.server.strict_handlers import add_strict_service
-from scheduler_svc.server.structured.compiler import GrammarCompiler
-from scheduler_svc.server.tokenizer import Tokenizer
+from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
+from kvserve.protos.sampling import InvalidFieldError
+from kvserve.protos.step import ExecutorInfo
+from kvserve.protos.stop_rules import FinishReason
+from kvserve.scheduler.core import RequestRejected
+from kvserve.scheduler.server.auth import TokenTable
+from kvserve.scheduler.server.engine import Engine, ExecutorState
+from kvserve.scheduler.server.namespaces import ANONYMOUS_TENANT, prefix_namespace, tenant_from_metadata
+from kvserve.scheduler.server.request_parsing import ModelLimits, encode_chat, encode_text, parse_generate
+from kvserve.scheduler.server.request_stream import CompletionChunk, FailureKind, RequestFailed
+from kvserve.scheduler.server.server_config import ServerConfig
+from kvserve.scheduler.server.server_reflection import enable_reflection
+from kvserve.scheduler.server.strict_handlers import add_strict_service
+from kvserve.scheduler.server.structured.compiler import GrammarCompiler
+from kvserve.scheduler.server.tokenizer import Tokenizer
 
 log = structlog.get_logger(__name__)
 

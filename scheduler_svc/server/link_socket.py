@@ -18,7 +18,7 @@ import structlog
 import zmq
 import zmq.asyncio
 
-from protos.link_curve import CurveKeys
+from kvserve.link.curve import CurveKeys
 
 if TYPE_CHECKING:
     from zmq.auth.asyncio import AsyncioAuthenticator

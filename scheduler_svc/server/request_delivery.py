@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from protos.stop_rules import FinishReason
-from scheduler_svc.core import BlockCounts, SequenceOutput
-from scheduler_svc.server.detokenizer import CompletionText, Decoder
-from scheduler_svc.server.metrics import ServerMetrics
-from scheduler_svc.server.request_stream import CompletionChunk, RequestStream, Usage
+from kvserve.protos.stop_rules import FinishReason
+from kvserve.scheduler.core import BlockCounts, SequenceOutput
+from kvserve.scheduler.server.detokenizer import CompletionText, Decoder
+from kvserve.scheduler.server.metrics import ServerMetrics
+from kvserve.scheduler.server.request_stream import CompletionChunk, RequestStream, Usage
 
 log = structlog.get_logger(__name__)
 

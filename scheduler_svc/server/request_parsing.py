@@ -19,12 +19,12 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
-from protos import defaults
-from protos.kvserve.v1 import api_pb2
-from protos.sampling import InvalidFieldError, SamplingParams
-from scheduler_svc.server.generation_defaults import SamplingDefaults
-from scheduler_svc.server.structured.spec import StructuredSpec, structured_spec
-from scheduler_svc.server.tokenizer import CHAT_ROLES, ChatMessage, ChatTemplateError, Tokenizer
+from kvserve.config import defaults
+from kvserve.protos.kvserve.v1 import api_pb2
+from kvserve.protos.sampling import InvalidFieldError, SamplingParams
+from kvserve.scheduler.server.generation_defaults import SamplingDefaults
+from kvserve.scheduler.server.structured.spec import StructuredSpec, structured_spec
+from kvserve.scheduler.server.tokenizer import CHAT_ROLES, ChatMessage, ChatTemplateError, Tokenizer
 
 _SAMPLING_FLOATS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 _SAMPLING_INTS = ("top_k", "seed", "n", "min_tokens", "logprobs")

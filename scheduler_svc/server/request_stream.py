@@ -16,8 +16,8 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from protos.stop_rules import FinishReason
-from scheduler_svc.core import SampledLogprob
+from kvserve.protos.stop_rules import FinishReason
+from kvserve.scheduler.core import SampledLogprob
 
 
 class FailureKind(str, enum.Enum):

@@ -1,7 +1,7 @@
 """Every option of the scheduler service, with its default and help, in one dataclass.
 
 `kvserve serve` and `kvserve scheduler` generate their flags from these fields
-(protos.config_flags), so a new option is one field here and `--help` and the service
+(kvserve.config.flags), so a new option is one field here and `--help` and the service
 always agree. The scheduling-policy fields mirror `SchedulerConfig` by name: their default
 and help are read from there (`_policy`), and `scheduling_policy()` hands them back.
 """
@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from protos import defaults
-from protos.config_flags import flag
-from scheduler_svc.core import SchedulerConfig
-from scheduler_svc.server.generation_defaults import SOURCE_AUTO
+from kvserve.config import defaults
+from kvserve.config.flags import flag
+from kvserve.scheduler.core import SchedulerConfig
+from kvserve.scheduler.server.generation_defaults import SOURCE_AUTO
 
 _API = "gRPC API"
 _HTTP = "OpenAI-compatible HTTP API"
@@ -47,7 +47,7 @@ class ServerConfig:
         ),
     )
 
-    # --- OpenAI-compatible HTTP API (scheduler_svc.server.http), same engine, security and limits as gRPC
+    # --- OpenAI-compatible HTTP API (kvserve.scheduler.server.http), same engine, security and limits as gRPC
     http_host: str | None = field(
         default=None,
         metadata=flag(
@@ -68,7 +68,7 @@ class ServerConfig:
         ),
     )
 
-    # --- API security (scheduler_svc.server.auth, .tls, .bind_policy)
+    # --- API security (kvserve.scheduler.server.auth, .tls, .bind_policy)
     auth_token_file: str | None = field(
         default=None,
         metadata=flag(

@@ -3,7 +3,7 @@
 Order matters: the link binds and both APIs listen first (gRPC health NOT_SERVING, HTTP
 `/ready` 503), so an orchestrator can watch start-up; then the first executor's handshake
 sizes the Scheduler, the engine starts, health turns SERVING and one line says where
-each API listens. The OpenAI-compatible HTTP API (scheduler_svc.server.http) runs as a
+each API listens. The OpenAI-compatible HTTP API (kvserve.scheduler.server.http) runs as a
 task of this same loop and reads the same `ServingModel` as the gRPC servicer.
 SIGTERM (or SIGINT) drains: health NOT_SERVING, new requests refused, in-flight ones
 get `drain_grace_s` to finish, then the executor is told to shut down and we exit.
@@ -19,28 +19,28 @@ from dataclasses import dataclass
 import grpc
 import structlog
 
-from protos import defaults
-from protos.link_curve import CurveKeys, load_keys
-from protos.link_endpoint import private_ipc_endpoint
-from protos.step import ExecutorInfo
-from scheduler_svc.core import Scheduler, SchedulerConfig
-from scheduler_svc.server.auth import BearerAuthInterceptor, TokenFileError, TokenTable, load_token_file
-from scheduler_svc.server.bind_policy import BindSecurity, InsecureBindError, check_bind
-from scheduler_svc.server.engine import Engine
-from scheduler_svc.server.executor_link import ExecutorLink
-from scheduler_svc.server.executor_supervisor import ExecutorSupervisor
-from scheduler_svc.server.generation_defaults import load_sampling_defaults
-from scheduler_svc.server.grpc_api import ApiServer, KVServeServicer, ServingModel
-from scheduler_svc.server.http.app import create_app
-from scheduler_svc.server.http.context import HttpContext
-from scheduler_svc.server.http.http_server import HttpListenError, HttpServer
-from scheduler_svc.server.metrics import ServerMetrics
-from scheduler_svc.server.request_parsing import ModelLimits
-from scheduler_svc.server.server_config import ServerConfig
-from scheduler_svc.server.structured.compiler import GrammarCompiler
-from scheduler_svc.server.structured.llguidance_backend import LlguidanceBackend
-from scheduler_svc.server.tls import TlsConfigError, TlsFiles, server_credentials, tls_files
-from scheduler_svc.server.tokenizer import Tokenizer
+from kvserve.config import defaults
+from kvserve.link.curve import CurveKeys, load_keys
+from kvserve.link.endpoint import private_ipc_endpoint
+from kvserve.protos.step import ExecutorInfo
+from kvserve.scheduler.core import Scheduler, SchedulerConfig
+from kvserve.scheduler.server.auth import BearerAuthInterceptor, TokenFileError, TokenTable, load_token_file
+from kvserve.scheduler.server.bind_policy import BindSecurity, InsecureBindError, check_bind
+from kvserve.scheduler.server.engine import Engine
+from kvserve.scheduler.server.executor_link import ExecutorLink
+from kvserve.scheduler.server.executor_supervisor import ExecutorSupervisor
+from kvserve.scheduler.server.generation_defaults import load_sampling_defaults
+from kvserve.scheduler.server.grpc_api import ApiServer, KVServeServicer, ServingModel
+from kvserve.scheduler.server.http.app import create_app
+from kvserve.scheduler.server.http.context import HttpContext
+from kvserve.scheduler.server.http.http_server import HttpListenError, HttpServer
+from kvserve.scheduler.server.metrics import ServerMetrics
+from kvserve.scheduler.server.request_parsing import ModelLimits
+from kvserve.scheduler.server.server_config import ServerConfig
+from kvserve.scheduler.server.structured.compiler import GrammarCompiler
+from kvserve.scheduler.server.structured.llguidance_backend import LlguidanceBackend
+from kvserve.scheduler.server.tls import TlsConfigError, TlsFiles, server_credentials, tls_files
+from kvserve.scheduler.server.tokenizer import Tokenizer
 
 log = structlog.get_logger(__name__)
 

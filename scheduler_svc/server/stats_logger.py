@@ -16,7 +16,7 @@ from typing import Any
 
 import structlog
 
-from scheduler_svc.core import SchedulerStats
+from kvserve.scheduler.core import SchedulerStats
 
 log = structlog.get_logger(__name__)
 

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from kvserve.config import defaults
 from kvserve.testing.tiny_checkpoints import SHARDABLE, write_tiny_checkpoint
-from protos import defaults
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,7 +32,7 @@ def _ranks_of(pid: int) -> list[int]:
             environ = (proc / "environ").read_bytes()
         except OSError:  # gone meanwhile, or not ours
             continue
-        if b"executor_svc" in cmdline and marker in environ.split(b"\0"):
+        if b"kvserve.executor" in cmdline and marker in environ.split(b"\0"):
             found.append(int(proc.name))
     return found
 

@@ -3,9 +3,9 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from scheduler_svc.core.outputs import SchedulerStats
-from scheduler_svc.server.metrics import ServerMetrics
-from scheduler_svc.server.stats_logger import StatsLogger
+from kvserve.scheduler.core.outputs import SchedulerStats
+from kvserve.scheduler.server.metrics import ServerMetrics
+from kvserve.scheduler.server.stats_logger import StatsLogger
 
 
 def _stats(**kw) -> SchedulerStats:

@@ -20,7 +20,7 @@ def _scrape(port: int) -> dict[str, float]:
 
 
 def test_prefix_hits_grow_on_a_repeated_prompt():
-    from clients import Client
+    from kvserve.clients import Client
 
     metrics_port = free_port()
     with serving(["--executor", "fake", "--metrics-port", str(metrics_port)], name="metrics") as server:
@@ -42,7 +42,7 @@ def test_prefix_hits_grow_on_a_repeated_prompt():
 
 
 def test_preemptions_appear_with_a_tiny_pool():
-    from clients import Client
+    from kvserve.clients import Client
 
     metrics_port = free_port()
     # 16 blocks x 16 tokens = 256 slots; six requests of 32 + 64 tokens need 36 blocks at their end.

@@ -33,8 +33,8 @@ import httpx
 import yaml
 
 from kvserve.cli import build_parser
+from kvserve.scheduler.server.bind_policy import BindSecurity, InsecureBindError, check_bind, is_loopback_host
 from kvserve.testing.ports import free_ports
-from scheduler_svc.server.bind_policy import BindSecurity, InsecureBindError, check_bind, is_loopback_host
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"

@@ -22,7 +22,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from protos.kvserve.v1 import api_pb2, api_pb2_grpc
+from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 
 STALL_S = 30.0
 SLOW_STEP_S = 0.05

@@ -7,7 +7,7 @@ import asyncio
 import grpc
 import pytest
 
-from clients import AsyncClient, KVServeError
+from kvserve.clients import AsyncClient, KVServeError
 
 
 def run(coro):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from grpc_health.v1 import health_pb2
 
-from protos import defaults
+from kvserve.config import defaults
 
 CLI_TIMEOUT_S = 60
 
@@ -224,12 +224,12 @@ def test_help_shows_defaults(command: str) -> None:
 
 @pytest.mark.parametrize("block_size", defaults.BLOCK_SIZES)
 def test_serve_passes_its_block_size_to_the_executor(block_size: int) -> None:
-    from executor_svc.entry import build_parser as executor_parser
-    from executor_svc.entry import fake_config_from_args, runner_config_from_args
     from kvserve.cli import build_parser
     from kvserve.commands.serve import ServeConfig, executor_args
-    from protos.config_flags import config_from_args
-    from scheduler_svc.server.server_config import ServerConfig
+    from kvserve.config.flags import config_from_args
+    from kvserve.executor.entry import build_parser as executor_parser
+    from kvserve.executor.entry import fake_config_from_args, runner_config_from_args
+    from kvserve.scheduler.server.server_config import ServerConfig
 
     argv = ["serve", "--executor", "fake", "--block-size", str(block_size), "--executor-args", "--tokenizer-path ."]
     args = build_parser().parse_args(argv)  # (a tokenizer path: no default model needed to build the fake config)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from protos import defaults
+from kvserve.config import defaults
 from tests.clients.compose_services import dockerfile_cmd, kvserve_args, published_ports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -247,7 +247,7 @@ def test_tp2_override_changes_only_the_executor(compose: dict, tp2: dict, merged
 
 
 def test_tp2_executor_command_is_the_base_one_plus_the_tp_size(compose: dict, merged: dict) -> None:
-    from executor_svc.entry import build_parser
+    from kvserve.executor.entry import build_parser
 
     base = compose["services"]["executor"]["command"]
     command = merged["services"]["executor"]["command"]

@@ -18,9 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from clients import Client
+from kvserve.clients import Client
+from kvserve.scheduler.server.bind_policy import is_loopback_host
 from kvserve.testing.ports import free_ports
-from scheduler_svc.server.bind_policy import is_loopback_host
 from tests.clients.compose_services import (
     LOOPBACK,
     ROOT,

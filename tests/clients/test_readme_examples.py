@@ -17,8 +17,8 @@ def python_blocks() -> list[str]:
 
 def test_readme_has_sync_and_async_examples() -> None:
     blocks = python_blocks()
-    assert any("from clients import Client" in b for b in blocks)
-    assert any("from clients import AsyncClient" in b for b in blocks)
+    assert any("from kvserve.clients import Client" in b for b in blocks)
+    assert any("from kvserve.clients import AsyncClient" in b for b in blocks)
 
 
 @pytest.mark.parametrize("index", range(2))

@@ -7,22 +7,22 @@ import json
 import grpc
 import pytest
 
-import clients
-from clients.errors import KVServeError
-from clients.request_builder import (
+import kvserve.clients
+from kvserve.clients.errors import KVServeError
+from kvserve.clients.request_builder import (
     CompletionAssembler,
     build_generate_request,
     chunk_from_response,
     message_to_dict,
 )
-from protos import defaults
-from protos.kvserve.v1 import api_pb2
+from kvserve.config import defaults
+from kvserve.protos.kvserve.v1 import api_pb2
 
 
 def test_default_target_matches_common_defaults() -> None:
-    assert clients.DEFAULT_HOST == defaults.GRPC_HOST
-    assert clients.DEFAULT_PORT == defaults.GRPC_PORT
-    assert f"{defaults.GRPC_HOST}:{defaults.GRPC_PORT}" == clients.DEFAULT_TARGET
+    assert kvserve.clients.DEFAULT_HOST == defaults.GRPC_HOST
+    assert kvserve.clients.DEFAULT_PORT == defaults.GRPC_PORT
+    assert f"{defaults.GRPC_HOST}:{defaults.GRPC_PORT}" == kvserve.clients.DEFAULT_TARGET
 
 
 def test_sampling_kwargs_fill_only_given_fields() -> None:
@@ -93,7 +93,7 @@ def test_chunk_conversion_with_usage_and_logprobs() -> None:
     assert chunk.finish_reason == "eos"
     assert chunk.logprobs[0].token_id == 9 and chunk.logprobs[0].top == [(3, -1.5)]
     assert chunk.logprobs[1].logprob == -0.75 and chunk.logprobs[1].top == []
-    assert chunk.usage == clients.Usage(5, 2, 4, 0.5, 0.75, 1.5)
+    assert chunk.usage == kvserve.clients.Usage(5, 2, 4, 0.5, 0.75, 1.5)
 
 
 def test_running_chunk_has_no_finish_reason_or_usage() -> None:
@@ -117,12 +117,12 @@ def test_finish_reason_names(value: int, name: str) -> None:
 
 def test_assembler_orders_choices_and_mirrors_index_zero() -> None:
     assembler = CompletionAssembler(n=2)
-    usage = clients.Usage(1, 2, 0, 0.0, 0.0, 0.0)
+    usage = kvserve.clients.Usage(1, 2, 0, 0.0, 0.0, 0.0)
     for chunk in [
-        clients.Chunk("r", 1, [20], "x"),
-        clients.Chunk("r", 0, [10], "a"),
-        clients.Chunk("r", 0, [11], "b", finish_reason="stop", usage=usage),
-        clients.Chunk("r", 1, [21], "y", finish_reason="length", usage=usage),
+        kvserve.clients.Chunk("r", 1, [20], "x"),
+        kvserve.clients.Chunk("r", 0, [10], "a"),
+        kvserve.clients.Chunk("r", 0, [11], "b", finish_reason="stop", usage=usage),
+        kvserve.clients.Chunk("r", 1, [21], "y", finish_reason="length", usage=usage),
     ]:
         assembler.add(chunk)
     completion = assembler.result()
@@ -134,7 +134,7 @@ def test_assembler_orders_choices_and_mirrors_index_zero() -> None:
 
 def test_assembler_rejects_unfinished_stream() -> None:
     assembler = CompletionAssembler(n=2)
-    assembler.add(clients.Chunk("r", 0, [1], "a", finish_reason="stop"))
+    assembler.add(kvserve.clients.Chunk("r", 0, [1], "a", finish_reason="stop"))
     with pytest.raises(KVServeError) as info:
         assembler.result()
     assert "completion 1" in info.value.details
@@ -157,8 +157,8 @@ def test_clients_import_no_kvserve_internals() -> None:
     import ast
     from pathlib import Path
 
-    allowed = ("grpc", "grpc_health", "protos.kvserve.v1", "clients", "__future__")
-    for path in Path(clients.__file__).parent.glob("*.py"):
+    allowed = ("grpc", "grpc_health", "kvserve.protos.kvserve.v1", "kvserve.clients", "__future__")
+    for path in Path(kvserve.clients.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = (
                 [a.name for a in node.names]

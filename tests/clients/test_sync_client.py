@@ -8,7 +8,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from clients import Client, KVServeError
+from kvserve.clients import Client, KVServeError
 
 
 def test_stream_yields_chunks_in_order(scripted_server) -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from executor_svc.model.input_batch import build_input_batch
-from executor_svc.model.kv_cache import CacheGeometry, PagedKVCache
-from executor_svc.sequence_state import SequenceState
-from protos.sampling import SamplingParams
-from protos.step import PlanError
+from kvserve.executor.model.input_batch import build_input_batch
+from kvserve.executor.model.kv_cache import CacheGeometry, PagedKVCache
+from kvserve.executor.sequence_state import SequenceState
+from kvserve.protos.sampling import SamplingParams
+from kvserve.protos.step import PlanError
 
 
 def _seq(seq_id, tokens, table, computed, scheduled):

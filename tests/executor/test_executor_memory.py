@@ -21,12 +21,12 @@ OVERHEAD_BOUND = 400e6
 
 _PROBE = """
 import json, sys
-from executor_svc.weights.int4_linear import Int4Linear
-from executor_svc.model_runner import ModelRunner
-from executor_svc.process_memory import resident_bytes
-from executor_svc.runner_config import RunnerConfig
+from kvserve.executor.weights.int4_linear import Int4Linear
+from kvserve.executor.model_runner import ModelRunner
+from kvserve.executor.process_memory import resident_bytes
+from kvserve.executor.runner_config import RunnerConfig
 from kvserve.testing.plan_driver import PlanDriver
-from protos.sampling import SamplingParams
+from kvserve.protos.sampling import SamplingParams
 
 runner = ModelRunner(RunnerConfig(weights=sys.argv[1], dtype="float32", kv_cache_gb=0.25))
 driver = PlanDriver(runner)

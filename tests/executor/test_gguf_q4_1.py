@@ -8,8 +8,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, quants
 
-from executor_svc.weights import model_store
-from executor_svc.weights.gguf_q4_1 import (
+from kvserve.executor.weights import model_store
+from kvserve.executor.weights.gguf_q4_1 import (
     BLOCK_BYTES,
     GROUP,
     concat_rows,

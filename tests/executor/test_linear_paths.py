@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from executor_svc.weights.linear import Linear, make_linear
+from kvserve.executor.weights.linear import Linear, make_linear
 
 ROWS = [1, 7, 64, 300]
 

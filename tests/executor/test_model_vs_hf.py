@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from executor_svc.model_runner import ModelRunner
-from executor_svc.runner_config import RunnerConfig
+from kvserve.executor.model_runner import ModelRunner
+from kvserve.executor.runner_config import RunnerConfig
 from kvserve.testing.plan_driver import PlanDriver
 
 pytestmark = pytest.mark.slow

@@ -11,15 +11,15 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from executor_svc.model_runner import ModelRunner
-from executor_svc.runner_config import RunnerConfig
-from executor_svc.weights import model_store
-from executor_svc.weights.gguf_q4_1 import dequantize, kernel_dequantize
-from executor_svc.weights.gguf_weights import read_q4_1_layers
-from executor_svc.weights.int4_linear import Int4Linear
-from executor_svc.weights.row_invariance import RowFixedLinear
+from kvserve.executor.model_runner import ModelRunner
+from kvserve.executor.runner_config import RunnerConfig
+from kvserve.executor.weights import model_store
+from kvserve.executor.weights.gguf_q4_1 import dequantize, kernel_dequantize
+from kvserve.executor.weights.gguf_weights import read_q4_1_layers
+from kvserve.executor.weights.int4_linear import Int4Linear
+from kvserve.executor.weights.row_invariance import RowFixedLinear
+from kvserve.scheduler.server.tokenizer import Tokenizer
 from kvserve.testing.plan_driver import PlanDriver
-from scheduler_svc.server.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.slow
 
@@ -69,7 +69,7 @@ def test_gguf_codes_dequantize_to_the_converted_fp32_weights(default_model_dir, 
 def test_every_layer_runs_4_bit_on_the_codes_it_shipped_with(runner) -> None:
     layer = runner.model.weights.layers[0]
     linears = [getattr(layer, n) for n in ("qkv", "o_proj", "gate_up", "down")]
-    # each in fixed GEMM call shapes (executor_svc.weights.row_invariance)
+    # each in fixed GEMM call shapes (kvserve.executor.weights.row_invariance)
     assert all(isinstance(lin, RowFixedLinear) and isinstance(lin.inner, Int4Linear) for lin in linears)
     assert runner.info().model_id.endswith("+q4_1")  # never shares a prefix cache with the fp32 weights
     source = model_store.default_model_source()

@@ -13,10 +13,10 @@ import sys
 
 import torch
 
-from executor_svc.tensor_parallel.plan_channel import INLINE_BYTES, MessageKind, PlanChannel
 from kvserve.bench.plan_broadcast import decode_plan
-from protos.sampling import SamplingParams
-from protos.step import NewSequence
+from kvserve.executor.tensor_parallel.plan_channel import INLINE_BYTES, MessageKind, PlanChannel
+from kvserve.protos.sampling import SamplingParams
+from kvserve.protos.step import NewSequence
 
 
 class _Wire:

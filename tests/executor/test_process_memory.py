@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from executor_svc.process_memory import MIB, resident_bytes
+from kvserve.executor.process_memory import MIB, resident_bytes
 
 
 def test_resident_bytes_grows_with_touched_memory() -> None:

@@ -1,4 +1,4 @@
-"""GEMM rows that do not depend on the batch (`executor_svc.weights.row_invariance`).
+"""GEMM rows that do not depend on the batch (`kvserve.executor.weights.row_invariance`).
 
 The probe finds the call sizes a kernel computes alike, `RowFixedLinear` keeps every call within
 them, and every GEMM path the runner uses then gives each row the same bits at 1, 7, 16, 64 and
@@ -10,12 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from executor_svc.cpu_features import has_native_bf16
-from executor_svc.weights.gguf_q4_1 import GROUP, Q4_1Weight
-from executor_svc.weights.int4_linear import make_int4_linear
-from executor_svc.weights.invariance import GemmShape, min_rows, random_layer
-from executor_svc.weights.linear import PACKED, WIDENED, Linear, make_linear
-from executor_svc.weights.row_invariance import MAX_ROWS, PROBE_ROWS, ProbeCache, RowFixedLinear, probe
+from kvserve.executor.cpu_features import has_native_bf16
+from kvserve.executor.weights.gguf_q4_1 import GROUP, Q4_1Weight
+from kvserve.executor.weights.int4_linear import make_int4_linear
+from kvserve.executor.weights.invariance import GemmShape, min_rows, random_layer
+from kvserve.executor.weights.linear import PACKED, WIDENED, Linear, make_linear
+from kvserve.executor.weights.row_invariance import MAX_ROWS, PROBE_ROWS, ProbeCache, RowFixedLinear, probe
 
 ROWS = [1, 7, 16, 64, 300]
 

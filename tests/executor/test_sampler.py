@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
-from executor_svc.sampling.penalties import apply_penalties
-from executor_svc.sampling.sampler import filtered_logits, sample
-from executor_svc.sampling.seeded_noise import row_key, uniform_noise
-from executor_svc.sequence_state import SequenceState
-from protos.sampling import SamplingParams
+from kvserve.executor.sampling.penalties import apply_penalties
+from kvserve.executor.sampling.sampler import filtered_logits, sample
+from kvserve.executor.sampling.seeded_noise import row_key, uniform_noise
+from kvserve.executor.sequence_state import SequenceState
+from kvserve.protos.sampling import SamplingParams
 
 VOCAB = 64
 

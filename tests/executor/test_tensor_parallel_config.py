@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from executor_svc import entry
-from executor_svc.runner_config import RunnerConfig, resolve_device, resolve_num_threads
-from executor_svc.tensor_parallel.config import (
+from kvserve.executor import entry
+from kvserve.executor.runner_config import RunnerConfig, resolve_device, resolve_num_threads
+from kvserve.executor.tensor_parallel.config import (
     SPAWNED_ENV,
     RankPlace,
     TensorParallelConfig,
     place_from_env,
     resolve_backend,
 )
-from executor_svc.tensor_parallel.launcher import follower_argv
+from kvserve.executor.tensor_parallel.launcher import follower_argv
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,8 +53,8 @@ def test_tp_is_short_for_tensor_parallel_size_on_executor_and_serve(spelling) ->
 def test_serve_passes_the_size_to_its_executor() -> None:
     from kvserve.cli import build_parser
     from kvserve.commands.serve import ServeConfig, executor_args
-    from protos.config_flags import config_from_args
-    from scheduler_svc.server.server_config import ServerConfig
+    from kvserve.config.flags import config_from_args
+    from kvserve.scheduler.server.server_config import ServerConfig
 
     args = build_parser().parse_args(["serve", "-tp", "2"])
     argv = executor_args(config_from_args(ServeConfig, args), config_from_args(ServerConfig, args), "ipc:///x")
@@ -140,8 +140,8 @@ def test_an_unknown_backend_is_refused_by_the_parser() -> None:
 
 def test_a_failure_inside_a_sharded_forward_ends_the_group_not_the_step() -> None:
     """Another rank may be waiting in a collective this one never reaches: the step cannot just fail."""
-    from executor_svc.model_runner import ModelRunner
-    from executor_svc.tensor_parallel.group import RankLostError
+    from kvserve.executor.model_runner import ModelRunner
+    from kvserve.executor.tensor_parallel.group import RankLostError
 
     class _Broken:
         def forward(self, *_):

@@ -14,10 +14,15 @@ import dataclasses
 import pytest
 import torch
 
-from executor_svc.model_config import ModelConfig, RopeConfig, load_model_config
-from executor_svc.tensor_parallel.layout import TensorParallelFitError, TensorParallelLayout, check_fits, plan_layout
-from executor_svc.weights.gguf_q4_1 import GROUP, Q4_1Weight, dequantize, select_columns, select_rows
-from executor_svc.weights.loader import ModelWeights, load_weights
+from kvserve.executor.model_config import ModelConfig, RopeConfig, load_model_config
+from kvserve.executor.tensor_parallel.layout import (
+    TensorParallelFitError,
+    TensorParallelLayout,
+    check_fits,
+    plan_layout,
+)
+from kvserve.executor.weights.gguf_q4_1 import GROUP, Q4_1Weight, dequantize, select_columns, select_rows
+from kvserve.executor.weights.loader import ModelWeights, load_weights
 from kvserve.testing.tiny_checkpoints import SHARDABLE, write_tiny_checkpoint
 
 TINY = {k: v for k, v in SHARDABLE.items() if k != "num_key_value_heads"} | dict(num_hidden_layers=1)
@@ -114,8 +119,8 @@ def test_q4_1_shards_are_exact_rows_and_group_aligned_columns(size) -> None:
 @pytest.mark.slow
 def test_native_int4_layers_of_the_default_model_shard_at_three(default_model_dir) -> None:
     """The GGUF's own 4-bit layers, split 3 ways (9 heads, 3 KV heads): the shards add up to the whole."""
-    from executor_svc.weights import model_store
-    from executor_svc.weights.gguf_weights import native_layer_linears, read_q4_1_layers
+    from kvserve.executor.weights import model_store
+    from kvserve.executor.weights.gguf_weights import native_layer_linears, read_q4_1_layers
 
     source = model_store.resolve_source(None)
     assert source.gguf_file is not None

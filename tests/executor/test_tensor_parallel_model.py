@@ -1,7 +1,7 @@
 """Whole models at tensor-parallel sizes 2 and 3 against the same model unsharded (TP=1).
 
 Rank 0 runs in this process (`start_local_group`: the code `kvserve executor -tp N` runs), ranks
-1 … N−1 as real `python -m executor_svc` processes, with gloo collectives and the plan broadcast
+1 … N−1 as real `python -m kvserve.executor` processes, with gloo collectives and the plan broadcast
 between them. One workload drives both: chunked prefill, several decode steps, shared and copied
 prefix blocks, a reset. Greedy tokens must be identical and every returned log-probability (the
 sampled token's and the top 5) allclose, which the logits determine.
@@ -12,14 +12,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from executor_svc.model_runner import ModelRunner
-from executor_svc.process import start_local_group
-from executor_svc.protocol import Executor
-from executor_svc.runner_config import RunnerConfig
-from executor_svc.tensor_parallel.config import TensorParallelConfig
+from kvserve.executor.model_runner import ModelRunner
+from kvserve.executor.process import start_local_group
+from kvserve.executor.protocol import Executor
+from kvserve.executor.runner_config import RunnerConfig
+from kvserve.executor.tensor_parallel.config import TensorParallelConfig
+from kvserve.protos.sampling import SamplingParams
 from kvserve.testing.plan_driver import PlanDriver
 from kvserve.testing.tiny_checkpoints import SHARDABLE, write_tiny_checkpoint
-from protos.sampling import SamplingParams
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -94,7 +94,7 @@ def test_tiny_models_at_two_and_three_ranks_match_one(tmp_path, arch, kv_heads) 
 @pytest.mark.slow
 def test_default_model_at_three_ranks_answers_the_france_prompt_as_one(default_model_dir) -> None:
     """SmolLM2-135M: 9 heads and 3 KV heads split 3 ways, the vocabulary of 49,152 in 3 rows of 16,384."""
-    from scheduler_svc.server.tokenizer import ChatMessage, Tokenizer
+    from kvserve.scheduler.server.tokenizer import ChatMessage, Tokenizer
 
     tokenizer = Tokenizer.from_dir(default_model_dir)
     prompt = tokenizer.encode_chat([ChatMessage("user", "What is the capital of France?")])

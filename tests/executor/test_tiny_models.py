@@ -12,79 +12,13 @@ import json
 import pytest
 import torch
 
-from executor_svc.model.input_batch import build_input_batch
-from executor_svc.model_config import UnsupportedModelError
-from executor_svc.model_runner import ModelRunner
-from executor_svc.runner_config import RunnerConfig
-from executor_svc.sequence_state import SequenceState
-from kvserve.testing.plan_driver import PlanDriver
-from kvserve.testing.tiny_checkpoints import build_tiny_model
-from protos.sampling import SamplingParams
-
-COMMON = dict(
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-)
-
-
-def _tiny_checkpoint(tmp_path, arch: str, **overrides):
-    model = build_tiny_model(arch, **(COMMON | overrides))
-    path = tmp_path / arch
-    model.save_pretrained(path)
-    return model, path
-
-
-def _runner_logits(runner: ModelRunner, tokens: list[int], split: int) -> torch.Tensor:
-    """Logits at every position, computed as a prefill of `split` tokens then an extend."""
-    seq = SequenceState(
-        seq_id=1,
-        token_ids=tokens,
-        prompt_len=len(tokens),
-        block_table=list(range(8)),
-        sampling=SamplingParams(temperature=0.0),
-        seed=0,
-    )
-    chunks = []
-    for start, count in ((0, split), (split, len(tokens) - split)):
-        seq.num_computed_tokens, seq.num_scheduled_tokens = start, count
-        with torch.inference_mode():
-            batch = build_input_batch(
-                [seq],
-                runner.config.block_size,
-                runner.device,
-                runner.model.scale,
-                runner.dtype,
-                runner.model_config.num_kv_heads,
-            )
-            batch.sample_indices = torch.arange(count)
-            chunks.append(runner.model.forward(batch, runner.cache, runner.backend))
-    return torch.cat(chunks)
-
-
-CASES = {
-    "llama-tied-llama3-rope": (
-        "llama",
-        dict(
-            tie_word_embeddings=True,
-            rope_theta=5000.0,
-            rope_scaling={
-                "rope_type": "llama3",
-                "factor": 4.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 32,
-            },
-        ),
-    ),
-    "llama-linear-rope": ("llama", dict(rope_scaling={"rope_type": "linear", "factor": 2.0})),
-    "mistral": ("mistral", dict(tie_word_embeddings=False, sliding_window=None)),
-    "qwen2-qkv-bias": ("qwen2", dict(tie_word_embeddings=False)),
-}
+from kvserve.executor.model_config import UnsupportedModelError
+from kvserve.executor.model_runner import ModelRunner
+from kvserve.executor.runner_config import RunnerConfig
+from kvserve.executor.token_scoring import every_position_logits
+from kvserve.protos.sampling import SamplingParams
+from kvserve.testing.plan_driver import PlanDriver, run_prompts
+from kvserve.testing.tiny_checkpoints import CASES, PROMPTS, tiny_checkpoint
 
 
 @pytest.mark.parametrize("backend", ["cpu", "torch", "triton"])
@@ -101,7 +35,7 @@ def test_triton_logits_match_transformers_at_other_block_sizes(tmp_path, block_s
 
 def _check_logits(tmp_path, case: str, backend: str, block_size: int = 16) -> None:
     arch, overrides = CASES[case]
-    model, path = _tiny_checkpoint(tmp_path, arch, **overrides)
+    model, path = tiny_checkpoint(tmp_path, arch, **overrides)
     config = RunnerConfig(
         model=str(path), dtype="float32", kv_cache_gb=0.001, attention_backend=backend, block_size=block_size
     )
@@ -109,7 +43,7 @@ def _check_logits(tmp_path, case: str, backend: str, block_size: int = 16) -> No
     tokens = torch.randint(0, 256, (37,), generator=torch.Generator().manual_seed(1)).tolist()
     with torch.inference_mode():
         expected = model(torch.tensor([tokens])).logits[0]
-    got = _runner_logits(runner, tokens, split=20)
+    got = every_position_logits(runner, tokens, split=20)
     torch.testing.assert_close(got, expected, atol=2e-4, rtol=1e-4)
     info = runner.info()
     assert info.vocab_size == 256 and info.max_model_len == 256 and info.attention_backend == backend
@@ -125,24 +59,14 @@ def test_unsupported_architecture_is_named(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
-    return _tiny_checkpoint(tmp_path_factory.mktemp("tiny"), "llama")[1]
-
-
-def _run(runner: ModelRunner, prompts: list[list[int]], **add_kwargs) -> dict[int, list[int]]:
-    driver = PlanDriver(runner)
-    for i, prompt in enumerate(prompts):
-        driver.add(i, prompt, max_new_tokens=12, **add_kwargs)
-    return driver.run()
-
-
-PROMPTS = [[(7 * i + j) % 256 for j in range(n)] for i, n in enumerate((5, 16, 23, 40))]
+    return tiny_checkpoint(tmp_path_factory.mktemp("tiny"), "llama")[1]
 
 
 def test_triton_backend_generates_the_same_tokens_as_torch(tiny_llama):
-    torch_out = _run(
+    torch_out = run_prompts(
         ModelRunner(RunnerConfig(model=str(tiny_llama), dtype="float32", kv_cache_gb=0.001)), PROMPTS, chunk_size=9
     )
-    triton_out = _run(
+    triton_out = run_prompts(
         ModelRunner(
             RunnerConfig(model=str(tiny_llama), dtype="float32", kv_cache_gb=0.001, attention_backend="triton")
         ),
@@ -160,14 +84,14 @@ BLOCK_PROMPTS = [*PROMPTS, [(3 * j + 1) % 256 for j in range(77)]]
 def greedy_at_block_size_16(tiny_llama):
     runner = ModelRunner(RunnerConfig(model=str(tiny_llama), dtype="float32", kv_cache_gb=0.001))
     assert runner.info().block_size == 16
-    return _run(runner, BLOCK_PROMPTS, chunk_size=9)
+    return run_prompts(runner, BLOCK_PROMPTS, chunk_size=9)
 
 
 @pytest.mark.parametrize("block_size", [8, 64])
 def test_block_size_leaves_greedy_tokens_unchanged(tiny_llama, greedy_at_block_size_16, block_size):
     runner = ModelRunner(RunnerConfig(model=str(tiny_llama), dtype="float32", kv_cache_gb=0.001, block_size=block_size))
     assert runner.info().block_size == block_size == runner.cache.geometry.block_size
-    assert _run(runner, BLOCK_PROMPTS, chunk_size=9) == greedy_at_block_size_16
+    assert run_prompts(runner, BLOCK_PROMPTS, chunk_size=9) == greedy_at_block_size_16
 
 
 def test_runner_refuses_an_untested_block_size():
@@ -178,9 +102,9 @@ def test_runner_refuses_an_untested_block_size():
 def test_swap_out_and_in_preserves_the_sequence(tiny_llama):
     runner = ModelRunner(RunnerConfig(model=str(tiny_llama), dtype="float32", kv_cache_gb=0.001, swap_space_gb=0.001))
     assert runner.info().num_cpu_blocks > 4
-    expected = _run(runner, PROMPTS[2:3])[0]
+    expected = run_prompts(runner, PROMPTS[2:3])[0]
 
-    from protos.step import KnownSequence, NewSequence, StepPlan
+    from kvserve.protos.step import KnownSequence, NewSequence, StepPlan
 
     prompt = PROMPTS[2]
     greedy = SamplingParams(temperature=0.0)
@@ -213,14 +137,14 @@ def test_swap_out_and_in_preserves_the_sequence(tiny_llama):
 
 def test_copied_blocks_serve_as_prefix_and_reset_forgets_sequences(tiny_llama):
     runner = ModelRunner(RunnerConfig(model=str(tiny_llama), dtype="float32", kv_cache_gb=0.001))
-    expected = _run(runner, PROMPTS[3:4])[0]
+    expected = run_prompts(runner, PROMPTS[3:4])[0]
     driver = PlanDriver(runner)
     driver.add(50, PROMPTS[3][:32] + [1, 2, 3], max_new_tokens=1, retain=True)
     driver.run()
     driver.add(0, PROMPTS[3], max_new_tokens=12, prefix_blocks=driver.retained[50][:2], copy_prefix=True)
     assert driver.run()[0] == expected
-    from executor_svc.sequence_state import UnknownSequenceError
-    from protos.step import KnownSequence, StepPlan
+    from kvserve.executor.sequence_state import UnknownSequenceError
+    from kvserve.protos.step import KnownSequence, StepPlan
 
     runner.reset()
     with pytest.raises(UnknownSequenceError):
@@ -230,22 +154,22 @@ def test_copied_blocks_serve_as_prefix_and_reset_forgets_sequences(tiny_llama):
 def test_a_bf16_kv_cache_holds_twice_the_tokens_and_stays_close_to_fp32(tmp_path):
     """--kv-cache-dtype bfloat16 under fp32 activations: K/V are stored rounded and widened on read,
     in prefill, extend and decode, so logits move by about bf16's rounding of K and V, no more."""
-    _, path = _tiny_checkpoint(tmp_path, "llama")
+    _, path = tiny_checkpoint(tmp_path, "llama")
     fp32 = ModelRunner(RunnerConfig(model=str(path), dtype="float32", kv_cache_gb=0.001))
     bf16 = ModelRunner(RunnerConfig(model=str(path), dtype="float32", kv_cache_dtype="bfloat16", kv_cache_gb=0.001))
     assert bf16.cache.tensor.dtype == torch.bfloat16 and bf16.dtype == torch.float32
     assert bf16.info().num_blocks == 2 * fp32.info().num_blocks
     tokens = torch.randint(0, 256, (37,), generator=torch.Generator().manual_seed(1)).tolist()
-    expected, got = _runner_logits(fp32, tokens, split=20), _runner_logits(bf16, tokens, split=20)
+    expected, got = every_position_logits(fp32, tokens, split=20), every_position_logits(bf16, tokens, split=20)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, expected, atol=0.05, rtol=0.02)
     assert not torch.equal(got, expected)  # the narrower cache really is in use
-    decoded = _run(bf16, PROMPTS)  # decode steps over a bf16 cache run and finish
+    decoded = run_prompts(bf16, PROMPTS)  # decode steps over a bf16 cache run and finish
     assert all(len(tokens) == 12 for tokens in decoded.values())
 
 
 def test_a_kv_cache_dtype_other_than_the_activations_needs_a_cpu_or_torch_backend():
-    from executor_svc.runner_config import resolve_kv_cache_dtype
+    from kvserve.executor.runner_config import resolve_kv_cache_dtype
 
     assert resolve_kv_cache_dtype(RunnerConfig(), "bfloat16", "triton") == "bfloat16"
     assert resolve_kv_cache_dtype(RunnerConfig(kv_cache_dtype="bfloat16"), "float32", "torch") == "bfloat16"

@@ -9,11 +9,11 @@ import random
 import pytest
 import torch
 
-from executor_svc.sampling.sampler import sample
-from executor_svc.sampling.token_mask import TokenMasks, apply_token_masks, plan_token_masks, unpack_blocked
-from executor_svc.sequence_state import SequenceState
-from protos.sampling import SamplingParams
-from protos.step import PlanError, StepPlan
+from kvserve.executor.sampling.sampler import sample
+from kvserve.executor.sampling.token_mask import TokenMasks, apply_token_masks, plan_token_masks, unpack_blocked
+from kvserve.executor.sequence_state import SequenceState
+from kvserve.protos.sampling import SamplingParams
+from kvserve.protos.step import PlanError, StepPlan
 
 VOCAB = 100
 

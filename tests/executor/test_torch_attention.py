@@ -9,10 +9,10 @@ import random
 import pytest
 import torch
 
-from executor_svc.attention.base import AttentionMetadata
-from executor_svc.attention.torch_backend import MIN_BUCKET_SEQS, TorchAttentionBackend, context_buckets
-from kernels.reference import paged_attention_reference
-from protos.defaults import BLOCK_SIZES
+from kvserve.config.defaults import BLOCK_SIZES
+from kvserve.executor.attention.base import AttentionMetadata
+from kvserve.executor.attention.torch_backend import MIN_BUCKET_SEQS, TorchAttentionBackend, context_buckets
+from kvserve.kernels.reference import paged_attention_reference
 
 KV_HEADS, HEADS, HEAD_DIM = 2, 6, 8
 

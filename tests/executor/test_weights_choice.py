@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from executor_svc import cpu_features
-from executor_svc.runner_config import RunnerConfig, resolve_dtype, resolve_weights
+from kvserve.executor import cpu_features
+from kvserve.executor.runner_config import RunnerConfig, resolve_dtype, resolve_weights
 
 
 def test_auto_and_dequantized_keep_the_converted_weights() -> None:
@@ -28,7 +28,7 @@ def test_refused_combinations_say_why(weights: str, device: str, dtype: str, mes
 
 
 def test_native_refuses_a_model_that_is_not_a_gguf(tmp_path) -> None:
-    from executor_svc.model_runner import ModelRunner
+    from kvserve.executor.model_runner import ModelRunner
 
     (tmp_path / "config.json").write_text("{}")
     runner = object.__new__(ModelRunner)  # only the source check, without loading a model

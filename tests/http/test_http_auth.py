@@ -13,8 +13,8 @@ import httpx
 import openai
 import pytest
 
+from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from kvserve.testing.server_launcher import ServeProcess, start_serve
-from protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from tests.http.http_clients import ALICE, BOB, FAKE_ARGS, sdk, token_file
 
 SYSTEM = "You are a careful assistant. " * 12  # several full KV blocks: enough for the prefix cache to hold

@@ -6,7 +6,7 @@ import grpc
 import httpx
 import pytest
 
-from protos.kvserve.v1 import api_pb2, api_pb2_grpc
+from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from tests.http.http_clients import sdk
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from protos.kvserve.v1 import api_pb2
-from scheduler_svc.server.http.errors import ApiError
-from scheduler_svc.server.http.field_names import GRPC_TO_OPENAI, ParamNames, capacity_param, openai_param
-from scheduler_svc.server.http.openai_request import parse_chat_body, parse_completion_body
+from kvserve.protos.kvserve.v1 import api_pb2
+from kvserve.scheduler.server.http.errors import ApiError
+from kvserve.scheduler.server.http.field_names import GRPC_TO_OPENAI, ParamNames, capacity_param, openai_param
+from kvserve.scheduler.server.http.openai_request import parse_chat_body, parse_completion_body
 
 USER = [{"role": "user", "content": "hi"}]
 

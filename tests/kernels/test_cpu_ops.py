@@ -15,10 +15,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from executor_svc.attention.cpu_backend import ensure_kernels
-from kernels import cpu_ops
-from kernels.reference import paged_attention_reference, store_kv_reference
-from protos.defaults import BLOCK_SIZES
+from kvserve.config.defaults import BLOCK_SIZES
+from kvserve.executor.attention.cpu_backend import ensure_kernels
+from kvserve.kernels import cpu_ops
+from kvserve.kernels.reference import paged_attention_reference, store_kv_reference
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}

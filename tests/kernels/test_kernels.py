@@ -3,7 +3,7 @@
 Shapes are small because the interpreter runs each program in Python; they still cover
 shuffled non-contiguous block tables, lengths that are not block multiples (including 1) and
 exact multiples, GQA ratios 1/3/4, head_dim 64/128, and mixed decode + prefill-with-context
-batches, each at every block size `--block-size` accepts (protos.defaults.BLOCK_SIZES).
+batches, each at every block size `--block-size` accepts (kvserve.config.defaults.BLOCK_SIZES).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import os
 import pytest
 import torch
 
-from kernels.reference import paged_attention_reference, store_kv_reference
-from protos.defaults import BLOCK_SIZES
+from kvserve.config.defaults import BLOCK_SIZES
+from kvserve.kernels.reference import paged_attention_reference, store_kv_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 block_sizes = pytest.mark.parametrize("block_size", BLOCK_SIZES)
@@ -42,7 +42,7 @@ def _to(*tensors):
 
 @block_sizes
 def test_store_kv_matches_reference_and_skips_negative_slots(block_size):
-    from kernels.store_kv import store_kv
+    from kvserve.kernels.store_kv import store_kv
 
     gen = torch.Generator().manual_seed(0)
     num_blocks, kv_heads, head_dim = 96 // block_size + 1, 3, 64
@@ -69,7 +69,7 @@ def test_store_kv_matches_reference_and_skips_negative_slots(block_size):
 @pytest.mark.parametrize("num_heads,kv_heads,head_dim", [(4, 4, 64), (6, 2, 64), (8, 2, 128)])
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_paged_decode_matches_reference(num_heads, kv_heads, head_dim, num_splits, block_size):
-    from kernels.paged_decode import paged_decode_attention
+    from kvserve.kernels.paged_decode import paged_decode_attention
 
     gen = torch.Generator().manual_seed(num_heads * 100 + head_dim + num_splits + block_size)
     # one token, exactly one block, partial last blocks; 70 spans two blocks even at 64
@@ -93,7 +93,7 @@ def test_paged_decode_matches_reference(num_heads, kv_heads, head_dim, num_split
 @block_sizes
 @pytest.mark.parametrize("num_heads,kv_heads,head_dim", [(4, 4, 64), (6, 2, 128), (8, 2, 64)])
 def test_extend_matches_reference_on_mixed_batch(num_heads, kv_heads, head_dim, block_size):
-    from kernels.prefill_extend import extend_attention
+    from kvserve.kernels.prefill_extend import extend_attention
 
     gen = torch.Generator().manual_seed(num_heads + head_dim + block_size)
     # (context already cached, new tokens): decodes, a fresh prefill, extends over context, the
@@ -130,7 +130,7 @@ def test_reference_is_causal():
 
 
 def test_kv_tiles_are_whole_blocks_of_at_least_the_cuda_dot_minimum():
-    from kernels.kv_tile import MIN_DOT_K, kv_tile_tokens
+    from kvserve.kernels.kv_tile import MIN_DOT_K, kv_tile_tokens
 
     assert [kv_tile_tokens(size) for size in BLOCK_SIZES] == [max(MIN_DOT_K, size) for size in BLOCK_SIZES]
     assert kv_tile_tokens(8) == 16 and kv_tile_tokens(64) == 64  # two 8-token blocks; one 64-token block

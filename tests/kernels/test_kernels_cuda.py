@@ -18,8 +18,8 @@ import random
 import pytest
 import torch
 
-from kernels.reference import paged_attention_reference, store_kv_reference
-from protos.defaults import BLOCK_SIZES
+from kvserve.config.defaults import BLOCK_SIZES
+from kvserve.kernels.reference import paged_attention_reference, store_kv_reference
 from tests.kernels.test_kernels import _random_paged_cache
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -47,7 +47,7 @@ def _reference(query, k_cache, v_cache, starts, seq_lens, tables, scale):
 
 
 def _decode(dtype, seq_lens, heads, block_size, seed, num_splits=None):
-    from kernels.paged_decode import paged_decode_attention
+    from kvserve.kernels.paged_decode import paged_decode_attention
 
     num_heads, kv_heads, head_dim = heads
     gen = torch.Generator().manual_seed(seed)
@@ -71,7 +71,7 @@ def _decode(dtype, seq_lens, heads, block_size, seed, num_splits=None):
 
 def _extend(dtype, shapes, heads, block_size, seed):
     """`shapes`: (context already cached, new tokens) per sequence."""
-    from kernels.prefill_extend import extend_attention
+    from kvserve.kernels.prefill_extend import extend_attention
 
     num_heads, kv_heads, head_dim = heads
     gen = torch.Generator().manual_seed(seed)
@@ -104,7 +104,7 @@ def _extend(dtype, shapes, heads, block_size, seed):
 @dtypes
 @pytest.mark.parametrize("num_tokens", [6, 8192])
 def test_store_kv_is_an_exact_scatter(block_size, dtype, num_tokens):
-    from kernels.store_kv import store_kv
+    from kvserve.kernels.store_kv import store_kv
 
     gen = torch.Generator().manual_seed(block_size + num_tokens)
     kv_heads, head_dim = (3, 64) if num_tokens == 6 else (8, 128)

@@ -17,12 +17,12 @@ import sys
 import tempfile
 import time
 
-from executor_svc.fake.executor import FakeExecutor, FakeExecutorConfig
-from protos import step_codec
-from protos.kvserve.v1 import executor_link_pb2 as pb
-from protos.sampling import SamplingParams
-from protos.step import KnownSequence, NewSequence, SampledToken, StepPlan, StepResult
-from scheduler_svc.server.executor_link import ExecutorLink, ExecutorLost
+from kvserve.executor.fake.executor import FakeExecutor, FakeExecutorConfig
+from kvserve.protos import step_codec
+from kvserve.protos.kvserve.v1 import executor_link_pb2 as pb
+from kvserve.protos.sampling import SamplingParams
+from kvserve.protos.step import KnownSequence, NewSequence, SampledToken, StepPlan, StepResult
+from kvserve.scheduler.server.executor_link import ExecutorLink, ExecutorLost
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPT = 20

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from executor_svc import entry as executor_command
-from executor_svc.runner_config import RunnerConfig
-from protos.link_endpoint import LinkEndpointError, check_endpoint, private_ipc_endpoint
-from scheduler_svc.server.executor_link import ExecutorLink
+from kvserve.executor import entry as executor_command
+from kvserve.executor.runner_config import RunnerConfig
+from kvserve.link.endpoint import LinkEndpointError, check_endpoint, private_ipc_endpoint
+from kvserve.scheduler.server.executor_link import ExecutorLink
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

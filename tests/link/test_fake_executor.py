@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from executor_svc.fake.executor import FakeExecutor, FakeExecutorConfig
+from kvserve.executor.fake.executor import FakeExecutor, FakeExecutorConfig
+from kvserve.protos.sampling import SamplingParams
+from kvserve.protos.step import KnownSequence, NewSequence, PlanError, StepPlan
 from kvserve.testing.plan_driver import PlanDriver
-from protos.sampling import SamplingParams
-from protos.step import KnownSequence, NewSequence, PlanError, StepPlan
 
 BS = 4
 PROMPT_A = list(range(100, 111))  # 11 tokens: 2 full blocks + a partial one
@@ -229,9 +229,10 @@ def test_a_correct_plan_after_the_same_setup_passes(tokenizer_dir: str) -> None:
 
 def test_fake_executor_process_never_imports_torch() -> None:
     code = (
-        "import sys, executor_svc.fake.executor, executor_svc.link_worker, executor_svc.process, kvserve.cli; "
+        "import sys, kvserve.cli, kvserve.executor.fake.executor, kvserve.executor.link_worker; "
+        "import kvserve.executor.process; "
         "kvserve.cli.build_parser().parse_args(['executor', '--executor', 'fake']); "
-        "executor_svc.fake.executor.FakeExecutor(); "
+        "kvserve.executor.fake.executor.FakeExecutor(); "
         "bad = [m for m in ('torch', 'transformers', 'triton') if m in sys.modules]; "
         "sys.exit(f'imported {bad}' if bad else 0)"
     )

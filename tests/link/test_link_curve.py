@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import zmq.auth
 
+from kvserve.link.curve import load_keys
+from kvserve.scheduler.server.executor_link import ExecutorLink
 from kvserve.testing.ports import free_port
-from protos.link_curve import load_keys
-from scheduler_svc.server.executor_link import ExecutorLink
 from tests.link.test_link_process import decode, run
 
 pytestmark = pytest.mark.timeout(90)

@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from executor_svc.fake.executor import FakeExecutor, FakeExecutorConfig
-from protos.sampling import SamplingParams
-from protos.step import KnownSequence, NewSequence, StepPlan
-from scheduler_svc.server.executor_link import ExecutorLink, ExecutorLost, ExecutorStepError
+from kvserve.executor.fake.executor import FakeExecutor, FakeExecutorConfig
+from kvserve.protos.sampling import SamplingParams
+from kvserve.protos.step import KnownSequence, NewSequence, StepPlan
+from kvserve.scheduler.server.executor_link import ExecutorLink, ExecutorLost, ExecutorStepError
 
 pytestmark = pytest.mark.timeout(90)
 

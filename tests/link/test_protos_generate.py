@@ -1,4 +1,4 @@
-"""`python -m protos.generate --check` guards the committed generated code."""
+"""`python -m kvserve.protos.generate --check` guards the committed generated code."""
 
 from __future__ import annotations
 
@@ -9,14 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from protos import generate
+from kvserve.protos import generate
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_committed_generated_code_is_fresh() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "protos.generate", "--check"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "kvserve.protos.generate", "--check"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
 

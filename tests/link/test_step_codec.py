@@ -1,4 +1,4 @@
-"""protos.step_codec: every StepPlan / StepResult / ExecutorInfo survives the wire unchanged."""
+"""kvserve.protos.step_codec: every StepPlan / StepResult / ExecutorInfo survives the wire unchanged."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protos import defaults, step_codec
-from protos.kvserve.v1 import executor_link_pb2 as pb
-from protos.sampling import SamplingParams
-from protos.step import (
+from kvserve.config import defaults
+from kvserve.protos import step_codec
+from kvserve.protos.kvserve.v1 import executor_link_pb2 as pb
+from kvserve.protos.sampling import SamplingParams
+from kvserve.protos.step import (
     ExecutorInfo,
     KnownSequence,
     NewSequence,

@@ -15,8 +15,8 @@ import sys
 
 import grpc
 
+from kvserve.protos.kvserve.v1 import api_pb2_grpc
 from kvserve.testing.stream_requests import greedy_request
-from protos.kvserve.v1 import api_pb2_grpc
 
 DROP_MAX_TOKENS = 4000
 

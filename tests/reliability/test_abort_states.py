@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from kvserve.testing.server_launcher import ServeProcess, start_serve
 from kvserve.testing.stream_requests import greedy_request
-from protos.kvserve.v1 import api_pb2, api_pb2_grpc
 
 pytestmark = pytest.mark.timeout(120)
 

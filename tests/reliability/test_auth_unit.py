@@ -12,11 +12,17 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from protos.kvserve.v1 import api_pb2, api_pb2_grpc
-from scheduler_svc.server import auth
-from scheduler_svc.server.auth import BearerAuthInterceptor, TokenFileError, TokenTable, bearer_token, load_token_file
-from scheduler_svc.server.bind_policy import BindSecurity, InsecureBindError, check_bind, is_loopback_host
-from scheduler_svc.server.tls import TlsConfigError, server_credentials, tls_files
+from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
+from kvserve.scheduler.server import auth
+from kvserve.scheduler.server.auth import (
+    BearerAuthInterceptor,
+    TokenFileError,
+    TokenTable,
+    bearer_token,
+    load_token_file,
+)
+from kvserve.scheduler.server.bind_policy import BindSecurity, InsecureBindError, check_bind, is_loopback_host
+from kvserve.scheduler.server.tls import TlsConfigError, server_credentials, tls_files
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
+from kvserve.protos.kvserve.v1 import api_pb2_grpc
 from kvserve.testing.stream_requests import collect, greedy_request
-from protos.kvserve.v1 import api_pb2_grpc
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -24,11 +24,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
+from kvserve.config import defaults
+from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from kvserve.testing.ports import free_port
 from kvserve.testing.server_launcher import pid_alive, wait_dead
 from kvserve.testing.stream_requests import collect, greedy_request
-from protos import defaults
-from protos.kvserve.v1 import api_pb2, api_pb2_grpc
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -222,8 +222,8 @@ def test_executor_exits_when_its_scheduler_vanishes(serve, tmp_path: Path, super
 
 _SIGTERM_STORM_CHILD = """
 import time
-from executor_svc.fake.executor import FakeExecutor, FakeExecutorConfig
-from executor_svc.link_worker import LinkWorker, LinkWorkerConfig
+from kvserve.executor.fake.executor import FakeExecutor, FakeExecutorConfig
+from kvserve.executor.link_worker import LinkWorker, LinkWorkerConfig
 executor = FakeExecutor(FakeExecutorConfig(num_blocks=8, strict=True, vocab_size=64))
 worker = LinkWorker(executor, LinkWorkerConfig(endpoint="tcp://127.0.0.1:9"))
 worker.install_signal_handlers()
@@ -261,7 +261,7 @@ import os, subprocess, sys, time
 log_path, env_name, *argv = sys.argv[1:]
 with open(log_path, "wb") as log:
     env = {**os.environ, env_name: str(os.getpid())}
-    child = subprocess.Popen([sys.executable, "-m", "executor_svc", *argv], env=env, stdout=log, stderr=log)
+    child = subprocess.Popen([sys.executable, "-m", "kvserve.executor", *argv], env=env, stdout=log, stderr=log)
 print(child.pid, flush=True)
 time.sleep(120)
 """

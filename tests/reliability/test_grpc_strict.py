@@ -15,9 +15,9 @@ from grpc_health.v1 import health_pb2
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from kvserve.protos.grpc.reflection.v1 import reflection_pb2 as reflection_v1_pb2
+from kvserve.protos.kvserve.v1 import api_pb2
 from kvserve.testing.server_launcher import ServeProcess, start_serve
-from protos.grpc.reflection.v1 import reflection_pb2 as reflection_v1_pb2
-from protos.kvserve.v1 import api_pb2
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -169,9 +169,9 @@ def test_server_stays_healthy_and_logs_no_traceback(server) -> None:
 def test_auth_still_comes_first() -> None:
     """With bearer auth on, an undecodable body without a token is UNAUTHENTICATED (the parser
     never sees it); with a valid token it is INVALID_ARGUMENT; reflection stays open."""
-    from scheduler_svc.server.auth import BearerAuthInterceptor, TokenTable
-    from scheduler_svc.server.grpc_api import ApiServer, KVServeServicer
-    from scheduler_svc.server.server_config import ServerConfig
+    from kvserve.scheduler.server.auth import BearerAuthInterceptor, TokenTable
+    from kvserve.scheduler.server.grpc_api import ApiServer, KVServeServicer
+    from kvserve.scheduler.server.server_config import ServerConfig
 
     table = TokenTable([(TOKEN, "alice")])
     bad = b"\xff\xff\xff"

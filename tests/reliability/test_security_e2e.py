@@ -16,9 +16,9 @@ import pytest
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from kvserve.testing.server_launcher import ServeProcess, start_serve
 from kvserve.testing.stream_requests import collect, greedy_request
-from protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from tests.reliability.test_auth_unit import make_self_signed
 
 pytestmark = pytest.mark.timeout(120)

@@ -14,8 +14,8 @@ import time
 import grpc
 import pytest
 
+from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from kvserve.testing.stream_requests import collect, greedy_request
-from protos.kvserve.v1 import api_pb2, api_pb2_grpc
 
 pytestmark = pytest.mark.timeout(120)
 

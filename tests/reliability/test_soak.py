@@ -16,8 +16,8 @@ import time
 import grpc
 import pytest
 
-from protos import defaults
-from protos.kvserve.v1 import api_pb2, api_pb2_grpc
+from kvserve.config import defaults
+from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 
 pytestmark = pytest.mark.timeout(300)
 

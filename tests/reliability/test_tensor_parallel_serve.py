@@ -22,11 +22,11 @@ import time
 import pytest
 from grpc_health.v1 import health_pb2
 
+from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from kvserve.testing.ports import free_ports
 from kvserve.testing.server_launcher import ServeProcess, pid_alive, wait_dead
 from kvserve.testing.stream_requests import greedy_request
 from kvserve.testing.tiny_checkpoints import SHARDABLE, with_tokenizer, write_tiny_checkpoint
-from protos.kvserve.v1 import api_pb2, api_pb2_grpc
 
 pytestmark = pytest.mark.timeout(300)
 

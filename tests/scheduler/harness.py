@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from executor_svc.fake.executor import FakeExecutor, FakeExecutorConfig
-from protos.sampling import SamplingParams
-from protos.step import StepPlan
-from protos.stop_rules import FinishReason
-from scheduler_svc.core.outputs import SequenceOutput
-from scheduler_svc.core.scheduler import Scheduler
-from scheduler_svc.core.scheduler_config import SchedulerConfig
+from kvserve.executor.fake.executor import FakeExecutor, FakeExecutorConfig
+from kvserve.protos.sampling import SamplingParams
+from kvserve.protos.step import StepPlan
+from kvserve.protos.stop_rules import FinishReason
+from kvserve.scheduler.core.outputs import SequenceOutput
+from kvserve.scheduler.core.scheduler import Scheduler
+from kvserve.scheduler.core.scheduler_config import SchedulerConfig
 
 
 def strict_executor(num_blocks: int, block_size: int, num_cpu_blocks: int = 0, vocab_size: int = 50) -> FakeExecutor:

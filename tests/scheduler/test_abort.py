@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from executor_svc.fake.tokens import expected_completion
-from protos.stop_rules import FinishReason
-from scheduler_svc.core.request import SequenceStatus
-from scheduler_svc.core.scheduler_config import SchedulerConfig
+from kvserve.executor.fake.tokens import expected_completion
+from kvserve.protos.stop_rules import FinishReason
+from kvserve.scheduler.core.request import SequenceStatus
+from kvserve.scheduler.core.scheduler_config import SchedulerConfig
 from tests.scheduler.harness import Harness
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from protos.stop_rules import FinishReason
-from scheduler_svc.core.invariants import InvariantError
-from scheduler_svc.core.outputs import BlockCounts
-from scheduler_svc.core.scheduler_config import SchedulerConfig
+from kvserve.protos.stop_rules import FinishReason
+from kvserve.scheduler.core.invariants import InvariantError
+from kvserve.scheduler.core.outputs import BlockCounts
+from kvserve.scheduler.core.scheduler_config import SchedulerConfig
 from tests.scheduler.harness import Harness, strict_executor
 
 STEM = [1, 2, 3, 4, 5, 6, 7, 8]  # two full blocks of 4 shared by a, b, c and e

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_svc.core.block_pool import BlockPool, CpuBlockPool
+from kvserve.scheduler.core.block_pool import BlockPool, CpuBlockPool
 
 
 def test_allocate_and_release_track_counts() -> None:

@@ -10,8 +10,8 @@ import dataclasses
 
 import pytest
 
-from scheduler_svc.core.invariants import InvariantError
-from scheduler_svc.core.scheduler_config import SchedulerConfig
+from kvserve.scheduler.core.invariants import InvariantError
+from kvserve.scheduler.core.scheduler_config import SchedulerConfig
 from tests.scheduler.harness import Harness
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from kvserve.commands import kv_plan
-from protos.defaults import BLOCK_SIZES
-from protos.kv_geometry import GIB, KvGeometry, bytes_per_token
-from scheduler_svc.core.kv_capacity import plan_kv
+from kvserve.config.defaults import BLOCK_SIZES
+from kvserve.protos.kv_geometry import GIB, KvGeometry, bytes_per_token
+from kvserve.scheduler.core.kv_capacity import plan_kv
 
 LLAMA2_7B = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "hidden_size": 4096}
 LLAMA2_13B = {"num_hidden_layers": 40, "num_attention_heads": 40, "hidden_size": 5120}

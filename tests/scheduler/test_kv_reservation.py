@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from executor_svc.fake.tokens import expected_completion
-from protos.stop_rules import FinishReason
-from scheduler_svc.core.invariants import InvariantError
-from scheduler_svc.core.kv_manager import KvManager
-from scheduler_svc.core.request import RequestRejected, SequenceStatus
-from scheduler_svc.core.scheduler_config import KV_RESERVATIONS, SchedulerConfig
+from kvserve.executor.fake.tokens import expected_completion
+from kvserve.protos.stop_rules import FinishReason
+from kvserve.scheduler.core.invariants import InvariantError
+from kvserve.scheduler.core.kv_manager import KvManager
+from kvserve.scheduler.core.request import RequestRejected, SequenceStatus
+from kvserve.scheduler.core.scheduler_config import KV_RESERVATIONS, SchedulerConfig
 from tests.scheduler.harness import Harness, strict_executor
 
 RESERVING = tuple(policy for policy in KV_RESERVATIONS if policy != "paged")

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from executor_svc.fake.tokens import expected_completion
-from protos.step import StepResult
-from protos.stop_rules import FinishReason
-from scheduler_svc.core.scheduler_config import SchedulerConfig
+from kvserve.executor.fake.tokens import expected_completion
+from kvserve.protos.step import StepResult
+from kvserve.protos.stop_rules import FinishReason
+from kvserve.scheduler.core.scheduler_config import SchedulerConfig
 from tests.scheduler.harness import Harness, strict_executor
 
 PROMPTS = {"first": [1, 2, 3, 4], "second": [5, 6, 7, 8]}

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from executor_svc.fake.tokens import expected_completion
-from scheduler_svc.core.scheduler_config import SchedulerConfig
+from kvserve.executor.fake.tokens import expected_completion
+from kvserve.scheduler.core.scheduler_config import SchedulerConfig
 from tests.scheduler.harness import Harness
 
 

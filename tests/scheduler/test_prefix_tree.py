@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from scheduler_svc.core.block_pool import BlockPool
-from scheduler_svc.core.prefix_tree import PrefixTree
+from kvserve.scheduler.core.block_pool import BlockPool
+from kvserve.scheduler.core.prefix_tree import PrefixTree
 
 BS = 4
 

@@ -16,10 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from executor_svc.fake.tokens import expected_completion
-from protos.stop_rules import FinishReason
-from scheduler_svc.core.request import RequestRejected, derive_seed
-from scheduler_svc.core.scheduler_config import KV_RESERVATIONS, SchedulerConfig
+from kvserve.executor.fake.tokens import expected_completion
+from kvserve.protos.stop_rules import FinishReason
+from kvserve.scheduler.core.request import RequestRejected, derive_seed
+from kvserve.scheduler.core.scheduler_config import KV_RESERVATIONS, SchedulerConfig
 from tests.scheduler.harness import Harness, strict_executor
 
 MAX_EXAMPLES = int(os.environ.get("KVSERVE_PROPERTY_EXAMPLES", "150"))
@@ -135,6 +135,6 @@ def test_random_interleavings_keep_every_invariant(kv_reservation: str, data, op
 
 
 def _result_for(plan):
-    from protos.step import StepResult
+    from kvserve.protos.step import StepResult
 
     return StepResult(plan.step_id)

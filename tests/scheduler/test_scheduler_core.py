@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from executor_svc.fake.tokens import expected_completion
-from protos.sampling import SamplingParams
-from protos.step import StepResult
-from protos.stop_rules import FinishReason, stop_reason
-from scheduler_svc.core.request import RequestRejected, derive_seed
-from scheduler_svc.core.scheduler import Scheduler
-from scheduler_svc.core.scheduler_config import SchedulerConfig
+from kvserve.executor.fake.tokens import expected_completion
+from kvserve.protos.sampling import SamplingParams
+from kvserve.protos.step import StepResult
+from kvserve.protos.stop_rules import FinishReason, stop_reason
+from kvserve.scheduler.core.request import RequestRejected, derive_seed
+from kvserve.scheduler.core.scheduler import Scheduler
+from kvserve.scheduler.core.scheduler_config import SchedulerConfig
 from tests.scheduler.harness import Harness
 
 

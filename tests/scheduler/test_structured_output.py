@@ -3,10 +3,10 @@ the grammar's end as the finish, and a matcher state that survives preemption an
 
 from __future__ import annotations
 
-from executor_svc.fake.tokens import expected_completion
-from protos.step import SampledToken, StepResult
-from protos.stop_rules import FinishReason
-from scheduler_svc.core.scheduler_config import SchedulerConfig
+from kvserve.executor.fake.tokens import expected_completion
+from kvserve.protos.step import SampledToken, StepResult
+from kvserve.protos.stop_rules import FinishReason
+from kvserve.scheduler.core.scheduler_config import SchedulerConfig
 from tests.scheduler.choice_grammar import ChoiceGrammar
 from tests.scheduler.harness import Harness
 

@@ -1,4 +1,4 @@
-"""Cross-check against the project's strict FakeExecutor (executor_svc.fake.executor).
+"""Cross-check against the project's strict FakeExecutor (kvserve.executor.fake.executor).
 
 The FakeExecutor keeps its own shadow KV and block ownership and raises PlanError on
 any plan that breaks the step contract; random workloads with aborts, resets, n > 1
@@ -11,12 +11,12 @@ import random
 
 import pytest
 
-from protos.sampling import SamplingParams
-from scheduler_svc.core.request import RequestRejected
-from scheduler_svc.core.scheduler import Scheduler
-from scheduler_svc.core.scheduler_config import SchedulerConfig
+from kvserve.protos.sampling import SamplingParams
+from kvserve.scheduler.core.request import RequestRejected
+from kvserve.scheduler.core.scheduler import Scheduler
+from kvserve.scheduler.core.scheduler_config import SchedulerConfig
 
-fake_executor = pytest.importorskip("executor_svc.fake.executor")
+fake_executor = pytest.importorskip("kvserve.executor.fake.executor")
 
 
 @pytest.mark.parametrize("trial", range(16))

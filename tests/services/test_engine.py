@@ -10,17 +10,17 @@ import asyncio
 
 import pytest
 
-from executor_svc.fake.executor import FakeExecutor, FakeExecutorConfig
-from protos.sampling import SamplingParams
-from protos.step import ExecutorInfo, StepPlan, StepResult
-from protos.stop_rules import FinishReason
-from scheduler_svc.server.engine import Engine, ExecutorState
-from scheduler_svc.server.executor_link import ExecutorLost
-from scheduler_svc.server.request_parsing import ValidatedRequest
-from scheduler_svc.server.request_stream import FailureKind, RequestFailed
-from scheduler_svc.server.server_config import ServerConfig
-from scheduler_svc.server.service import build_scheduler
-from scheduler_svc.server.tokenizer import Tokenizer
+from kvserve.executor.fake.executor import FakeExecutor, FakeExecutorConfig
+from kvserve.protos.sampling import SamplingParams
+from kvserve.protos.step import ExecutorInfo, StepPlan, StepResult
+from kvserve.protos.stop_rules import FinishReason
+from kvserve.scheduler.server.engine import Engine, ExecutorState
+from kvserve.scheduler.server.executor_link import ExecutorLost
+from kvserve.scheduler.server.request_parsing import ValidatedRequest
+from kvserve.scheduler.server.request_stream import FailureKind, RequestFailed
+from kvserve.scheduler.server.server_config import ServerConfig
+from kvserve.scheduler.server.service import build_scheduler
+from kvserve.scheduler.server.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -304,7 +304,7 @@ def test_abort_of_a_queued_request_ends_its_stream(tokenizer: Tokenizer) -> None
 
 
 def test_metrics_follow_the_requests(tokenizer: Tokenizer) -> None:
-    from scheduler_svc.server.metrics import ServerMetrics
+    from kvserve.scheduler.server.metrics import ServerMetrics
 
     async def scenario():
         link = InProcessLink()
@@ -334,7 +334,7 @@ def test_metrics_follow_the_requests(tokenizer: Tokenizer) -> None:
 
 
 def test_a_request_that_can_never_fit_is_rejected_naming_a_field(tokenizer: Tokenizer) -> None:
-    from scheduler_svc.core.request import RequestRejected
+    from kvserve.scheduler.core.request import RequestRejected
 
     async def scenario():
         link = InProcessLink(num_blocks=4)  # 64 token slots in all

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from scheduler_svc.server.executor_supervisor import ExecutorSupervisor, executor_command
+from kvserve.scheduler.server.executor_supervisor import ExecutorSupervisor, executor_command
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -23,7 +23,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_executor_command_runs_the_executor_module() -> None:
-    assert executor_command(["--executor", "fake"]) == [sys.executable, "-m", "executor_svc", "--executor", "fake"]
+    assert executor_command(["--executor", "fake"]) == [sys.executable, "-m", "kvserve.executor", "--executor", "fake"]
 
 
 def test_a_dying_child_is_restarted_with_a_counter() -> None:
@@ -107,7 +107,7 @@ def test_kill_if_current_spares_a_newer_child() -> None:
 
 PARENT = """
 import asyncio, sys
-from scheduler_svc.server.executor_supervisor import ExecutorSupervisor
+from kvserve.scheduler.server.executor_supervisor import ExecutorSupervisor
 
 async def main():
     supervisor = ExecutorSupervisor([sys.executable, "-c", "import time; time.sleep(60)"])

@@ -12,8 +12,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from protos import defaults
-from protos.kvserve.v1 import api_pb2, api_pb2_grpc
+from kvserve.config import defaults
+from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -9,11 +9,15 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from protos.kvserve.v1 import api_pb2
-from protos.sampling import SamplingParams
-from scheduler_svc.server.generation_defaults import SamplingDefaults, load_sampling_defaults, sampling_defaults_from
-from scheduler_svc.server.request_parsing import ModelLimits, parse_generate
-from scheduler_svc.server.tokenizer import Tokenizer
+from kvserve.protos.kvserve.v1 import api_pb2
+from kvserve.protos.sampling import SamplingParams
+from kvserve.scheduler.server.generation_defaults import (
+    SamplingDefaults,
+    load_sampling_defaults,
+    sampling_defaults_from,
+)
+from kvserve.scheduler.server.request_parsing import ModelLimits, parse_generate
+from kvserve.scheduler.server.tokenizer import Tokenizer
 
 MODEL_GENERATION_CONFIG = {
     "bos_token_id": 1,

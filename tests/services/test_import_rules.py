@@ -1,4 +1,4 @@
-"""The scheduler process must stay free of torch, triton, transformers and executor_svc."""
+"""The scheduler process must stay free of torch, triton, transformers and the executor package."""
 
 from __future__ import annotations
 
@@ -7,17 +7,17 @@ import sys
 
 SCRIPT = """
 import importlib, pkgutil, sys
-import scheduler_svc
-for mod in pkgutil.walk_packages(scheduler_svc.__path__, "scheduler_svc."):
+import kvserve.scheduler
+for mod in pkgutil.walk_packages(kvserve.scheduler.__path__, "kvserve.scheduler."):
     importlib.import_module(mod.name)
 import kvserve.commands.serve, kvserve.commands.scheduler
-loaded = sorted(m for m in ("torch", "triton", "transformers", "executor_svc") if m in sys.modules)
-print("MODULES", len([m for m in sys.modules if m.startswith("scheduler_svc.")]))
+loaded = sorted(m for m in ("torch", "triton", "transformers", "kvserve.executor") if m in sys.modules)
+print("MODULES", len([m for m in sys.modules if m.startswith("kvserve.scheduler.")]))
 print("FORBIDDEN", ",".join(loaded))
 """
 
 
-def test_scheduler_svc_never_imports_torch() -> None:
+def test_the_scheduler_never_imports_torch() -> None:
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120, check=True)
     lines = dict(line.split(" ", 1) if " " in line else (line, "") for line in out.stdout.splitlines())
     assert int(lines["MODULES"]) >= 10  # the modules really were imported

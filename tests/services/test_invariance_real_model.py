@@ -23,9 +23,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from executor_svc.cpu_features import has_native_bf16
+from kvserve.executor.cpu_features import has_native_bf16
+from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from kvserve.testing.server_launcher import ServeProcess, serving
-from protos.kvserve.v1 import api_pb2, api_pb2_grpc
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 

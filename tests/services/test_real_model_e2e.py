@@ -7,7 +7,7 @@ import asyncio
 import grpc
 import pytest
 
-from protos.kvserve.v1 import api_pb2, api_pb2_grpc
+from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

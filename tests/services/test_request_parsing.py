@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from protos import defaults
-from protos.kvserve.v1 import api_pb2
-from protos.sampling import InvalidFieldError
-from scheduler_svc.server.request_parsing import ModelLimits, parse_generate
-from scheduler_svc.server.tokenizer import Tokenizer
+from kvserve.config import defaults
+from kvserve.protos.kvserve.v1 import api_pb2
+from kvserve.protos.sampling import InvalidFieldError
+from kvserve.scheduler.server.request_parsing import ModelLimits, parse_generate
+from kvserve.scheduler.server.tokenizer import Tokenizer
 
 LIMITS = ModelLimits(max_model_len=64, vocab_size=49152)
 

@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 
-from protos.stop_rules import FinishReason
-from scheduler_svc.server.request_stream import CompletionChunk, FailureKind, RequestFailed, RequestStream
+from kvserve.protos.stop_rules import FinishReason
+from kvserve.scheduler.server.request_stream import CompletionChunk, FailureKind, RequestFailed, RequestStream
 
 
 def test_slow_reader_gets_merged_chunks_and_loses_nothing() -> None:

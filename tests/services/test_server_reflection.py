@@ -8,8 +8,8 @@ from google.protobuf import descriptor_pb2
 from grpc_reflection.v1alpha import reflection_pb2 as v1alpha_pb2
 from grpc_reflection.v1alpha import reflection_pb2_grpc as v1alpha_grpc
 
-from protos.grpc.reflection.v1 import reflection_pb2 as v1_pb2
-from protos.grpc.reflection.v1 import reflection_pb2_grpc as v1_grpc
+from kvserve.protos.grpc.reflection.v1 import reflection_pb2 as v1_pb2
+from kvserve.protos.grpc.reflection.v1 import reflection_pb2_grpc as v1_grpc
 
 VERSIONS = {"v1": (v1_pb2, v1_grpc), "v1alpha": (v1alpha_pb2, v1alpha_grpc)}
 EXPECTED_SERVICES = {

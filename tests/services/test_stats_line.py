@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from protos.sampling import SamplingParams
-from protos.step import SampledToken, StepResult
-from scheduler_svc.core.scheduler import Scheduler
-from scheduler_svc.core.scheduler_config import SchedulerConfig
-from scheduler_svc.server.stats_logger import StatsLogger
+from kvserve.protos.sampling import SamplingParams
+from kvserve.protos.step import SampledToken, StepResult
+from kvserve.scheduler.core.scheduler import Scheduler
+from kvserve.scheduler.core.scheduler_config import SchedulerConfig
+from kvserve.scheduler.server.stats_logger import StatsLogger
 
 
 class _Recorder:

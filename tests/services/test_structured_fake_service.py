@@ -18,7 +18,7 @@ import jsonschema
 import pytest
 from grpc_health.v1 import health_pb2
 
-from protos.kvserve.v1 import api_pb2, api_pb2_grpc
+from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -20,8 +20,8 @@ import openai
 import pytest
 from grpc_health.v1 import health_pb2
 
+from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from kvserve.testing.server_launcher import ServeProcess, serving
-from protos.kvserve.v1 import api_pb2, api_pb2_grpc
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -8,14 +8,14 @@ import threading
 
 import pytest
 
-from executor_svc.fake.vocabulary import default_model_dir
-from protos import defaults
-from protos.kvserve.v1 import api_pb2
-from protos.sampling import InvalidFieldError
-from scheduler_svc.server.structured.compiler import GrammarCompiler
-from scheduler_svc.server.structured.llguidance_backend import LlguidanceBackend
-from scheduler_svc.server.structured.spec import StructuredSpec, structured_spec
-from scheduler_svc.server.tokenizer import Tokenizer
+from kvserve.config import defaults
+from kvserve.executor.fake.vocabulary import default_model_dir
+from kvserve.protos.kvserve.v1 import api_pb2
+from kvserve.protos.sampling import InvalidFieldError
+from kvserve.scheduler.server.structured.compiler import GrammarCompiler
+from kvserve.scheduler.server.structured.llguidance_backend import LlguidanceBackend
+from kvserve.scheduler.server.structured.spec import StructuredSpec, structured_spec
+from kvserve.scheduler.server.tokenizer import Tokenizer
 
 
 def _spec(**kind) -> StructuredSpec | None:

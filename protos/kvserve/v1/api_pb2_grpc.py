@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from protos.kvserve.v1 import api_pb2 as protos_dot_kvserve_dot_v1_dot_api__pb2
+from kvserve.protos.kvserve.v1 import api_pb2 as protos_dot_kvserve_dot_v1_dot_api__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

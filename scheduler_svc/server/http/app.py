@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from scheduler_svc.server.http.context import HttpContext
-from scheduler_svc.server.http.errors import install_error_handlers
-from scheduler_svc.server.http.openai_routes import openai_router
-from scheduler_svc.server.http.service_routes import kvserve_version, service_router
+from kvserve.scheduler.server.http.context import HttpContext
+from kvserve.scheduler.server.http.errors import install_error_handlers
+from kvserve.scheduler.server.http.openai_routes import openai_router
+from kvserve.scheduler.server.http.service_routes import kvserve_version, service_router
 
 
 def create_app(ctx: HttpContext) -> FastAPI:

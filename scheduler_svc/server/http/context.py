@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import structlog
 from fastapi import Request
 
-from scheduler_svc.server.auth import TokenTable, bearer_token
-from scheduler_svc.server.grpc_api import ServingModel
-from scheduler_svc.server.http.errors import ApiError
-from scheduler_svc.server.metrics import ServerMetrics
-from scheduler_svc.server.namespaces import ANONYMOUS_TENANT
+from kvserve.scheduler.server.auth import TokenTable, bearer_token
+from kvserve.scheduler.server.grpc_api import ServingModel
+from kvserve.scheduler.server.http.errors import ApiError
+from kvserve.scheduler.server.metrics import ServerMetrics
+from kvserve.scheduler.server.namespaces import ANONYMOUS_TENANT
 
 log = structlog.get_logger(__name__)
 

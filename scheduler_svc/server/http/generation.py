@@ -15,17 +15,17 @@ import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from protos.sampling import InvalidFieldError
-from protos.stop_rules import FinishReason
-from scheduler_svc.core import RequestRejected
-from scheduler_svc.server.grpc_api import ServingModel, scoped_request_id
-from scheduler_svc.server.http.errors import bad_field, from_failure
-from scheduler_svc.server.http.field_names import capacity_param, openai_param
-from scheduler_svc.server.http.openai_request import OpenAiRequest
-from scheduler_svc.server.http.responses import FINISH_REASONS, ChoiceState
-from scheduler_svc.server.namespaces import prefix_namespace
-from scheduler_svc.server.request_parsing import ValidatedRequest, parse_generate
-from scheduler_svc.server.request_stream import CompletionChunk, FailureKind, RequestFailed, RequestStream
+from kvserve.protos.sampling import InvalidFieldError
+from kvserve.protos.stop_rules import FinishReason
+from kvserve.scheduler.core import RequestRejected
+from kvserve.scheduler.server.grpc_api import ServingModel, scoped_request_id
+from kvserve.scheduler.server.http.errors import bad_field, from_failure
+from kvserve.scheduler.server.http.field_names import capacity_param, openai_param
+from kvserve.scheduler.server.http.openai_request import OpenAiRequest
+from kvserve.scheduler.server.http.responses import FINISH_REASONS, ChoiceState
+from kvserve.scheduler.server.namespaces import prefix_namespace
+from kvserve.scheduler.server.request_parsing import ValidatedRequest, parse_generate
+from kvserve.scheduler.server.request_stream import CompletionChunk, FailureKind, RequestFailed, RequestStream
 
 INLINE_TOKENIZE_CHARS = 20_000
 """Longer prompts are validated (tokenized) on a worker thread, as in the gRPC API, so streams keep flowing."""

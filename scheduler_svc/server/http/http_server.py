@@ -19,7 +19,7 @@ import structlog
 import uvicorn
 from fastapi import FastAPI
 
-from scheduler_svc.server.tls import TlsFiles
+from kvserve.scheduler.server.tls import TlsFiles
 
 log = structlog.get_logger(__name__)
 

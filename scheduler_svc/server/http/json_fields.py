@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from scheduler_svc.server.http.errors import bad_field
+from kvserve.scheduler.server.http.errors import bad_field
 
 _INT64 = (-(2**63), 2**63 - 1)
 """The proto fields are int64: larger JSON integers are refused here rather than by protobuf."""

@@ -15,12 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from protos import defaults
-from protos.kvserve.v1 import api_pb2
-from scheduler_svc.server.http.errors import bad_field, unsupported
-from scheduler_svc.server.http.field_names import ParamNames
-from scheduler_svc.server.http.json_fields import JsonObject, as_integer, as_list, as_object, as_string, json_type
-from scheduler_svc.server.http.structured_body import structured_output
+from kvserve.config import defaults
+from kvserve.protos.kvserve.v1 import api_pb2
+from kvserve.scheduler.server.http.errors import bad_field, unsupported
+from kvserve.scheduler.server.http.field_names import ParamNames
+from kvserve.scheduler.server.http.json_fields import JsonObject, as_integer, as_list, as_object, as_string, json_type
+from kvserve.scheduler.server.http.structured_body import structured_output
 
 _FLOATS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 _INTS = ("seed", "n", "min_tokens")

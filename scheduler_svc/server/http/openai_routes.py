@@ -19,15 +19,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from scheduler_svc.server.grpc_api import ServingModel, scoped_request_id
-from scheduler_svc.server.http.context import HttpContext
-from scheduler_svc.server.http.errors import from_failure
-from scheduler_svc.server.http.generation import Submission, collect_choices, submit
-from scheduler_svc.server.http.openai_request import OpenAiRequest, parse_chat_body, parse_completion_body
-from scheduler_svc.server.http.request_body import read_json_object
-from scheduler_svc.server.http.responses import Envelope, LogprobFormatter, chat_completion, completion
-from scheduler_svc.server.http.sse import StreamShape, chat_events, completion_events
-from scheduler_svc.server.request_stream import RequestFailed
+from kvserve.scheduler.server.grpc_api import ServingModel, scoped_request_id
+from kvserve.scheduler.server.http.context import HttpContext
+from kvserve.scheduler.server.http.errors import from_failure
+from kvserve.scheduler.server.http.generation import Submission, collect_choices, submit
+from kvserve.scheduler.server.http.openai_request import OpenAiRequest, parse_chat_body, parse_completion_body
+from kvserve.scheduler.server.http.request_body import read_json_object
+from kvserve.scheduler.server.http.responses import Envelope, LogprobFormatter, chat_completion, completion
+from kvserve.scheduler.server.http.sse import StreamShape, chat_events, completion_events
+from kvserve.scheduler.server.request_stream import RequestFailed
 
 log = structlog.get_logger(__name__)
 

@@ -17,15 +17,15 @@ from collections.abc import Callable
 
 import structlog
 
-from protos import defaults
-from protos.kvserve.v1 import api_pb2
-from protos.sampling import InvalidFieldError
-from scheduler_svc.core import RequestRejected
-from scheduler_svc.server.engine import ExecutorState
-from scheduler_svc.server.grpc_api import ServingModel
-from scheduler_svc.server.namespaces import prefix_namespace
-from scheduler_svc.server.request_parsing import parse_generate
-from scheduler_svc.server.request_stream import RequestFailed
+from kvserve.config import defaults
+from kvserve.protos.kvserve.v1 import api_pb2
+from kvserve.protos.sampling import InvalidFieldError
+from kvserve.scheduler.core import RequestRejected
+from kvserve.scheduler.server.engine import ExecutorState
+from kvserve.scheduler.server.grpc_api import ServingModel
+from kvserve.scheduler.server.namespaces import prefix_namespace
+from kvserve.scheduler.server.request_parsing import parse_generate
+from kvserve.scheduler.server.request_stream import RequestFailed
 
 log = structlog.get_logger(__name__)
 

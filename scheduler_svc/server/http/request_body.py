@@ -13,8 +13,8 @@ from typing import Any
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 
-from scheduler_svc.server.http.errors import ApiError, bad_field
-from scheduler_svc.server.http.json_fields import json_type
+from kvserve.scheduler.server.http.errors import ApiError, bad_field
+from kvserve.scheduler.server.http.json_fields import json_type
 
 
 def _too_large(limit: int) -> ApiError:

@@ -13,10 +13,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from protos.stop_rules import FinishReason
-from scheduler_svc.core import SampledLogprob
-from scheduler_svc.server.request_stream import Usage
-from scheduler_svc.server.tokenizer import Tokenizer
+from kvserve.protos.stop_rules import FinishReason
+from kvserve.scheduler.core import SampledLogprob
+from kvserve.scheduler.server.request_stream import Usage
+from kvserve.scheduler.server.tokenizer import Tokenizer
 
 FINISH_REASONS = {
     FinishReason.STOP: "stop",

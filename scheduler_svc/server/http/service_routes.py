@@ -15,16 +15,16 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from protos.kvserve.v1 import api_pb2
-from protos.sampling import InvalidFieldError
-from scheduler_svc.server.http.context import HttpContext
-from scheduler_svc.server.http.errors import ApiError, bad_field
-from scheduler_svc.server.http.field_names import ParamNames, openai_param
-from scheduler_svc.server.http.json_fields import JsonObject, as_integer
-from scheduler_svc.server.http.openai_request import parse_messages
-from scheduler_svc.server.http.readiness import ReadinessCheck
-from scheduler_svc.server.http.request_body import read_json_object
-from scheduler_svc.server.request_parsing import encode_chat, encode_text
+from kvserve.protos.kvserve.v1 import api_pb2
+from kvserve.protos.sampling import InvalidFieldError
+from kvserve.scheduler.server.http.context import HttpContext
+from kvserve.scheduler.server.http.errors import ApiError, bad_field
+from kvserve.scheduler.server.http.field_names import ParamNames, openai_param
+from kvserve.scheduler.server.http.json_fields import JsonObject, as_integer
+from kvserve.scheduler.server.http.openai_request import parse_messages
+from kvserve.scheduler.server.http.readiness import ReadinessCheck
+from kvserve.scheduler.server.http.request_body import read_json_object
+from kvserve.scheduler.server.request_parsing import encode_chat, encode_text
 
 
 def kvserve_version() -> str:

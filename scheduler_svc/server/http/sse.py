@@ -14,9 +14,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from scheduler_svc.server.http.errors import from_failure
-from scheduler_svc.server.http.generation import Submission
-from scheduler_svc.server.http.responses import (
+from kvserve.scheduler.server.http.errors import from_failure
+from kvserve.scheduler.server.http.generation import Submission
+from kvserve.scheduler.server.http.responses import (
     FINISH_REASONS,
     SSE_DONE,
     ChoiceState,
@@ -27,7 +27,7 @@ from scheduler_svc.server.http.responses import (
     sse,
     usage_object,
 )
-from scheduler_svc.server.request_stream import CompletionChunk, RequestFailed
+from kvserve.scheduler.server.request_stream import CompletionChunk, RequestFailed
 
 
 @dataclass(slots=True)

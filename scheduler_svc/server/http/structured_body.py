@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from protos.kvserve.v1 import api_pb2
-from scheduler_svc.server.http.errors import bad_field, unsupported
-from scheduler_svc.server.http.json_fields import JsonObject, as_list, as_object, as_string, json_type
+from kvserve.protos.kvserve.v1 import api_pb2
+from kvserve.scheduler.server.http.errors import bad_field, unsupported
+from kvserve.scheduler.server.http.json_fields import JsonObject, as_list, as_object, as_string, json_type
 
 _GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 _STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar")

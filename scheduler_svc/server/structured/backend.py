@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from scheduler_svc.core import MatcherFactory
-from scheduler_svc.server.structured.spec import StructuredSpec
+from kvserve.scheduler.core import MatcherFactory
+from kvserve.scheduler.server.structured.spec import StructuredSpec
 
 
 class GrammarBackend(Protocol):

@@ -17,9 +17,9 @@ from collections.abc import Callable
 
 import structlog
 
-from scheduler_svc.core import MatcherFactory
-from scheduler_svc.server.structured.backend import GrammarBackend
-from scheduler_svc.server.structured.spec import StructuredSpec
+from kvserve.scheduler.core import MatcherFactory
+from kvserve.scheduler.server.structured.backend import GrammarBackend
+from kvserve.scheduler.server.structured.spec import StructuredSpec
 
 log = structlog.get_logger(__name__)
 

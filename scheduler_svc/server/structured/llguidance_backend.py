@@ -14,8 +14,8 @@ from typing import Any
 
 from llguidance import LLMatcher, LLTokenizer
 
-from protos.sampling import InvalidFieldError
-from scheduler_svc.server.structured.spec import StructuredSpec
+from kvserve.protos.sampling import InvalidFieldError
+from kvserve.scheduler.server.structured.spec import StructuredSpec
 
 _JSON_OPTIONS: dict[str, Any] = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
 _ANY_OBJECT = '{"type": "object"}'

@@ -14,9 +14,9 @@ import json
 from dataclasses import dataclass
 from typing import Literal
 
-from protos import defaults
-from protos.kvserve.v1 import api_pb2
-from protos.sampling import InvalidFieldError
+from kvserve.config import defaults
+from kvserve.protos.kvserve.v1 import api_pb2
+from kvserve.protos.sampling import InvalidFieldError
 
 SpecKind = Literal["json_schema", "json_object", "regex", "choice", "grammar"]
 

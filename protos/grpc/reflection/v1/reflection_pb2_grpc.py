@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from protos.grpc.reflection.v1 import reflection_pb2 as protos_dot_grpc_dot_reflection_dot_v1_dot_reflection__pb2
+from kvserve.protos.grpc.reflection.v1 import reflection_pb2 as protos_dot_grpc_dot_reflection_dot_v1_dot_reflection__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

@@ -52,7 +52,7 @@ KV_CACHE_GB_CPU = 1.0
 # --- Scheduler service: API limits, queues, liveness ----------------------------
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
 """Largest accepted request; a larger one gets INVALID_ARGUMENT naming its prompt field. gRPC's own
-transport limit is a multiple of it (scheduler_svc.server.grpc_api), past which gRPC answers RESOURCE_EXHAUSTED."""
+transport limit is a multiple of it (kvserve.scheduler.server.grpc_api), past which gRPC answers RESOURCE_EXHAUSTED."""
 MAX_PROMPT_CHARS = 1_000_000
 """Longest prompt text (or chat content, summed) the API tokenizes; longer -> INVALID_ARGUMENT."""
 MAX_CHAT_MESSAGES = 1024

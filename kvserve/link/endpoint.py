@@ -3,7 +3,7 @@
 Both sides check endpoints the same way: `ipc://` paths and tcp on a loopback address are
 always fine; tcp to any other address (including the wildcard `*`) is refused unless the
 operator asked for it explicitly (`allow_remote=True`), because the link carries prompts.
-Over such a link, CURVE (`protos.link_curve`) can authenticate and encrypt it.
+Over such a link, CURVE (`kvserve.link.curve`) can authenticate and encrypt it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from protos import defaults
+from kvserve.config import defaults
 
 IPC_PATH_MAX = 100
 """Unix socket paths are limited to ~107 bytes; stay safely below."""

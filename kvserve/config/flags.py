@@ -1,6 +1,6 @@
 """Command-line flags generated from config dataclasses, and configs built back from them.
 
-Both processes' entry points (the `kvserve` CLI and `python -m executor_svc`) turn their
+Both processes' entry points (the `kvserve` CLI and `python -m kvserve.executor`) turn their
 config dataclasses into argparse flags here, so an option is one dataclass field with its
 help text and never also a hand-written `add_argument` call. It lives in `protos` because
 the executor may not import the `kvserve` CLI package.
@@ -11,7 +11,7 @@ the field name. The annotation picks the type: `int`, `float`, `str` (each possi
 default True: a `--no-...` switch that turns it off). `field(metadata=flag(...))` adds
 the help and may override the flag name, choices, metavar and argument group; a plain
 dict with the same keys ("help", "flag", "choices", "metavar", "group") works as well,
-for modules that should not import this one (scheduler_svc.core).
+for modules that should not import this one (kvserve.scheduler.core).
 """
 
 from __future__ import annotations
