@@ -48,7 +48,7 @@ OUT_DIR=$(cd "$OUT_DIR" && pwd)
 
 run() {
     echo "gpu_check.sh: $(date -u +%Y-%m-%dT%H:%M:%SZ) repository $REPO, python $PY"
-    export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+    export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" KVSERVE_REPO="$REPO"
     local install=skipped site=""
     if [ "$INSTALL_WHEELS" -eq 1 ]; then
         site=${KVSERVE_GPU_SITE:-/tmp/kvserve-gpu-site}

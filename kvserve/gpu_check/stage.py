@@ -26,8 +26,8 @@ from kvserve.gpu_check.orchestrator import pids_file
 from kvserve.gpu_check.registry import CheckSpec, checks_of
 from kvserve.gpu_check.results import FAIL, PASS, CheckResult, Outcome, read_result, write_result
 from kvserve.gpu_check.scale import Scale, scale_for
+from kvserve.gpu_check.wheel_list import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 _CUDA_FAULTS = ("CUDA error", "illegal memory access", "device-side assert", "CUBLAS_STATUS", "cudaError")
 
 

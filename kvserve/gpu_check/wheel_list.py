@@ -11,6 +11,7 @@ library only: this runs before anything is installed.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import sys
@@ -18,7 +19,9 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(os.environ.get("KVSERVE_REPO") or Path(__file__).resolve().parents[2])
+"""The checkout the check runs from: scripts/gpu_check.sh sets KVSERVE_REPO, so an installed kvserve finds
+the wheel list and the carried folders too; by default the folder above this package (a checkout)."""
 LIST_PATH = REPO_ROOT / "scripts" / "gpu_wheels.txt"
 DEFAULT_FOLDER = REPO_ROOT / ".gpu-wheels"
 TOKENIZER_DIR = "smollm2-tokenizer"
