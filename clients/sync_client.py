@@ -8,22 +8,20 @@ from types import TracebackType
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2_grpc
 
-from kvserve.clients.channel import CHANNEL_OPTIONS, DEFAULT_TARGET, HEALTH_SERVICE, bearer_metadata
+from kvserve.clients import calls
+from kvserve.clients.calls import Call
+from kvserve.clients.channel import CHANNEL_OPTIONS, DEFAULT_TARGET, bearer_metadata
 from kvserve.clients.errors import KVServeError
 from kvserve.clients.request_builder import (
     CompletionAssembler,
     build_generate_request,
-    chat_prompt,
     chunk_from_response,
-    message_to_dict,
     requested_n,
 )
 from kvserve.clients.types import Chunk, Completion
-from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
-
-_WAIT_POLL_S = 0.1
+from kvserve.protos.kvserve.v1 import api_pb2_grpc
 
 
 class ChunkStream:
@@ -100,33 +98,11 @@ class Client:
     def close(self) -> None:
         self._channel.close()
 
-    def stream(
-        self,
-        prompt: str | None = None,
-        *,
-        token_ids: Iterable[int] | None = None,
-        messages: Iterable[Mapping[str, str]] | None = None,
-        request_id: str | None = None,
-        priority: int = 0,
-        cache_salt: str = "",
-        structured: Mapping[str, Any] | None = None,
-        timeout_s: float | None = None,
-        **sampling: Any,
-    ) -> ChunkStream:
-        """Start a Generate call; sampling keywords are api.proto SamplingParams field names.
-
-        `structured` constrains the output, e.g. `{"json_schema": schema}` or `{"choice": ["yes", "no"]}`."""
-        request = build_generate_request(
-            prompt,
-            token_ids=token_ids,
-            messages=messages,
-            request_id=request_id,
-            priority=priority,
-            cache_salt=cache_salt,
-            structured=structured,
-            **sampling,
-        )
-        return ChunkStream(self._stub.Generate(request, timeout=self._timeout(timeout_s), metadata=self._metadata))
+    def stream(self, prompt: str | None = None, *, timeout_s: float | None = None, **request: Any) -> ChunkStream:
+        """Start a Generate call. `request`: `build_generate_request`'s keywords (one prompt form, request id,
+        priority, cache salt, `structured`) and api.proto SamplingParams field names."""
+        message = build_generate_request(prompt, **request)
+        return ChunkStream(self._stub.Generate(message, timeout=self._timeout(timeout_s), metadata=self._metadata))
 
     def generate(self, prompt: str | None = None, **kwargs: Any) -> Completion:
         """Run a Generate call to the end and return the assembled Completion (all n choices)."""
@@ -136,51 +112,38 @@ class Client:
                 assembler.add(chunk)
         return assembler.result()
 
-    def _unary(self, method: Any, request: Any, timeout_s: float | None = None) -> Any:
+    def _unary(self, call: Call, *args: Any, timeout_s: float | None = None) -> Any:
+        stub = self._health if call.health else self._stub
         try:
-            return method(request, timeout=self._timeout(timeout_s), metadata=self._metadata)
+            response = getattr(stub, call.method)(
+                call.build(*args), timeout=self._timeout(timeout_s), metadata=self._metadata
+            )
         except grpc.RpcError as error:
             raise KVServeError.from_rpc_error(error) from None
+        return call.read(response)
 
     def abort(self, request_id: str) -> bool:
-        return self._unary(self._stub.Abort, api_pb2.AbortRequest(request_id=request_id)).found
+        return self._unary(calls.ABORT, request_id)
 
     def tokenize(self, text: str | None = None, *, messages: Iterable[Mapping[str, str]] | None = None) -> list[int]:
-        if (text is None) == (messages is None):
-            raise ValueError("give exactly one of text or messages")
-        request = (
-            api_pb2.TokenizeRequest(text=text)
-            if text is not None
-            else api_pb2.TokenizeRequest(chat=chat_prompt(messages or ()))
-        )
-        return list(self._unary(self._stub.Tokenize, request).token_ids)
+        return self._unary(calls.TOKENIZE, text, messages)
 
     def model_info(self) -> dict[str, Any]:
-        return message_to_dict(self._unary(self._stub.ModelInfo, api_pb2.ModelInfoRequest()))
+        return self._unary(calls.MODEL_INFO)
 
     def server_stats(self) -> dict[str, Any]:
-        return message_to_dict(self._unary(self._stub.ServerStats, api_pb2.ServerStatsRequest()))
+        return self._unary(calls.SERVER_STATS)
 
     def health(self, timeout_s: float | None = None) -> str:
-        response = self._unary(self._health.Check, health_pb2.HealthCheckRequest(service=HEALTH_SERVICE), timeout_s)
-        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+        return self._unary(calls.HEALTH, timeout_s=timeout_s)
 
     def wait_until_serving(self, timeout_s: float) -> None:
         """Poll health until SERVING; raise KVServeError(DEADLINE_EXCEEDED) after `timeout_s`."""
-        deadline = time.monotonic() + timeout_s
-        last = "no answer"
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise KVServeError(
-                    grpc.StatusCode.DEADLINE_EXCEEDED, f"{self.target} not SERVING after {timeout_s:g}s (last: {last})"
-                )
+        wait = calls.ServingWait(self.target, timeout_s)
+        while not wait.done:
+            probe_timeout = wait.probe_timeout()
             try:
-                last = self.health(timeout_s=max(min(remaining, 1.0), 0.01))
-                if last == "SERVING":
-                    return
+                wait.saw(self.health(timeout_s=probe_timeout))
             except KVServeError as error:
-                if error.code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    raise
-                last = error.code.name
-            time.sleep(min(_WAIT_POLL_S, max(deadline - time.monotonic(), 0)))
+                wait.failed(error)
+            time.sleep(wait.pause())
