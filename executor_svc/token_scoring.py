@@ -48,7 +48,7 @@ def every_position_logits(runner: ModelRunner, token_ids: list[int], split: int 
         seed=0,
     )
     chunks = [(0, len(token_ids))] if split is None else [(0, split), (split, len(token_ids) - split)]
-    logits = []
+    logits: list[torch.Tensor] = []
     with torch.inference_mode():
         for start, count in chunks:
             state.num_computed_tokens, state.num_scheduled_tokens = start, count
@@ -56,7 +56,9 @@ def every_position_logits(runner: ModelRunner, token_ids: list[int], split: int 
                 [state], block_size, runner.device, runner.model.scale, runner.dtype, runner.model_config.num_kv_heads
             )
             batch.sample_indices = torch.arange(count, device=runner.device)
-            logits.append(runner.model.forward(batch, runner.cache, runner.backend))
+            out = runner.model.forward(batch, runner.cache, runner.backend)
+            assert out is not None  # None only on a tensor-parallel rank other than 0; a ModelRunner here is rank 0
+            logits.append(out)
     return torch.cat(logits)
 
 

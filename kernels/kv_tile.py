@@ -25,7 +25,7 @@ def kv_tile_tokens(block_size: int) -> int:
 
 
 @triton.jit
-def tile_slots(block_table_ptr, tile, seq_len, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr):
+def tile_slots(block_table_ptr, tile, seq_len, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr):  # type: ignore[no-untyped-def]  # Triton JIT: untyped by nature
     """(cache slots, positions) of positions [tile * TILE_N, (tile + 1) * TILE_N) of the sequence
     whose block-table row starts at `block_table_ptr`. Positions at or past `seq_len` get some
     valid slot (of block 0 when the tile spans blocks); callers mask them out of the scores."""

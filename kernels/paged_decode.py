@@ -18,7 +18,7 @@ from kvserve.kernels.kv_tile import kv_tile_tokens, tile_slots
 
 
 @triton.jit
-def _decode_split_kernel(
+def _decode_split_kernel(  # type: ignore[no-untyped-def]  # Triton JIT: untyped by nature
     q_ptr,
     k_cache_ptr,
     v_cache_ptr,
@@ -82,7 +82,7 @@ def _decode_split_kernel(
 
 
 @triton.jit
-def _merge_splits_kernel(
+def _merge_splits_kernel(  # type: ignore[no-untyped-def]  # Triton JIT: untyped by nature
     part_ptr,
     lse_ptr,
     out_ptr,

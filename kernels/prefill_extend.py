@@ -19,7 +19,7 @@ from kvserve.kernels.kv_tile import kv_tile_tokens, tile_slots
 
 
 @triton.jit
-def _extend_kernel(
+def _extend_kernel(  # type: ignore[no-untyped-def]  # Triton JIT: untyped by nature
     q_ptr,
     k_cache_ptr,
     v_cache_ptr,

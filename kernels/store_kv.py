@@ -8,7 +8,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _store_kv_kernel(
+def _store_kv_kernel(  # type: ignore[no-untyped-def]  # Triton JIT: untyped by nature
     key_ptr,
     value_ptr,
     k_cache_ptr,

@@ -166,6 +166,7 @@ class TorchAttentionBackend:
             if out is None:
                 out = torch.empty_like(query)
             out.index_copy_(0, group.token_index, o)
+        assert out is not None  # a step has a sequence, so `prepared` has a group
         return out
 
     def _workspace_view(self, numel: int, like: torch.Tensor) -> torch.Tensor:

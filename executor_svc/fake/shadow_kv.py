@@ -10,6 +10,8 @@ that sits at the wrong offset, and the block moves get the stricter checks below
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from kvserve.protos.step import PlanError
 
 EMPTY_SLOT = -1
@@ -151,7 +153,7 @@ class ShadowKV:
             )
         return tokens[start:end]
 
-    def _values(self, tokens: list[int], start: int, end: int) -> list[int] | list[tuple[int, int]]:
+    def _values(self, tokens: list[int], start: int, end: int) -> Sequence[Slot]:
         if self.strict:
             return list(zip(tokens[start:end], range(start, end)))
         return tokens[start:end]

@@ -98,6 +98,6 @@ class PagedKVCache:
         return self.swap
 
     @staticmethod
-    def _indices(pairs: list[tuple[int, int]], device) -> tuple[torch.Tensor, torch.Tensor]:
+    def _indices(pairs: list[tuple[int, int]], device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
         index = torch.tensor(pairs, dtype=torch.long, device=device)
         return index[:, 0], index[:, 1]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from kvserve.executor.model.input_batch import build_input_batch
@@ -10,7 +12,7 @@ from kvserve.executor.sequence_state import SequenceState
 from kvserve.protos.sampling import SamplingParams
 
 
-def profile_peak_activation_bytes(runner) -> int:
+def profile_peak_activation_bytes(runner: Any) -> int:  # a ModelRunner: not imported, it imports this package
     """Peak extra memory of a max_num_batched_tokens forward (dummy tokens, scratch cache)."""
     cfg = runner.config
     num_tokens = min(cfg.max_num_batched_tokens, runner.max_model_len * cfg.max_num_seqs)

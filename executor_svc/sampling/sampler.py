@@ -130,12 +130,13 @@ def _outputs(logits: torch.Tensor, chosen: torch.Tensor, seqs: list[SequenceStat
     rows = torch.tensor(wants, dtype=torch.long, device=logits.device)
     logprobs = logits.index_select(0, rows).log_softmax(-1)
     picked = logprobs.gather(1, chosen.index_select(0, rows)[:, None])[:, 0].tolist()
-    top_n = max(seqs[i].sampling.logprobs for i in wants)
+    top_n = max(seqs[i].sampling.logprobs or 0 for i in wants)  # never None: `wants` has only set ones
     top_vals, top_ids = logprobs.topk(top_n, dim=-1) if top_n > 0 else (None, None)
     for j, i in enumerate(wants):
         outputs[i].logprob = picked[j]
         n = seqs[i].sampling.logprobs
         if n:
+            assert top_ids is not None and top_vals is not None  # n > 0, so top_n > 0
             outputs[i].top_logprobs = [
                 TokenLogprob(token_id=t, logprob=v) for t, v in zip(top_ids[j, :n].tolist(), top_vals[j, :n].tolist())
             ]

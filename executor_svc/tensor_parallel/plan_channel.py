@@ -53,7 +53,7 @@ class PlanChannel:
         return data
 
     def send(self, kind: MessageKind, data: bytes = b"") -> None:
-        _HEADER.pack_into(self._view, 0, int(kind), len(data))
+        _HEADER.pack_into(self._view.data, 0, int(kind), len(data))
         inline = min(len(data), INLINE_BYTES - _HEADER.size)
         self._view[_HEADER.size : _HEADER.size + inline] = np.frombuffer(data, dtype=np.uint8, count=inline)
         self.group.broadcast_control(self._inline)
@@ -64,7 +64,7 @@ class PlanChannel:
 
     def receive(self) -> tuple[MessageKind, bytes]:
         self.group.broadcast_control(self._inline)
-        kind, length = _HEADER.unpack_from(self._view, 0)
+        kind, length = _HEADER.unpack_from(self._view.data, 0)
         inline = min(length, INLINE_BYTES - _HEADER.size)
         data = self._view[_HEADER.size : _HEADER.size + inline].tobytes()
         if inline < length:

@@ -89,6 +89,7 @@ def _convert_gguf(source: ModelSource, target: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    assert source.gguf_file is not None  # only GGUF sources are converted (ensure_model_dir)
     started = time.monotonic()
     log.info(
         "converting GGUF to safetensors (once; later starts reuse it)",
@@ -106,7 +107,7 @@ def _convert_gguf(source: ModelSource, target: Path) -> None:
         log.info("conversion step 3/3: writing safetensors")
         # transformers refuses to re-serialize a GGUF-loaded model; the dequantized
         # weights are plain tensors, so drop the quantizer marker and save normally.
-        model.hf_quantizer = None
+        model.hf_quantizer = None  # type: ignore[assignment]  # transformers leaves hf_quantizer undeclared
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         model.save_pretrained(tmp)

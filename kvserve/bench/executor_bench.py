@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -150,7 +151,7 @@ def run_executor_bench(
     prefill_len: int,
     steps: int,
     greedy: bool = True,
-    progress=None,
+    progress: Callable[[tuple[str, int, float]], None] | None = None,
     runner: ModelRunner | None = None,
 ) -> tuple[float, list[BenchResult]]:
     """Returns (GEMM FLOP/s, results). `progress((phase, batch, tokens_per_s))` is called as each lands.

@@ -17,6 +17,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from tqdm import tqdm
@@ -24,6 +25,9 @@ from tqdm import tqdm
 from kvserve.bench.load_driver import RequestRecord, RunResult
 from kvserve.bench.report import HF_GENERATE
 from kvserve.bench.workloads import Workload
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = structlog.get_logger(__name__)
 
@@ -42,7 +46,7 @@ def requests_from_workload(workload: Workload) -> list[HFRequest]:
     return [HFRequest(s.session_id, list(s.turns[0].new_token_ids), s.turns[0].max_tokens) for s in workload.sessions]
 
 
-def load_model(model_dir: str | Path, num_threads: int | None = None):
+def load_model(model_dir: str | Path, num_threads: int | None = None) -> PreTrainedModel:
     """The model in fp32 on CPU, in eval mode."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -54,7 +58,7 @@ def load_model(model_dir: str | Path, num_threads: int | None = None):
     return model
 
 
-def _pad_id(model) -> int:
+def _pad_id(model: PreTrainedModel) -> int:
     config = model.generation_config
     for candidate in (config.pad_token_id, config.eos_token_id, model.config.eos_token_id, 0):
         token = (candidate[0] if candidate else None) if isinstance(candidate, list) else candidate
@@ -63,7 +67,7 @@ def _pad_id(model) -> int:
     return 0
 
 
-def _warm_up(model, request: HFRequest, pad_id: int, device: str = "cpu") -> None:
+def _warm_up(model: Any, request: HFRequest, pad_id: int, device: str = "cpu") -> None:
     """One short untimed generate, so one-time start-up costs do not count against the baseline."""
     import torch
 
@@ -80,7 +84,7 @@ def _warm_up(model, request: HFRequest, pad_id: int, device: str = "cpu") -> Non
 
 
 def run_hf_baseline(
-    model,
+    model: Any,  # a PreTrainedModel that can `generate` (a GenerationMixin method, not PreTrainedModel's)
     requests: list[HFRequest],
     *,
     batch_size: int = DEFAULT_BATCH_SIZE,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import random
 import time
+from typing import Any
 
 import torch
 
@@ -23,7 +24,7 @@ from kvserve.executor.runner_config import DTYPES, WEIGHTS, RunnerConfig
 from kvserve.log_config import configure_logging
 from kvserve.testing.plan_driver import PlanDriver
 
-VARIANTS = {
+VARIANTS: dict[str, dict[str, Any]] = {
     "invariant": {},
     "batch-variant": {"batch_invariant": False},
     "invariant GEMMs, torch attention": {"attention_backend": "torch"},

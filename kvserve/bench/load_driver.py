@@ -220,7 +220,8 @@ async def grpc_send_turn(
 
 
 async def _run_session(send_turn: SendTurn, session: Session, prefix: str) -> list[RequestRecord]:
-    records, history = [], []
+    records: list[RequestRecord] = []
+    history: list[int] = []
     for i, turn in enumerate(session.turns):
         prompt = history + turn.new_token_ids
         record, output = await send_turn(session, i, prompt, turn.max_tokens, f"{prefix}-{session.session_id}-t{i}")

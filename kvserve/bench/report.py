@@ -328,12 +328,12 @@ def render_table(report: BenchReport) -> str:
                 f"and > {TARGET_GOAL_TTFT:g})"
             )
     lines.append("\nratios (goal, see docs/benchmarks.md):")
-    for key, (op, target) in GOALS.items():
+    for key, (op, goal) in GOALS.items():
         value = report.ratios.get(key)
         if value is None:
             verdict = "not measured"
         else:
-            met = value >= target if op == ">=" else value <= target
-            verdict = f"{value:.2f}  ({'met' if met else 'NOT met'}; goal {op} {target:g})"
+            met = value >= goal if op == ">=" else value <= goal
+            verdict = f"{value:.2f}  ({'met' if met else 'NOT met'}; goal {op} {goal:g})"
         lines.append(f"  {key:<28} {verdict}")
     return "\n".join(lines)

@@ -119,7 +119,7 @@ def shared_prefix(num_requests: int, vocab_size: int, seed: int, max_tokens_cap:
 def multi_turn(num_requests: int, vocab_size: int, seed: int, max_tokens_cap: int | None = None) -> Workload:
     """Chats of 1–10 turns until `num_requests` turns exist; each turn resends the conversation."""
     rng = random.Random(f"multi-turn:{seed}")
-    sessions = []
+    sessions: list[Session] = []
     remaining = num_requests
     while remaining > 0:
         num_turns = min(remaining, rng.randint(1, MULTI_TURN_MAX_TURNS))

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING, Any
 
 from kvserve.config import defaults
+
+if TYPE_CHECKING:
+    from kvserve.bench.quality_bench import QualityConfig, QualityResult
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -75,11 +79,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"{'configuration':24s} {'perplexity':>10s} {'vs fp32':>8s} {'top-1 agree':>11s} {'identical':>9s}  goal")
     for r in results:
-        goal = (
-            "reference"
-            if r.passes is None
-            else f"<= +{100 * r.config.max_ppl_increase:.0f}%: " + ("met" if r.passes else "MISSED")
-        )
+        bound = r.config.max_ppl_increase  # None exactly when r.passes is None: the reference
+        goal = "reference" if bound is None else f"<= +{100 * bound:.0f}%: " + ("met" if r.passes else "MISSED")
         print(
             f"{r.config.name:24s} {r.perplexity:10.4f} {100 * r.ppl_increase:+7.2f}% "
             f"{100 * r.top1_agreement:10.2f}% {r.identical_continuations:4d}/{r.prompts:<4d}  {goal}"
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _config(spec: str):
+def _config(spec: str) -> QualityConfig:
     """A --configs entry, refused at parse time (not after the reference's minutes) when unknown."""
     from kvserve.bench.quality_bench import CANDIDATES, QualityConfig
     from kvserve.executor.runner_config import DTYPES, WEIGHTS
@@ -103,7 +104,7 @@ def _config(spec: str):
     return known.get(f"{dtype}/{weights}", QualityConfig(dtype, weights))
 
 
-def _row(result) -> dict:
+def _row(result: QualityResult) -> dict[str, Any]:
     return {
         "config": result.config.name,
         "perplexity": result.perplexity,

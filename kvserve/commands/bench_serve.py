@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING, TextIO
 
 from kvserve.config import defaults
+
+if TYPE_CHECKING:
+    from kvserve.bench.report import BenchReport
 
 WORKLOAD_CHOICES = ("mixed", "shared-prefix", "multi-turn", "cold-warm", "all")
 
@@ -192,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
     return 1 if unmeasured else status
 
 
-def write_outputs(report, *, json_path: str | None, plot_path: str | None, stream) -> int:
+def write_outputs(report: BenchReport, *, json_path: str | None, plot_path: str | None, stream: TextIO) -> int:
     """Table (stderr when the JSON goes to stdout), JSON, plot; a sweep's own table and plot.
     Shared with `bench baseline-hf`."""
     import sys

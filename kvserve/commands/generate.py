@@ -83,9 +83,10 @@ def run(args: argparse.Namespace) -> int:
                 else:
                     print_choices(completion)
             else:
-                completion = stream_to_stdout(client, kwargs)
-                if completion is None:
+                streamed = stream_to_stdout(client, kwargs)
+                if streamed is None:
                     return EXIT_INTERRUPTED
+                completion = streamed
     except (KVServeError, OSError) as error:
         return report_error("generate", error)
     if args.verbose:

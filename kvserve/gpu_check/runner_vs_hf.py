@@ -111,7 +111,7 @@ def check_tiny_models(ctx: CheckContext) -> Outcome:
     device = ctx.scale.device
     figures: dict[str, Any] = {"triton_f32_default": os.environ.get("TRITON_F32_DEFAULT"), "models": {}}
     for case, (arch, overrides) in CASES.items():
-        options: dict[str, Any] = overrides  # type: ignore[assignment]
+        options: dict[str, Any] = overrides
         model, path = tiny_checkpoint(ctx.work_dir / "tiny" / case, arch, **options)
         figures["models"][case] = _check_one(case, path, model.to(device), PROMPTS, ctx, logits_case=True)
         del model

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 
 
-def greedy_request(key: int, max_tokens: int, *, prompt_len: int = 24, **fields) -> api_pb2.GenerateRequest:
+def greedy_request(key: int, max_tokens: int, *, prompt_len: int = 24, **fields: Any) -> api_pb2.GenerateRequest:
     """A deterministic token-id prompt; greedy with ignore_eos so the length is exact."""
     ids = [(key * 7919 + i * 104729) % 40000 + 100 for i in range(prompt_len)]
     return api_pb2.GenerateRequest(

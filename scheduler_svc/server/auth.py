@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import hmac
 import re
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import structlog
@@ -149,10 +150,10 @@ class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
 def _refusing_handler(like: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
     """A handler of the same shape as `like` that ends the call with UNAUTHENTICATED."""
 
-    async def refuse(request_or_iterator, context: grpc.aio.ServicerContext):
+    async def refuse(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
-    async def refuse_stream(request_or_iterator, context: grpc.aio.ServicerContext):
+    async def refuse_stream(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
         yield  # pragma: no cover - makes this an async generator, as a streaming handler must be
 

@@ -202,7 +202,9 @@ class Engine:
         while not self._stopping:
             self._apply_posted()
             if self._link.connected and self._link.generation != self._synced_generation:
-                self._resync(self._link.info)  # replaced between steps: its KV (and prefix cache) is gone
+                info = self._link.info
+                assert info is not None  # connected: a registered executor's handshake info
+                self._resync(info)  # replaced between steps: its KV (and prefix cache) is gone
             if not self._scheduler.has_unfinished():
                 self._wakeup.clear()
                 self._flush_deferred()
@@ -312,6 +314,7 @@ class Engine:
             s.num_scheduled_tokens for s in plan.known_seqs if s.num_scheduled_tokens > 1
         )
         generated = sum(len(o.new_token_ids) for o in outputs if o.finish_reason is not FinishReason.ABORT)
+        assert self._metrics is not None  # only called with metrics configured
         self._metrics.observe_step(duration_s, self._scheduler.stats(), prompt_tokens, generated)
 
     def _set_state(self, state: ExecutorState) -> None:

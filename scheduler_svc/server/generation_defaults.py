@@ -18,6 +18,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any, TypeGuard
 
 import structlog
 
@@ -96,22 +97,23 @@ def sampling_defaults_from(raw: dict, *, where: str = GENERATION_CONFIG) -> tupl
     defaults = SamplingDefaults()
     taken: set[str] = set()
     for name, value in found.items():
+        change: dict[str, Any] = {name: value}  # a float or an int, as that field is
         try:
-            SamplingParams(**{name: value}).validate()  # type: ignore[arg-type]
+            SamplingParams(**change).validate()
         except InvalidFieldError as exc:
             _drop(where, "max_new_tokens" if name == "max_tokens" else name, value, exc.reason)
             continue
-        defaults = replace(defaults, **{name: value})
+        defaults = replace(defaults, **change)
         taken.add(name)
     return defaults, taken
 
 
-def _is_number(value: object) -> bool:
+def _is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _is_integral(value: object) -> bool:
-    return _is_number(value) and float(value) == int(value)  # type: ignore[arg-type]
+def _is_integral(value: object) -> TypeGuard[int | float]:
+    return _is_number(value) and float(value) == int(value)
 
 
 def _drop(where: str, key: str, value: object, why: str) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
 
 import grpc
 import structlog
@@ -25,19 +24,17 @@ from grpc_health.v1 import health, health_pb2
 
 from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from kvserve.protos.sampling import InvalidFieldError
-from kvserve.protos.step import ExecutorInfo
 from kvserve.protos.stop_rules import FinishReason
 from kvserve.scheduler.core import RequestRejected
 from kvserve.scheduler.server.auth import TokenTable
-from kvserve.scheduler.server.engine import Engine, ExecutorState
+from kvserve.scheduler.server.engine import ExecutorState
 from kvserve.scheduler.server.namespaces import ANONYMOUS_TENANT, prefix_namespace, tenant_from_metadata
-from kvserve.scheduler.server.request_parsing import ModelLimits, encode_chat, encode_text, parse_generate
+from kvserve.scheduler.server.request_parsing import encode_chat, encode_text, parse_generate
 from kvserve.scheduler.server.request_stream import CompletionChunk, FailureKind, RequestFailed
 from kvserve.scheduler.server.server_config import ServerConfig
 from kvserve.scheduler.server.server_reflection import enable_reflection
+from kvserve.scheduler.server.serving_model import ServingModel, scoped_request_id
 from kvserve.scheduler.server.strict_handlers import add_strict_service
-from kvserve.scheduler.server.structured.compiler import GrammarCompiler
-from kvserve.scheduler.server.tokenizer import Tokenizer
 
 log = structlog.get_logger(__name__)
 
@@ -67,23 +64,6 @@ _EXECUTOR_STATES = {
     ExecutorState.READY: api_pb2.EXECUTOR_STATE_READY,
     ExecutorState.LOST: api_pb2.EXECUTOR_STATE_LOST,
 }
-
-
-@dataclass(slots=True)
-class ServingModel:
-    """What the API needs once an executor has registered."""
-
-    engine: Engine
-    tokenizer: Tokenizer
-    info: ExecutorInfo
-    limits: ModelLimits
-    grammars: GrammarCompiler
-    """Structured-output specs, compiled for this model's tokenizer before their request is queued."""
-
-
-def scoped_request_id(tenant: str, request_id: str) -> str:
-    """The engine-wide id of a client's request: tenants may reuse ids and only abort their own."""
-    return f"{tenant}/{request_id}"
 
 
 class KVServeServicer(api_pb2_grpc.KVServeServicer):
@@ -164,9 +144,11 @@ class KVServeServicer(api_pb2_grpc.KVServeServicer):
     async def ModelInfo(
         self, request: api_pb2.ModelInfoRequest, context: grpc.aio.ServicerContext
     ) -> api_pb2.ModelInfoResponse:
-        if self.model is None:
+        model = self.model
+        if model is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no executor has registered yet")
-        info, limits = self.model.info, self.model.limits
+            raise AssertionError("context.abort returned")  # pragma: no cover
+        info, limits = model.info, model.limits
         return api_pb2.ModelInfoResponse(
             model_id=info.model_id,
             vocab_size=limits.vocab_size,
@@ -178,7 +160,7 @@ class KVServeServicer(api_pb2_grpc.KVServeServicer):
             device=info.device,
             dtype=info.dtype,
             attention_backend=info.attention_backend,
-            has_chat_template=self.model.tokenizer.has_chat_template,
+            has_chat_template=model.tokenizer.has_chat_template,
         )
 
     async def ServerStats(

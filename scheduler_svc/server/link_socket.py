@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import structlog
 import zmq
@@ -69,7 +69,7 @@ class RouterSocket:
     async def poll(self, timeout_ms: int) -> bool:
         """Whether a message is waiting, after at most `timeout_ms`."""
         assert self._sock is not None
-        return bool(await self._sock.poll(timeout_ms, zmq.POLLIN))
+        return bool(await self._sock.poll(timeout_ms, zmq.POLLIN))  # type: ignore[call-arg]  # zmq's stub lacks `flags`
 
     async def recv(self) -> list:
         """The next message's frames (zero-copy `zmq.Frame`s)."""
@@ -81,7 +81,11 @@ class RouterSocket:
         assert self._sock is not None
         # zmq.asyncio reports a failed NOBLOCK send through the returned (already done)
         # future, not by raising: read it here so errors are neither lost nor delayed.
-        sent = self._sock.send_multipart([identity, data], zmq.NOBLOCK, copy=len(data) < 65536)
+        # (zmq's stub types the future as a bare Awaitable; zmq.asyncio returns an asyncio.Future)
+        sent = cast(
+            "asyncio.Future[zmq.MessageTracker | None]",
+            self._sock.send_multipart([identity, data], zmq.NOBLOCK, copy=len(data) < 65536),
+        )
         if not sent.done():  # only when another send is queued; we never queue one
             sent.add_done_callback(_consume_exception)
             return Sent.OK

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvserve.config import defaults
 from kvserve.protos.kvserve.v1 import api_pb2
@@ -150,7 +151,7 @@ def encode_chat(chat: api_pb2.ChatPrompt, tokenizer: Tokenizer, field: str) -> l
 def sampling_params(pb: api_pb2.SamplingParams, prompt_len: int, limits: ModelLimits) -> SamplingParams:
     """Proto -> SamplingParams; unset fields take the model's defaults, max_tokens is clamped only when unset."""
     model_defaults = limits.sampling_defaults
-    given: dict[str, float | int] = {name: getattr(model_defaults, name) for name in _MODEL_DEFAULTED}
+    given: dict[str, Any] = {name: getattr(model_defaults, name) for name in _MODEL_DEFAULTED}
     given.update({name: float(getattr(pb, name)) for name in _SAMPLING_FLOATS if pb.HasField(name)})
     given.update({name: int(getattr(pb, name)) for name in _SAMPLING_INTS if pb.HasField(name)})
     if given["top_k"] == 0:

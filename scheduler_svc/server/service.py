@@ -30,13 +30,14 @@ from kvserve.scheduler.server.engine import Engine
 from kvserve.scheduler.server.executor_link import ExecutorLink
 from kvserve.scheduler.server.executor_supervisor import ExecutorSupervisor
 from kvserve.scheduler.server.generation_defaults import load_sampling_defaults
-from kvserve.scheduler.server.grpc_api import ApiServer, KVServeServicer, ServingModel
+from kvserve.scheduler.server.grpc_api import ApiServer, KVServeServicer
 from kvserve.scheduler.server.http.app import create_app
 from kvserve.scheduler.server.http.context import HttpContext
 from kvserve.scheduler.server.http.http_server import HttpListenError, HttpServer
 from kvserve.scheduler.server.metrics import ServerMetrics
 from kvserve.scheduler.server.request_parsing import ModelLimits
 from kvserve.scheduler.server.server_config import ServerConfig
+from kvserve.scheduler.server.serving_model import ServingModel
 from kvserve.scheduler.server.structured.compiler import GrammarCompiler
 from kvserve.scheduler.server.structured.llguidance_backend import LlguidanceBackend
 from kvserve.scheduler.server.tls import TlsConfigError, TlsFiles, server_credentials, tls_files

@@ -15,7 +15,7 @@ The servicer methods are unchanged and are called exactly as before, so intercep
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -62,14 +62,21 @@ def strict_method_handler(behavior: Callable[..., Any], method: MethodDescriptor
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, details)
             raise AssertionError("context.abort returned") from None  # pragma: no cover
 
-    async def decoded_stream(raw_requests: AsyncIterable[bytes], context: grpc.aio.ServicerContext):
+    async def decoded_stream(
+        raw_requests: AsyncIterable[bytes], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Message]:
         async for raw in raw_requests:
             yield await decode(raw, context)
 
+    requests_of: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
     if method.client_streaming:
 
-        async def requests_of(raw_requests: AsyncIterable[bytes], context: grpc.aio.ServicerContext):
+        async def stream_of(
+            raw_requests: AsyncIterable[bytes], context: grpc.aio.ServicerContext
+        ) -> AsyncIterator[Message]:
             return decoded_stream(raw_requests, context)
+
+        requests_of = stream_of
     else:
         requests_of = decode
 
@@ -78,7 +85,7 @@ def strict_method_handler(behavior: Callable[..., Any], method: MethodDescriptor
         handler: Callable[..., Any]
         if inspect.isasyncgenfunction(behavior):
 
-            async def stream(request_or_iterator, context: grpc.aio.ServicerContext) -> AsyncIterator[Message]:
+            async def stream(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Message]:
                 request = await requests_of(request_or_iterator, context)
                 # aclosing: a cancelled call closes the servicer's generator at once (its `finally` runs).
                 async with aclosing(behavior(request, context)) as responses:
@@ -88,7 +95,7 @@ def strict_method_handler(behavior: Callable[..., Any], method: MethodDescriptor
             handler = stream
         else:  # a coroutine that answers with `await context.write(...)` (health Watch)
 
-            async def written(request_or_iterator, context: grpc.aio.ServicerContext) -> None:
+            async def written(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> None:
                 await behavior(await requests_of(request_or_iterator, context), context)
 
             handler = written
@@ -96,7 +103,7 @@ def strict_method_handler(behavior: Callable[..., Any], method: MethodDescriptor
             return grpc.stream_stream_rpc_method_handler(handler, **kwargs)
         return grpc.unary_stream_rpc_method_handler(handler, **kwargs)
 
-    async def unary(request_or_iterator, context: grpc.aio.ServicerContext) -> Message:
+    async def unary(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> Message:
         return await behavior(await requests_of(request_or_iterator, context), context)
 
     if method.client_streaming:

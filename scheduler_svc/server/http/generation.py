@@ -15,10 +15,10 @@ import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from kvserve.protos.kvserve.v1 import api_pb2
 from kvserve.protos.sampling import InvalidFieldError
 from kvserve.protos.stop_rules import FinishReason
 from kvserve.scheduler.core import RequestRejected
-from kvserve.scheduler.server.grpc_api import ServingModel, scoped_request_id
 from kvserve.scheduler.server.http.errors import bad_field, from_failure
 from kvserve.scheduler.server.http.field_names import capacity_param, openai_param
 from kvserve.scheduler.server.http.openai_request import OpenAiRequest
@@ -26,6 +26,7 @@ from kvserve.scheduler.server.http.responses import FINISH_REASONS, ChoiceState
 from kvserve.scheduler.server.namespaces import prefix_namespace
 from kvserve.scheduler.server.request_parsing import ValidatedRequest, parse_generate
 from kvserve.scheduler.server.request_stream import CompletionChunk, FailureKind, RequestFailed, RequestStream
+from kvserve.scheduler.server.serving_model import ServingModel, scoped_request_id
 
 INLINE_TOKENIZE_CHARS = 20_000
 """Longer prompts are validated (tokenized) on a worker thread, as in the gRPC API, so streams keep flowing."""
@@ -47,8 +48,8 @@ class Submission:
     async def chunks(self) -> AsyncIterator[tuple[int, CompletionChunk]]:
         """(prompt index, chunk) in arrival order; raises RequestFailed for a failure or an abnormal end."""
         if len(self.streams) == 1:
-            async for chunk in self.streams[0]:
-                yield 0, _checked(chunk)
+            async for only in self.streams[0]:
+                yield 0, _checked(only)
             return
         queue: asyncio.Queue[tuple[int, CompletionChunk | None, RequestFailed | None]] = asyncio.Queue()
 
@@ -87,7 +88,7 @@ def _checked(chunk: CompletionChunk) -> CompletionChunk:
     return chunk
 
 
-async def _validate(request_pb, model: ServingModel) -> ValidatedRequest:
+async def _validate(request_pb: api_pb2.GenerateRequest, model: ServingModel) -> ValidatedRequest:
     kind = request_pb.WhichOneof("prompt")
     chars = len(request_pb.text) if kind == "text" else 0
     if kind == "chat":

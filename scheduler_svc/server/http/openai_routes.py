@@ -19,7 +19,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from kvserve.scheduler.server.grpc_api import ServingModel, scoped_request_id
 from kvserve.scheduler.server.http.context import HttpContext
 from kvserve.scheduler.server.http.errors import from_failure
 from kvserve.scheduler.server.http.generation import Submission, collect_choices, submit
@@ -28,6 +27,7 @@ from kvserve.scheduler.server.http.request_body import read_json_object
 from kvserve.scheduler.server.http.responses import Envelope, LogprobFormatter, chat_completion, completion
 from kvserve.scheduler.server.http.sse import StreamShape, chat_events, completion_events
 from kvserve.scheduler.server.request_stream import RequestFailed
+from kvserve.scheduler.server.serving_model import ServingModel, scoped_request_id
 
 log = structlog.get_logger(__name__)
 

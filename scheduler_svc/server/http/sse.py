@@ -10,7 +10,7 @@ client disconnect (Starlette cancels it), aborts whatever is still running.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,7 +79,13 @@ async def completion_events(submission: Submission, shape: StreamShape) -> Async
         yield data
 
 
-async def _events(submission: Submission, shape: StreamShape, wrap, opening, event) -> AsyncIterator[bytes]:
+async def _events(
+    submission: Submission,
+    shape: StreamShape,
+    wrap: Callable[..., dict[str, Any]],
+    opening: Callable[[ChoiceState], dict[str, Any] | None],
+    event: Callable[[ChoiceState, CompletionChunk, str | None], dict[str, Any]],
+) -> AsyncIterator[bytes]:
     """The shared stream: openings, one event per meaningful chunk, usage, [DONE]; abort on the way out."""
     choices = [ChoiceState(index=k) for k in range(len(submission.streams) * shape.n)]
     try:

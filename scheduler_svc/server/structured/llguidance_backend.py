@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from llguidance import LLMatcher, LLTokenizer
 
 from kvserve.protos.sampling import InvalidFieldError
 from kvserve.scheduler.server.structured.spec import StructuredSpec
 
-_JSON_OPTIONS: dict[str, Any] = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # declared in the stub only
+
+_JSON_OPTIONS: JsonCompileOptions = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
 _ANY_OBJECT = '{"type": "object"}'
 _MAX_ERROR_CHARS = 500
 """Engine messages can quote a whole grammar; the client gets the first lines."""

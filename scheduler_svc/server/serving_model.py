@@ -1,0 +1,31 @@
+"""What both APIs (gRPC and HTTP) stand on once an executor has registered: the engine and the model.
+
+Kept apart from either API so that neither imports the other (an import-linter contract).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvserve.protos.step import ExecutorInfo
+from kvserve.scheduler.server.engine import Engine
+from kvserve.scheduler.server.request_parsing import ModelLimits
+from kvserve.scheduler.server.structured.compiler import GrammarCompiler
+from kvserve.scheduler.server.tokenizer import Tokenizer
+
+
+@dataclass(slots=True)
+class ServingModel:
+    """What the APIs need once an executor has registered."""
+
+    engine: Engine
+    tokenizer: Tokenizer
+    info: ExecutorInfo
+    limits: ModelLimits
+    grammars: GrammarCompiler
+    """Structured-output specs, compiled for this model's tokenizer before their request is queued."""
+
+
+def scoped_request_id(tenant: str, request_id: str) -> str:
+    """The engine-wide id of a client's request: tenants may reuse ids and only abort their own."""
+    return f"{tenant}/{request_id}"
