@@ -3,17 +3,21 @@
 This runs twice per step on each side, so it avoids per-sequence protobuf objects on
 the hot path: cached sequences and outputs travel as parallel packed arrays (see
 `executor_link.proto`), filled with one `extend` per column and read back with one
-`list()` per column. Only new sequences, which are rare, get a message each.
+`list()` per column. Only new sequences, which are rare, get a message each. `ExecutorInfo`
+and `SamplingParams` mirror their messages field for field and convert through one
+table each (`message_fields.py`).
 """
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Sequence
 from itertools import accumulate, chain
 from operator import attrgetter
 from typing import TypeVar
 
 from kvserve.protos.kvserve.v1 import executor_link_pb2 as pb
+from kvserve.protos.message_fields import field_table
 from kvserve.protos.sampling import SamplingParams
 from kvserve.protos.step import (
     ExecutorInfo,
@@ -54,81 +58,27 @@ _token_id = attrgetter("token_id")
 # --- ExecutorInfo ----------------------------------------------------------------
 
 
+_INFO = field_table(ExecutorInfo, pb.ExecutorInfo)
+_SAMPLING = field_table(SamplingParams, pb.StepSamplingParams)
+
+
 def encode_info(info: ExecutorInfo, out: pb.ExecutorInfo | None = None) -> pb.ExecutorInfo:
-    msg = pb.ExecutorInfo() if out is None else out
-    msg.model_id = info.model_id
-    msg.num_blocks = info.num_blocks
-    msg.block_size = info.block_size
-    msg.num_cpu_blocks = info.num_cpu_blocks
-    msg.vocab_size = info.vocab_size
-    msg.max_model_len = info.max_model_len
-    msg.eos_token_ids.extend(info.eos_token_ids)
-    msg.tokenizer_path = info.tokenizer_path
-    msg.executor_kind = info.executor_kind
-    msg.device = info.device
-    msg.dtype = info.dtype
-    msg.attention_backend = info.attention_backend
-    return msg
+    return _INFO.fill(info, pb.ExecutorInfo() if out is None else out)
 
 
 def decode_info(msg: pb.ExecutorInfo) -> ExecutorInfo:
-    return ExecutorInfo(
-        model_id=msg.model_id,
-        num_blocks=msg.num_blocks,
-        block_size=msg.block_size,
-        num_cpu_blocks=msg.num_cpu_blocks,
-        vocab_size=msg.vocab_size,
-        max_model_len=msg.max_model_len,
-        eos_token_ids=list(msg.eos_token_ids),
-        tokenizer_path=msg.tokenizer_path,
-        executor_kind=msg.executor_kind,
-        device=msg.device,
-        dtype=msg.dtype,
-        attention_backend=msg.attention_backend,
-    )
+    return typing.cast(ExecutorInfo, _INFO.build(msg))
 
 
 # --- SamplingParams --------------------------------------------------------------
 
 
 def encode_sampling(params: SamplingParams, out: pb.StepSamplingParams) -> None:
-    out.temperature = params.temperature
-    out.top_k = params.top_k
-    out.top_p = params.top_p
-    out.min_p = params.min_p
-    out.repetition_penalty = params.repetition_penalty
-    out.presence_penalty = params.presence_penalty
-    out.frequency_penalty = params.frequency_penalty
-    if params.seed is not None:
-        out.seed = params.seed
-    out.n = params.n
-    out.max_tokens = params.max_tokens
-    out.min_tokens = params.min_tokens
-    out.stop_token_ids.extend(params.stop_token_ids)
-    out.stop.extend(params.stop)
-    out.ignore_eos = params.ignore_eos
-    if params.logprobs is not None:
-        out.logprobs = params.logprobs
+    _SAMPLING.fill(params, out)
 
 
 def decode_sampling(msg: pb.StepSamplingParams) -> SamplingParams:
-    return SamplingParams(
-        temperature=msg.temperature,
-        top_k=msg.top_k,
-        top_p=msg.top_p,
-        min_p=msg.min_p,
-        repetition_penalty=msg.repetition_penalty,
-        presence_penalty=msg.presence_penalty,
-        frequency_penalty=msg.frequency_penalty,
-        seed=msg.seed if msg.HasField("seed") else None,
-        n=msg.n,
-        max_tokens=msg.max_tokens,
-        min_tokens=msg.min_tokens,
-        stop_token_ids=tuple(msg.stop_token_ids),
-        stop=tuple(msg.stop),
-        ignore_eos=msg.ignore_eos,
-        logprobs=msg.logprobs if msg.HasField("logprobs") else None,
-    )
+    return typing.cast(SamplingParams, _SAMPLING.build(msg))
 
 
 # --- StepPlan --------------------------------------------------------------------

@@ -1,5 +1,9 @@
-"""The serving benchmark: workloads, a load driver, baselines and the report.
+"""The benchmarks: one module each, holding its logic, its config dataclass and its command.
 
-`kvserve bench serve` (kvserve/commands/bench_serve.py) wires these together; each module
-here holds one concept so it can be unit-tested without a server.
+`scheduler`, `executor`, `structured`, `quality`, `serve` and `baseline_hf` each define a
+`*Config` dataclass (its fields are the flags), `register(subparsers)` and `run(args)`, which
+`kvserve bench` (kvserve/commands/bench.py) collects. The rest are the parts `bench serve` is
+built from (workloads, load drivers, report, sweep, plot), one concept each so they can be
+unit-tested without a server. torch loads inside the functions that need it: registering every
+bench keeps `kvserve --help` light.
 """

@@ -1,4 +1,4 @@
-"""`kvserve bench ...`: benchmarks, one module per target."""
+"""`kvserve bench ...`: the benchmarks, each one module of `kvserve.bench` with its own `register`."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import argparse
 import importlib
 
 BENCHES = (
-    "kvserve.commands.bench_scheduler",
-    "kvserve.commands.bench_executor",
-    "kvserve.commands.bench_structured",
-    "kvserve.commands.bench_quality",
-    "kvserve.commands.bench_serve",
-    "kvserve.commands.bench_baseline_hf",
+    "kvserve.bench.scheduler",
+    "kvserve.bench.executor",
+    "kvserve.bench.structured",
+    "kvserve.bench.quality",
+    "kvserve.bench.serve",
+    "kvserve.bench.baseline_hf",
 )
 
 

@@ -7,10 +7,11 @@ the executor may not import the `kvserve` CLI package.
 
 Per field: the flag is `--` plus the field name with `_` turned into `-`, and its dest is
 the field name. The annotation picks the type: `int`, `float`, `str` (each possibly
-`| None`), `tuple[X, ...]` (a repeatable flag) and `bool` (default False: a switch;
-default True: a `--no-...` switch that turns it off). `field(metadata=flag(...))` adds
-the help and may override the flag name, choices, metavar and argument group; a plain
-dict with the same keys ("help", "flag", "choices", "metavar", "group") works as well,
+`| None`), `tuple[X, ...]` (a repeatable flag, or with `nargs` one flag taking several
+values) and `bool` (default False: a switch; default True: a `--no-...` switch that turns it
+off). `field(metadata=flag(...))` adds the help and may override the flag name, choices,
+metavar, argument group and, for a scalar, an optional value (`nargs="?"` with `const`); a
+plain dict with the same keys ("help", "flag", "choices", "metavar", "group") works as well,
 for modules that should not import this one (kvserve.scheduler.core).
 """
 
@@ -26,7 +27,7 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 _SCALARS = (int, float, str, bool)
-_KEYS = frozenset({"help", "flag", "aliases", "choices", "metavar", "group", "default"})
+_KEYS = frozenset({"help", "flag", "aliases", "choices", "metavar", "group", "nargs", "const", "default"})
 """What metadata or an override may say about a flag ("default": overrides only)."""
 
 
@@ -42,9 +43,12 @@ def flag(
     choices: Sequence[str] | None = None,
     metavar: str | None = None,
     group: str | None = None,
+    nargs: str | None = None,
+    const: Any = None,
 ) -> dict[str, Any]:
     """The `field(metadata=...)` of a config field: its help and, rarely, how it is spelled
-    (`aliases`: further option strings, such as a short form)."""
+    (`aliases`: further option strings, such as a short form; `nargs`: "+" or "*" for a tuple
+    field given as `--flag A B`, "?" for a scalar whose value may be left off, then `const`)."""
     meta: dict[str, Any] = {"help": help}
     if name is not None:
         meta["flag"] = name
@@ -56,6 +60,10 @@ def flag(
         meta["metavar"] = metavar
     if group is not None:
         meta["group"] = group
+    if nargs is not None:
+        meta["nargs"] = nargs
+    if const is not None:
+        meta["const"] = const
     return meta
 
 
@@ -115,6 +123,9 @@ def config_to_argv(config: Any) -> list[str]:
             argv.append(f.metadata.get("flag", f"--no-{dashed}" if _field_default(f) else f"--{dashed}"))
             continue
         name = f.metadata.get("flag", f"--{dashed}")
+        if repeated and "nargs" in f.metadata:
+            argv += [name, *map(str, value)] if value else []
+            continue
         for item in value if repeated else (value,):
             argv += [name, str(item)]
     return argv
@@ -139,17 +150,37 @@ def _argument(cls: type, f: dataclasses.Field, hint: object, meta: Mapping[str, 
         }
     name = meta.get("flag", f"--{dashed}")
     kwargs: dict[str, Any] = {"dest": f.name, "type": kind, "help": help_text}
-    if repeated:
-        kwargs.update(action="append", default=list(default or ()))
+    if repeated and "nargs" in meta:
+        kwargs.update(nargs=meta["nargs"], default=list(default or ()))
+    elif repeated:
+        kwargs.update(action=_Repeat, default=list(default or ()))
     elif has_default:
         kwargs["default"] = default
     else:
         kwargs["required"] = True
+    if not repeated and "nargs" in meta:
+        kwargs.update(nargs=meta["nargs"], const=meta.get("const"))
     if "choices" in meta:
         kwargs["choices"] = meta["choices"]  # without a metavar, argparse shows {a,b}
     if "metavar" in meta or "choices" not in meta:
         kwargs["metavar"] = meta.get("metavar", name.removeprefix("--").replace("-", "_").upper())
     return name, kwargs
+
+
+class _Repeat(argparse._AppendAction):
+    """argparse's "append" that replaces a non-empty default instead of adding to it: a flag
+    whose default is `(a,)` and is given as `--flag b` means `(b,)`, not `(a, b)`."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        if getattr(namespace, self.dest, None) is self.default:
+            setattr(namespace, self.dest, [])
+        super().__call__(parser, namespace, values, option_string)
 
 
 def _flag_type(cls: type, name: str, hint: object) -> tuple[type, bool]:

@@ -41,7 +41,7 @@ def peak(ctx: CheckContext, key: str) -> float | None:
 def measure_device_peaks(ctx: CheckContext) -> Outcome:
     import torch
 
-    from kvserve.bench.executor_bench import measure_gemm_flops
+    from kvserve.bench.executor import measure_gemm_flops
 
     device, scale = ctx.scale.device, ctx.scale
     copy = measure_copy_bandwidth(device, scale.copy_bytes)

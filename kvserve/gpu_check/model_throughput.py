@@ -1,6 +1,6 @@
 """8B-shaped decode and prefill throughput of the runner, as fractions of the device's peaks.
 
-The steps are `kvserve bench executor`'s (kvserve.bench.executor_bench: prompts prefilled
+The steps are `kvserve bench executor`'s (kvserve.bench.executor: prompts prefilled
 untimed, then the median of a few decode steps; fresh prompts in one prefill step), on the
 measure stage's runner. Decode is read against the copy bandwidth: (weights + K/V read and
 written) bytes per step / step time (roofline.StepCost). Prefill against the bf16 matmul peak:
@@ -29,7 +29,7 @@ def _fraction(value: float | None) -> str:
 
 
 def measure_decode(ctx: CheckContext) -> Outcome:
-    from kvserve.bench.executor_bench import time_decode
+    from kvserve.bench.executor import time_decode
     from kvserve.protos.sampling import SamplingParams
 
     scale = ctx.scale
@@ -88,7 +88,7 @@ def measure_decode(ctx: CheckContext) -> Outcome:
 
 
 def measure_prefill(ctx: CheckContext) -> Outcome:
-    from kvserve.bench.executor_bench import bench_prefill
+    from kvserve.bench.executor import bench_prefill
 
     runner = big_runner(ctx)
     cost, gemm = _cost(runner), peak(ctx, GEMM_KEY)

@@ -4,7 +4,7 @@ The same seeded requests both ways (kvserve.bench.workloads), the same ratio as 
 serve` reports (`vs_hf_throughput`: output tokens/s, goal >= 6). HF runs first, in this
 process, in bf16 on the GPU (`kvserve bench serve --baselines hf` would load it in fp32 on
 CPU), before the stage's server claims 90% of the device; then `bench serve` drives that
-server (kvserve.bench.serve_benchmark, against a running server, no other baseline). Both
+server (kvserve.bench.serve, against a running server, no other baseline). Both
 reports are written beside report.json: bench_serve_mixed.json and .txt.
 """
 
@@ -33,7 +33,7 @@ SEED = 0
 def _hf_run(ctx: CheckContext, workload: Any) -> tuple[Any, int]:
     import torch
 
-    from kvserve.bench.hf_baseline import requests_from_workload, run_hf_baseline
+    from kvserve.bench.baseline_hf import requests_from_workload, run_hf_baseline
     from kvserve.gpu_check.hf_reference import load_hf_model
 
     device = ctx.scale.device
@@ -53,7 +53,7 @@ def _hf_run(ctx: CheckContext, workload: Any) -> tuple[Any, int]:
 def measure_bench_serve(ctx: CheckContext) -> Outcome:
     from kvserve.bench import workloads as wl
     from kvserve.bench.report import GOALS, compute_ratios, render_table, summarize_run
-    from kvserve.bench.serve_benchmark import BenchConfig, run_serve_benchmark
+    from kvserve.bench.serve import BenchConfig, run_serve_benchmark
 
     scale = ctx.scale
     config_path = model_dir(ctx.work_dir, scale.big_model) / "config.json"
@@ -67,7 +67,7 @@ def measure_bench_serve(ctx: CheckContext) -> Outcome:
         errors.append(f"hf-generate: {type(exc).__name__}: {exc}"[:400])
     server = serve_server(ctx)
     config = BenchConfig(
-        workloads=[WORKLOAD],
+        workloads=(WORKLOAD,),
         num_requests=scale.bench_requests,
         concurrency=scale.bench_concurrency,
         seed=SEED,
@@ -75,7 +75,7 @@ def measure_bench_serve(ctx: CheckContext) -> Outcome:
         start_server=False,
         host=server.target_host,
         port=server.port,
-        baselines=[],
+        baselines=(),
         hf_batch_size=scale.hf_batch_size,
         progress=False,
         startup_timeout_s=60.0,

@@ -23,6 +23,7 @@ import structlog
 from grpc_health.v1 import health, health_pb2
 
 from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
+from kvserve.protos.message_fields import copy_fields
 from kvserve.protos.sampling import InvalidFieldError
 from kvserve.protos.stop_rules import FinishReason
 from kvserve.scheduler.core import RequestRejected
@@ -148,20 +149,12 @@ class KVServeServicer(api_pb2_grpc.KVServeServicer):
         if model is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no executor has registered yet")
             raise AssertionError("context.abort returned")  # pragma: no cover
-        info, limits = model.info, model.limits
-        return api_pb2.ModelInfoResponse(
-            model_id=info.model_id,
-            vocab_size=limits.vocab_size,
-            max_model_len=limits.max_model_len,
-            block_size=info.block_size,
-            num_blocks=info.num_blocks,
-            eos_token_ids=list(info.eos_token_ids),
-            executor_kind=info.executor_kind,
-            device=info.device,
-            dtype=info.dtype,
-            attention_backend=info.attention_backend,
-            has_chat_template=model.tokenizer.has_chat_template,
-        )
+        response = copy_fields(model.info, api_pb2.ModelInfoResponse)
+        # The limits the server enforces, which may be tighter than the executor's.
+        response.vocab_size = model.limits.vocab_size
+        response.max_model_len = model.limits.max_model_len
+        response.has_chat_template = model.tokenizer.has_chat_template
+        return response
 
     async def ServerStats(
         self, request: api_pb2.ServerStatsRequest, context: grpc.aio.ServicerContext

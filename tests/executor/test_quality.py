@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from kvserve.bench.quality_bench import CANDIDATES, quality_text, text_windows
+from kvserve.bench.quality import CANDIDATES, quality_text, text_windows
 from kvserve.scheduler.server.tokenizer import Tokenizer
 
 MIN_TOP1_AGREEMENT = 0.95

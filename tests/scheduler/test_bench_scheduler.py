@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from kvserve.bench.scheduler_overhead import FeedbackExecutor, build_scheduler, run_scheduler_bench, warm_up
-from kvserve.commands import bench_scheduler
+from kvserve.bench import scheduler as bench_scheduler
+from kvserve.bench.scheduler import FeedbackExecutor, build_scheduler, run_scheduler_bench, warm_up
 
 
 def test_warm_up_reaches_steady_decode_with_a_shared_prefix() -> None:

@@ -12,19 +12,30 @@ Two measures, both through the runner's own forward pass (`kvserve.executor.toke
 
 Native Q4_1 and the dequantized fp32 weights hold the same quantized values, so only kernel
 arithmetic (bfloat16 activations, bfloat16 scales) separates them.
+
+`kvserve bench quality` (`register`, `run`) prints a table, or `--json`. The model loads
+inside `run`, so registering the command keeps `kvserve --help` free of torch.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
+import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
+from typing import TYPE_CHECKING, Any
 
-from kvserve.executor.model_runner import ModelRunner
-from kvserve.executor.token_scoring import score_tokens
+from kvserve.config import defaults
+from kvserve.config.flags import HelpFormatter, add_flags, config_from_args, flag
+from kvserve.executor.runner_config import DTYPES, WEIGHTS
 from kvserve.protos.sampling import SamplingParams
 from kvserve.testing.plan_driver import PlanDriver
+
+if TYPE_CHECKING:
+    from kvserve.executor.model_runner import ModelRunner
 
 PROMPTS = (
     "What is the capital of France?",
@@ -64,6 +75,39 @@ CANDIDATES = (
 """The project's quality bar: native Q4_1 within 2% of the fp32 perplexity, bfloat16 within 1%."""
 
 
+@dataclass(frozen=True, slots=True)
+class QualityBenchConfig:
+    """`kvserve bench quality`'s flags."""
+
+    model: str = field(
+        default=defaults.DEFAULT_MODEL, metadata=flag("the default model's name or a .gguf file (native needs one)")
+    )
+    window: int = field(default=512, metadata=flag("tokens per perplexity window"))
+    max_text_tokens: int | None = field(default=None, metadata=flag("score only the text's first N tokens"))
+    max_new_tokens: int = field(default=48, metadata=flag("greedy tokens per prompt"))
+    prompts: int | None = field(default=None, metadata=flag("use only the first N fixed prompts"))
+    configs: tuple[str, ...] = field(
+        default=tuple(c.name for c in CANDIDATES),
+        metadata=flag("configurations after the reference", nargs="+", metavar="DTYPE/WEIGHTS"),
+    )
+    num_threads: int | None = field(default=None, metadata=flag("torch CPU threads"))
+    json: bool = field(default=False, metadata=flag("print the results as JSON"))
+
+
+def parse_config(spec: str) -> QualityConfig:
+    """A `--configs` entry (`DTYPE/WEIGHTS`, weights dequantized when left off), with its goal when
+    it is one of `CANDIDATES`."""
+    dtype, _, weights = spec.partition("/")
+    weights = weights or "dequantized"
+    if dtype not in DTYPES or weights not in WEIGHTS:
+        raise ValueError(
+            f"--configs {spec!r}: expected DTYPE/WEIGHTS, DTYPE one of {', '.join(DTYPES)}, "
+            f"WEIGHTS one of {', '.join(WEIGHTS)}"
+        )
+    known = {c.name: c for c in CANDIDATES}
+    return known.get(f"{dtype}/{weights}", QualityConfig(dtype, weights))
+
+
 @dataclass(slots=True)
 class QualityResult:
     config: QualityConfig
@@ -100,6 +144,8 @@ def text_windows(token_ids: Sequence[int], window: int, max_tokens: int | None =
 
 def perplexity(runner: ModelRunner, windows: list[list[int]]) -> tuple[float, int]:
     """exp(mean negative log-likelihood) over every predicted token of every window."""
+    from kvserve.executor.token_scoring import score_tokens
+
     total, count = 0.0, 0
     for ids in windows:
         scores = score_tokens(runner, ids)
@@ -119,6 +165,8 @@ def greedy_continuations(runner: ModelRunner, prompts: list[list[int]], max_new_
 
 def top1_agreement(runner: ModelRunner, prompts: list[list[int]], continuations: list[list[int]]) -> float:
     """Teacher-forced: the fraction of continuation tokens that are this runner's argmax."""
+    from kvserve.executor.token_scoring import score_tokens
+
     hits = total = 0
     for prompt, continuation in zip(prompts, continuations):
         if not continuation:
@@ -159,3 +207,79 @@ def run_quality_bench(
         results.append(QualityResult(config, ppl, count, agreement, identical, len(prompts), reference_ppl))
         progress(f"{config.name}: perplexity {ppl:.4f}, top-1 agreement {100 * agreement:.2f}%")
     return results
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "quality",
+        help="perplexity and greedy agreement of native Q4_1 and bfloat16 against the fp32 path",
+        description="Loads the model once per configuration (fp32 dequantized first, the reference),\n"
+        "scores the shipped public-domain text (perplexity over non-overlapping windows),\n"
+        "and compares greedy decoding of fixed chat prompts with the reference's: top-1\n"
+        "agreement teacher-forced on the reference's tokens, and identical continuations.\n"
+        "Goals: native Q4_1 perplexity within 2% of fp32, bfloat16 within 1%.",
+        formatter_class=HelpFormatter,
+    )
+    add_flags(parser, QualityBenchConfig)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvserve.executor.model_runner import ModelRunner
+    from kvserve.executor.runner_config import RunnerConfig
+    from kvserve.executor.weights.model_store import ensure_model_dir
+    from kvserve.log_config import configure_logging
+    from kvserve.scheduler.server.tokenizer import ChatMessage, Tokenizer
+
+    config = config_from_args(QualityBenchConfig, args)
+    try:  # refused now, not after the reference's minutes
+        configs = [parse_config(spec) for spec in config.configs]
+    except ValueError as exc:
+        print(f"kvserve bench quality: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(level="WARNING" if config.json else None)
+    tokenizer = Tokenizer.from_dir(ensure_model_dir(config.model))
+    windows = text_windows(tokenizer.encode(quality_text()), config.window, config.max_text_tokens)
+    prompts = [tokenizer.encode_chat([ChatMessage(role="user", content=text)]) for text in PROMPTS[: config.prompts]]
+
+    def make_runner(quality: QualityConfig) -> ModelRunner:
+        return ModelRunner(
+            RunnerConfig(
+                model=config.model,
+                device="cpu",
+                dtype=quality.dtype,
+                weights=quality.weights,
+                kv_cache_gb=0.25,
+                num_threads=config.num_threads,
+            )
+        )
+
+    progress = (lambda _m: None) if config.json else print
+    results = run_quality_bench(make_runner, windows, prompts, config.max_new_tokens, configs, progress=progress)
+    if config.json:
+        print(json.dumps([_row(r) for r in results]))
+        return 0
+    print(f"{'configuration':24s} {'perplexity':>10s} {'vs fp32':>8s} {'top-1 agree':>11s} {'identical':>9s}  goal")
+    for r in results:
+        bound = r.config.max_ppl_increase  # None exactly when r.passes is None: the reference
+        goal = "reference" if bound is None else f"<= +{100 * bound:.0f}%: " + ("met" if r.passes else "MISSED")
+        print(
+            f"{r.config.name:24s} {r.perplexity:10.4f} {100 * r.ppl_increase:+7.2f}% "
+            f"{100 * r.top1_agreement:10.2f}% {r.identical_continuations:4d}/{r.prompts:<4d}  {goal}"
+        )
+    print(f"scored {results[0].scored_tokens} tokens in windows of {config.window}")
+    return 0
+
+
+def _row(result: QualityResult) -> dict[str, Any]:
+    return {
+        "config": result.config.name,
+        "perplexity": result.perplexity,
+        "ppl_increase": result.ppl_increase,
+        "max_ppl_increase": result.config.max_ppl_increase,
+        "passes": result.passes,
+        "top1_agreement": result.top1_agreement,
+        "identical_continuations": result.identical_continuations,
+        "prompts": result.prompts,
+        "scored_tokens": result.scored_tokens,
+    }

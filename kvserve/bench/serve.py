@@ -24,8 +24,14 @@ server's counters (peak running, preemptions, prefix hits) come from gRPC `serve
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import contextlib
 import datetime as dt
+import logging
+import math
+import shlex
+import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,9 +51,11 @@ from kvserve.bench.report import (
     compute_ratios,
     summarize_run,
 )
+from kvserve.bench.report_output import ReportOutput, write_outputs
 from kvserve.bench.run_meta import run_meta
 from kvserve.bench.sweep import SweepSpec, sweep_points
 from kvserve.config import defaults
+from kvserve.config.flags import HelpFormatter, add_flags, config_from_args, flag
 from kvserve.testing.server_launcher import DEFAULT_STARTUP_TIMEOUT_S, ServeProcess, serving
 
 log = structlog.get_logger(__name__)
@@ -79,33 +87,116 @@ SERVER_BASELINES = (
 
 @dataclass(slots=True)
 class BenchConfig:
-    workloads: list[str] = field(default_factory=lambda: ["mixed"])
-    num_requests: int = 32
-    concurrency: int | None = 16
-    request_rate: float | None = None
-    seed: int = 0
-    max_tokens_cap: int | None = None
-    start_server: bool = False
-    executor: str = "torch"
-    host: str = defaults.GRPC_HOST
-    port: int = defaults.GRPC_PORT
-    server_args: list[str] = field(default_factory=list)
-    no_cache_target: str | None = None
-    baselines: list[str] = field(default_factory=lambda: list(BASELINES))
-    model: str = defaults.DEFAULT_MODEL
-    hf_batch_size: int = 8
-    progress: bool = True
-    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
-    api: str = "grpc"
-    """How the kvserve configurations are driven: grpc, or openai (kvserve's HTTP API)."""
-    http_port: int = defaults.HTTP_PORT
-    """With api openai and no start_server: the running server's HTTP port, on `host`."""
-    targets: list[str] = field(default_factory=list)
-    """Other OpenAI-compatible servers, `NAME=URL[,tokens|,text]`, measured in the same run."""
-    sweep: str | None = None
-    """`FLAG=V1,V2,...`: one kvserve run per value of a `kvserve serve` flag, each on a fresh server."""
+    """One `bench serve` run; each field but `command_line` is a `kvserve bench serve` flag."""
+
+    workloads: tuple[str, ...] = field(
+        default=("mixed",),
+        metadata=flag(
+            "mixed: 64-512 prompt, 32-256 output; shared-prefix: 1,500-token system prompt + 50-300-token "
+            "questions; multi-turn: chats up to 10 turns; cold-warm: the shared-prefix requests on an empty "
+            "then a primed cache; all: every one",
+            name="--workload",
+            nargs="+",
+            choices=(*wl.WORKLOAD_NAMES, "all"),
+        ),
+    )
+    num_requests: int = field(default=32, metadata=flag("requests per workload"))
+    concurrency: int | None = field(default=16, metadata=flag("most requests in flight (0: no limit)"))
+    request_rate: float | None = field(
+        default=None, metadata=flag("Poisson arrival rate in requests/s (unset or inf: all arrive at once)")
+    )
+    seed: int = field(default=0, metadata=flag("seed of the workloads and the arrivals"))
+    max_tokens_cap: int | None = field(
+        default=None,
+        metadata=flag("cap every request's max_tokens (unset or 0: the workload's own lengths); for short CPU runs"),
+    )
+    start_server: bool = field(
+        default=False, metadata=flag("start kvserve serve (and the no-cache server) as subprocesses on free ports")
+    )
+    executor: str = field(default="torch", metadata=flag("executor of the started servers", choices=("torch", "fake")))
+    host: str = field(default=defaults.GRPC_HOST, metadata=flag("server host (started servers listen here too)"))
+    port: int = field(default=defaults.GRPC_PORT, metadata=flag("port of an already running server"))
+    server_args: tuple[str, ...] = field(
+        default=(),
+        metadata=flag(
+            "extra argument passed to every started server, e.g. --server-arg=--num-blocks=512 (repeatable)",
+            name="--server-arg",
+            metavar="ARG",
+        ),
+    )
+    no_cache_target: str | None = field(
+        default=None,
+        metadata=flag(
+            "an already running server with --no-prefix-caching; when unset, one is started with "
+            "--start-server, else that baseline is skipped",
+            metavar="HOST:PORT",
+        ),
+    )
+    baselines: tuple[str, ...] = field(
+        default=BASELINES,
+        metadata=flag(
+            "baselines to run in the same run; prealloc: the contiguous-preallocation estimate, and with "
+            "--start-server a server run for real with --kv-reservation max-model-len --no-prefix-caching "
+            "(--max-model-len = each workload's longest request), shown as three tiers with the two paged ones",
+            nargs="*",
+            choices=BASELINES,
+        ),
+    )
+    model: str = field(
+        default=defaults.DEFAULT_MODEL,
+        metadata=flag("model the hf baseline loads; its tokenizer also decodes text prompts for --target"),
+    )
+    hf_batch_size: int = field(default=8, metadata=flag("static batch size of the hf baseline"))
+    progress: bool = field(default=True, metadata=flag("show a progress bar"))
+    startup_timeout_s: float = field(
+        default=DEFAULT_STARTUP_TIMEOUT_S, metadata=flag("seconds to wait for SERVING", name="--startup-timeout")
+    )
+    api: str = field(
+        default="grpc",
+        metadata=flag(
+            "how kvserve is driven: grpc (the async client) or openai (streaming /v1/completions on its HTTP API, "
+            "the fair side of a comparison with --target); server counters come from gRPC either way",
+            choices=APIS,
+        ),
+    )
+    http_port: int = field(
+        default=defaults.HTTP_PORT,
+        metadata=flag("with --api openai and no --start-server: the HTTP port of the already running server on --host"),
+    )
+    targets: tuple[str, ...] = field(
+        default=(),
+        metadata=flag(
+            "another OpenAI-compatible server measured in the same run with the same requests, after kvserve's "
+            "servers have stopped (repeatable), e.g. llama-server=http://127.0.0.1:8080 (see "
+            "scripts/llama_server.sh). Prompts go as token ids, or as text decoded with the model's tokenizer; "
+            "default: probe on the warm-up request. Every workload but cold-warm",
+            name="--target",
+            metavar="NAME=URL[,tokens|,text]",
+        ),
+    )
+    sweep: str | None = field(
+        default=None,
+        metadata=flag(
+            "run the workload once per value of one kvserve serve flag, each on a fresh server started with "
+            "--FLAG V (after every --server-arg), e.g. block-size=8,16,32; prints one table of output tok/s, "
+            "TTFT p50/p99, ITL p99, KV partial-block waste and peak running against the value (--json, --plot "
+            "too). Starts its servers itself; baselines and --target do not run",
+            metavar="FLAG=V1,V2,...",
+        ),
+    )
     command_line: str = ""
-    """How the run was invoked, recorded in the report's meta."""
+    """How the run was invoked, recorded in the report's meta (not a flag)."""
+
+    def __post_init__(self) -> None:
+        # One spelling per meaning in the report's meta: "all" is every workload, 0 or inf is no limit.
+        if "all" in self.workloads:
+            self.workloads = tuple(wl.WORKLOAD_NAMES)
+        if self.concurrency == 0:
+            self.concurrency = None
+        if self.request_rate is not None and math.isinf(self.request_rate):
+            self.request_rate = None
+        if self.max_tokens_cap == 0:
+            self.max_tokens_cap = None
 
 
 async def _run_loads(
@@ -331,7 +422,7 @@ async def run_serve_benchmark(config: BenchConfig) -> BenchReport:
 
 
 def _run_hf(config: BenchConfig, mixed: wl.Workload, vocab_size: int) -> tuple[RunResult, int] | None:
-    from kvserve.bench.hf_baseline import load_model, requests_from_workload, run_hf_baseline
+    from kvserve.bench.baseline_hf import load_model, requests_from_workload, run_hf_baseline
     from kvserve.executor.weights.model_store import ensure_model_dir
 
     model = load_model(ensure_model_dir(config.model))
@@ -346,3 +437,46 @@ def _run_hf(config: BenchConfig, mixed: wl.Workload, vocab_size: int) -> tuple[R
     return run_hf_baseline(
         model, requests_from_workload(mixed), batch_size=config.hf_batch_size, progress=config.progress
     )
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="serving benchmark: latency, throughput, cache reuse, ratios vs baselines",
+        description="Drive a kvserve server (or start one) with seeded workloads, through the gRPC async "
+        "client or (--api openai) its OpenAI-compatible HTTP API, then compare, in the same run, kvserve "
+        "with prefix caching off, any other OpenAI-compatible server (--target, e.g. llama.cpp's "
+        "llama-server), Hugging Face generate (static batching) and contiguous preallocation (run for real "
+        "with --start-server, and estimated). Prints a table and the goal ratios of docs/benchmarks.md; "
+        "--json and --plot write them for machines and people. --sweep FLAG=V1,V2,... instead runs the "
+        "workload once per value of a kvserve serve flag, each on a fresh server.",
+        formatter_class=HelpFormatter,
+    )
+    add_flags(parser, BenchConfig, exclude=("command_line",))
+    add_flags(parser, ReportOutput, overrides={"json": {"help": ReportOutput.JSON_HELP + ", table to stderr"}})
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvserve.log_config import configure_logging
+
+    configure_logging()
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request of the HTTP driver
+    config = config_from_args(BenchConfig, args, command_line=shlex.join(["kvserve", *sys.argv[1:]]))
+    try:
+        for spec in config.targets:
+            HttpTarget.parse(spec)
+        if config.sweep is not None:
+            SweepSpec.parse(config.sweep).check()  # before any server starts
+    except ValueError as exc:
+        print(f"kvserve bench serve: {exc}", file=sys.stderr)
+        return 2
+    report = asyncio.run(run_serve_benchmark(config))
+    status = write_outputs(report, config_from_args(ReportOutput, args), stream=sys.stdout)
+    unmeasured = [name for name, meta in report.meta.get("targets", {}).items() if meta.get("error")]
+    for name in unmeasured:
+        print(
+            f"kvserve bench serve: --target {name} not measured: {report.meta['targets'][name]['error']}",
+            file=sys.stderr,
+        )
+    return 1 if unmeasured else status

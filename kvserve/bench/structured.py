@@ -7,24 +7,52 @@ ZeroMQ would carry), the real `ModelRunner` (which unpacks and applies the masks
 at the same batch size; the constrained one follows a JSON schema long enough that every
 row is still decoding in every timed step. Only steps in which all `batch` rows decode
 are timed, so the two runs compare equal work; the two alternate `repeats` times.
+
+The model, llguidance and the tokenizer load inside the functions that use them, so that
+registering the command (`register`) keeps `kvserve --help` free of torch.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
-from kvserve.executor.model_runner import ModelRunner
+from kvserve.config import defaults
+from kvserve.config.flags import HelpFormatter, add_flags, config_from_args, flag
 from kvserve.protos import step_codec
 from kvserve.protos.kvserve.v1 import executor_link_pb2 as pb
 from kvserve.protos.sampling import SamplingParams
 from kvserve.scheduler.core import MatcherFactory, Scheduler, SchedulerConfig
-from kvserve.scheduler.server.structured.llguidance_backend import LlguidanceBackend
-from kvserve.scheduler.server.structured.spec import StructuredSpec
-from kvserve.scheduler.server.tokenizer import ChatMessage, Tokenizer
+
+if TYPE_CHECKING:
+    from kvserve.executor.model_runner import ModelRunner
+    from kvserve.scheduler.server.tokenizer import Tokenizer
+
+GOAL_OVERHEAD = 0.10
+"""The project's goal: a step whose rows are all constrained costs at most 10% more than a free one."""
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredBenchConfig:
+    """`kvserve bench structured`'s flags."""
+
+    model: str = field(
+        default=defaults.DEFAULT_MODEL,
+        metadata=flag("the default model name, an HF model directory, or a .gguf file"),
+    )
+    device: str = field(default="auto", metadata=flag("auto, cpu or cuda"))
+    batches: tuple[int, ...] = field(default=(1, 32), metadata=flag("decode batch sizes", nargs="+"))
+    steps: int = field(default=24, metadata=flag("timed decode steps per run (medians are reported)"))
+    repeats: int = field(default=3, metadata=flag("free/constrained run pairs, interleaved; the median counts"))
+    kv_cache_gb: float = field(default=0.5, metadata=flag("KV budget of the runner"))
+    num_threads: int | None = field(default=None, metadata=flag("torch CPU threads"))
+    json: bool = field(default=False, metadata=flag("print the results as JSON"))
+
 
 BENCH_SCHEMA = {
     "type": "object",
@@ -76,6 +104,9 @@ class StructuredBenchResult:
 
 
 def bench_schema_factory(tokenizer: Tokenizer, runner: ModelRunner) -> MatcherFactory:
+    from kvserve.scheduler.server.structured.llguidance_backend import LlguidanceBackend
+    from kvserve.scheduler.server.structured.spec import StructuredSpec
+
     info = runner.info()
     backend = LlguidanceBackend(tokenizer.to_json(), info.vocab_size, info.eos_token_ids)
     return backend.compile(StructuredSpec("json_schema", "bench", text=json.dumps(BENCH_SCHEMA)))
@@ -84,11 +115,13 @@ def bench_schema_factory(tokenizer: Tokenizer, runner: ModelRunner) -> MatcherFa
 def run_structured_bench(
     runner: ModelRunner,
     tokenizer: Tokenizer,
-    batches: list[int],
+    batches: Sequence[int],
     steps: int,
     repeats: int = 3,
     progress: Callable[[str], None] = lambda _line: None,
 ) -> list[StructuredBenchResult]:
+    from kvserve.scheduler.server.tokenizer import ChatMessage
+
     factory = bench_schema_factory(tokenizer, runner)
     prompts = [
         tokenizer.encode_chat([ChatMessage("user", f"Describe a film about {TOPICS[i % len(TOPICS)]} as JSON.")])
@@ -158,3 +191,58 @@ def _decode_steps(
         statistics.median(t.execute_ms for t in timed),
         statistics.median(t.update_ms for t in timed),
     )
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "structured",
+        help="decode step time with every row under a JSON schema, against free text",
+        description="Runs the scheduler (llguidance bitmasks), the wire codec and the model runner\n"
+        "in one process, decoding the same chat prompts twice at each batch size: free\n"
+        "text, then every row under a JSON schema. Prints the median step time of each,\n"
+        "split into scheduling, wire, execution and update, and the overhead ratio.",
+        formatter_class=HelpFormatter,
+    )
+    add_flags(parser, StructuredBenchConfig)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvserve.executor.model_runner import ModelRunner
+    from kvserve.executor.runner_config import RunnerConfig
+    from kvserve.log_config import configure_logging
+    from kvserve.scheduler.server.tokenizer import Tokenizer
+
+    config = config_from_args(StructuredBenchConfig, args)
+    configure_logging(level="WARNING" if config.json else None)
+    runner = ModelRunner(
+        RunnerConfig(
+            model=config.model, device=config.device, kv_cache_gb=config.kv_cache_gb, num_threads=config.num_threads
+        )
+    )
+    tokenizer = Tokenizer.from_dir(runner.info().tokenizer_path)
+    results = run_structured_bench(
+        runner,
+        tokenizer,
+        config.batches,
+        config.steps,
+        config.repeats,
+        progress=(lambda _l: None) if config.json else print,
+    )
+    if config.json:
+        print(json.dumps([{**asdict(r), "overhead": r.overhead} for r in results]))
+        return 0
+    print(f"{'batch':>5}  {'free ms/step':>12}  {'constrained':>11}  {'overhead':>8}   constrained split (ms)")
+    for r in results:
+        c = r.constrained
+        print(
+            f"{r.batch:5d}  {r.free.total_ms:12.2f}  {c.total_ms:11.2f}  {100 * r.overhead:7.1f}%   "
+            f"schedule {c.schedule_ms:.2f} (free {r.free.schedule_ms:.2f}), wire {c.wire_ms:.2f}, "
+            f"execute {c.execute_ms:.2f} (free {r.free.execute_ms:.2f}), update {c.update_ms:.2f}"
+        )
+        print(
+            f"       tokens/s: free {1e3 * r.batch / r.free.total_ms:.1f}, constrained {1e3 * r.batch / c.total_ms:.1f}"
+        )
+    print(f"goal: constrained steps cost at most {100 * GOAL_OVERHEAD:.0f}% more")
+    runner.close()
+    return 0

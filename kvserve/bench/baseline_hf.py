@@ -8,14 +8,16 @@ forced to produce while it waits for the batch's longest are the waste static ba
 pays. All requests arrive at t=0, so a request's e2e is the end of its batch. One short
 untimed generate runs first, as kvserve's servers get one untimed warm-up request.
 
+`kvserve bench baseline-hf` (`register`, `run`) runs it alone on a `bench serve` workload.
 torch and transformers are imported inside the functions: `kvserve --help` stays fast.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,10 +26,28 @@ from tqdm import tqdm
 
 from kvserve.bench.load_driver import RequestRecord, RunResult
 from kvserve.bench.report import HF_GENERATE
+from kvserve.bench.report_output import ReportOutput, write_outputs
 from kvserve.bench.workloads import Workload
+from kvserve.config import defaults
+from kvserve.config.flags import HelpFormatter, add_flags, config_from_args, flag
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+
+@dataclass(frozen=True, slots=True)
+class HfBaselineConfig:
+    """`kvserve bench baseline-hf`'s flags."""
+
+    workload: str = field(default="mixed", metadata=flag("requests to run", choices=("mixed", "shared-prefix")))
+    num_requests: int = field(default=32, metadata=flag("requests in the workload"))
+    seed: int = field(default=0, metadata=flag("workload seed (same requests as bench serve)"))
+    max_tokens_cap: int = field(default=0, metadata=flag("cap every request's max_tokens (0: no cap)"))
+    batch_size: int = field(default=8, metadata=flag("static batch size"))
+    model: str = field(default=defaults.DEFAULT_MODEL, metadata=flag("model name, HF directory or .gguf"))
+    threads: int = field(default=0, metadata=flag("torch CPU threads (0: torch's default)"))
+    progress: bool = field(default=True, metadata=flag("show a progress bar"))
+
 
 log = structlog.get_logger(__name__)
 
@@ -147,3 +167,52 @@ def run_hf_baseline(
     return RunResult(
         configuration=HF_GENERATE, workload=workload_name, records=records, duration_s=duration
     ), generated_total
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "baseline-hf",
+        help="Hugging Face generate (static batching) on a bench workload",
+        description="Run the requests `bench serve` would send through transformers' generate: batches "
+        "of a fixed size, left-padded, greedy, min_new_tokens = max_new_tokens. Reports output "
+        "tokens/s (only each request's own max_tokens count).",
+        formatter_class=HelpFormatter,
+    )
+    add_flags(parser, HfBaselineConfig)
+    add_flags(parser, ReportOutput)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import datetime as dt
+
+    from kvserve.bench import workloads
+    from kvserve.bench.report import BenchReport, summarize_run
+    from kvserve.executor.weights.model_store import ensure_model_dir
+    from kvserve.log_config import configure_logging
+
+    config = config_from_args(HfBaselineConfig, args)
+    configure_logging()
+    model_dir = ensure_model_dir(config.model)
+    model = load_model(model_dir, num_threads=config.threads or None)
+    [workload] = workloads.build(
+        config.workload, config.num_requests, model.config.vocab_size, config.seed, config.max_tokens_cap or None
+    )
+    run_result, generated = run_hf_baseline(
+        model,
+        requests_from_workload(workload),
+        batch_size=config.batch_size,
+        workload_name=workload.name,
+        progress=config.progress,
+    )
+    report = BenchReport(
+        meta={
+            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "model_dir": str(model_dir),
+            "batch_size": config.batch_size,
+            "hf_generated_tokens": generated,
+            "seed": config.seed,
+        }
+    )
+    report.results = [summarize_run(run_result)]
+    return write_outputs(report, config_from_args(ReportOutput, args), stream=sys.stdout)

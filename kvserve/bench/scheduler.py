@@ -3,23 +3,53 @@
 Times `schedule()` + `update()` per step once every sequence is decoding, which is the
 per-step cost the engine loop pays on top of the executor (goal in docs/benchmarks.md:
 ≤ 1 ms at 256 running sequences). Building the fake StepResult is the executor's job and is not timed.
+
+`kvserve bench scheduler` (`register`, `run`) prints one line per configuration, or `--json`.
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
+import json
 import random
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 
 from kvserve.config import defaults
+from kvserve.config.flags import HelpFormatter, add_flags, config_from_args, flag
 from kvserve.protos.sampling import SamplingParams
 from kvserve.protos.step import SampledToken, StepPlan, StepResult
 from kvserve.scheduler.core import Scheduler, SchedulerConfig
 
 SHARED_PREFIX_FRACTION = 0.75
 """With prefix sharing on, this share of each prompt is a common system prompt."""
+GOAL_US_AT_256 = 1000.0
+"""The goal in docs/benchmarks.md: schedule() + update() at 256 running decodes."""
+PREFIX_SHARING = {"both": (False, True), "on": (True,), "off": (False,)}
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerBenchConfig:
+    """`kvserve bench scheduler`'s flags."""
+
+    running: tuple[int, ...] = field(
+        default=(64, 256, 1024), metadata=flag("running-sequence counts to measure", nargs="+")
+    )
+    prompt_len: int = field(default=300, metadata=flag("prompt tokens per request"))
+    steps: int = field(default=200, metadata=flag("timed decode steps per configuration"))
+    prefix_sharing: str = field(
+        default="both",
+        metadata=flag(
+            "measure with a shared prompt prefix (and the prefix cache), without, or both",
+            choices=tuple(PREFIX_SHARING),
+        ),
+    )
+    json: bool = field(
+        default=False,
+        metadata=flag("print a JSON list of {running, prefix_sharing, us_per_step, us_per_seq, ...}"),
+    )
 
 
 @dataclass(slots=True)
@@ -135,3 +165,38 @@ def run_scheduler_bench(
         statistics.fmean(schedule_times) * 1e6,
         statistics.fmean(update_times) * 1e6,
     )
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "scheduler",
+        help="time schedule() + update() per step at many running sequences",
+        description="Runs the scheduler alone, feeding sampled tokens straight back, once every\n"
+        "sequence decodes. Prefix sharing on: 75% of each prompt is shared and the prefix\n"
+        "cache is on; off: unique prompts, prefix cache off.",
+        formatter_class=HelpFormatter,
+    )
+    add_flags(parser, SchedulerBenchConfig)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(SchedulerBenchConfig, args)
+    results = []
+    for running in config.running:
+        for prefix_sharing in PREFIX_SHARING[config.prefix_sharing]:
+            result = run_scheduler_bench(running, prefix_sharing, config.prompt_len, config.steps)
+            results.append(result)
+            if not config.json:
+                print(
+                    f"running {running:5d}  prefix sharing {'on ' if prefix_sharing else 'off'}  "
+                    f"{result.us_per_step:8.1f} us/step (median {result.us_per_step_median:7.1f})  "
+                    f"{result.us_per_seq:6.2f} us/seq  "
+                    f"[schedule {result.us_schedule:.0f} us, update {result.us_update:.0f} us]",
+                    flush=True,
+                )
+    if config.json:
+        print(json.dumps([asdict(r) for r in results]))
+    else:
+        print(f"goal: <= {GOAL_US_AT_256:.0f} us/step at 256 running sequences")
+    return 0
