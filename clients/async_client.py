@@ -13,11 +13,11 @@ from types import TracebackType
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health_pb2_grpc
 
 from kvserve.clients import calls
 from kvserve.clients.calls import Call
-from kvserve.clients.channel import CHANNEL_OPTIONS, DEFAULT_TARGET, bearer_metadata
+from kvserve.clients.channel import CHANNEL_OPTIONS
+from kvserve.clients.connection import Connection
 from kvserve.clients.errors import KVServeError
 from kvserve.clients.request_builder import (
     CompletionAssembler,
@@ -26,7 +26,6 @@ from kvserve.clients.request_builder import (
     requested_n,
 )
 from kvserve.clients.types import Chunk, Completion
-from kvserve.protos.kvserve.v1 import api_pb2_grpc
 
 
 def _current_task_cancelling() -> bool:
@@ -84,49 +83,14 @@ class AsyncChunkStream:
             call.cancel()
 
 
-class AsyncClient:
-    """asyncio client for one kvserve server. `token` is sent as `authorization: Bearer <token>`.
+class AsyncClient(Connection):
+    """asyncio client for one kvserve server; see `Connection` for the meaning of each argument.
+    Non-OK statuses raise KVServeError."""
 
-    `timeout_s` is the default deadline of every call (None: no deadline); a call's own
-    `timeout_s` overrides it. Non-OK statuses raise KVServeError.
-    """
-
-    def __init__(
-        self,
-        target: str = DEFAULT_TARGET,
-        *,
-        token: str | None = None,
-        root_certificates: bytes | None = None,
-        timeout_s: float | None = None,
-    ) -> None:
-        self.target = target
-        self.timeout_s = timeout_s
-        self._metadata = bearer_metadata(token)
-        self._root_certificates = root_certificates
-        self._channel: grpc.aio.Channel | None = None
-        self._api: api_pb2_grpc.KVServeStub | None = None
-        self._health: health_pb2_grpc.HealthStub | None = None
-
-    # The channel is made on first use: grpc.aio binds it to the running event loop.
-    def _ensure_channel(self) -> None:
-        if self._channel is not None:
-            return
-        if self._root_certificates is not None:
-            credentials = grpc.ssl_channel_credentials(root_certificates=self._root_certificates)
-            self._channel = grpc.aio.secure_channel(self.target, credentials, options=CHANNEL_OPTIONS)
-        else:
-            self._channel = grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS)
-        self._api = api_pb2_grpc.KVServeStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
-
-    @property
-    def _stub(self) -> api_pb2_grpc.KVServeStub:
-        self._ensure_channel()
-        assert self._api is not None
-        return self._api
-
-    def _timeout(self, timeout_s: float | None) -> float | None:
-        return self.timeout_s if timeout_s is None else timeout_s
+    def _open(self, credentials: grpc.ChannelCredentials | None) -> grpc.aio.Channel:
+        if credentials is None:
+            return grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS)
+        return grpc.aio.secure_channel(self.target, credentials, options=CHANNEL_OPTIONS)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -137,15 +101,15 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
-        if self._channel is not None:
-            await self._channel.close()
-            self._channel = self._api = self._health = None
+        channel = self._forget_channel()
+        if channel is not None:
+            await channel.close()
 
     def stream(self, prompt: str | None = None, *, timeout_s: float | None = None, **request: Any) -> AsyncChunkStream:
         """Start a Generate call. `request`: `build_generate_request`'s keywords (one prompt form, request id,
         priority, cache salt, `structured`) and api.proto SamplingParams field names."""
         message = build_generate_request(prompt, **request)
-        call = self._stub.Generate(message, timeout=self._timeout(timeout_s), metadata=self._metadata)
+        call = self._stub.Generate(message, **self._call_options(timeout_s))
         return AsyncChunkStream(call)
 
     async def generate(self, prompt: str | None = None, **kwargs: Any) -> Completion:
@@ -157,11 +121,9 @@ class AsyncClient:
         return assembler.result()
 
     async def _unary(self, call: Call, *args: Any, timeout_s: float | None = None) -> Any:
-        self._ensure_channel()
-        stub = self._health if call.health else self._api
         try:
-            response = await getattr(stub, call.method)(
-                call.build(*args), timeout=self._timeout(timeout_s), metadata=self._metadata
+            response = await getattr(self._stub_of(call), call.method)(
+                call.build(*args), **self._call_options(timeout_s)
             )
         except grpc.RpcError as error:
             raise KVServeError.from_rpc_error(error) from None

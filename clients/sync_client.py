@@ -8,11 +8,11 @@ from types import TracebackType
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health_pb2_grpc
 
 from kvserve.clients import calls
 from kvserve.clients.calls import Call
-from kvserve.clients.channel import CHANNEL_OPTIONS, DEFAULT_TARGET, bearer_metadata
+from kvserve.clients.channel import CHANNEL_OPTIONS
+from kvserve.clients.connection import Connection
 from kvserve.clients.errors import KVServeError
 from kvserve.clients.request_builder import (
     CompletionAssembler,
@@ -21,7 +21,6 @@ from kvserve.clients.request_builder import (
     requested_n,
 )
 from kvserve.clients.types import Chunk, Completion
-from kvserve.protos.kvserve.v1 import api_pb2_grpc
 
 
 class ChunkStream:
@@ -62,30 +61,14 @@ class ChunkStream:
             call.cancel()
 
 
-class Client:
-    """Blocking client for one kvserve server; see AsyncClient for the meaning of each argument."""
+class Client(Connection):
+    """Blocking client for one kvserve server; see `Connection` for the meaning of each argument.
+    Non-OK statuses raise KVServeError."""
 
-    def __init__(
-        self,
-        target: str = DEFAULT_TARGET,
-        *,
-        token: str | None = None,
-        root_certificates: bytes | None = None,
-        timeout_s: float | None = None,
-    ) -> None:
-        self.target = target
-        self.timeout_s = timeout_s
-        self._metadata = bearer_metadata(token)
-        if root_certificates is not None:
-            credentials = grpc.ssl_channel_credentials(root_certificates=root_certificates)
-            self._channel = grpc.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
-        else:
-            self._channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
-        self._stub = api_pb2_grpc.KVServeStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
-
-    def _timeout(self, timeout_s: float | None) -> float | None:
-        return self.timeout_s if timeout_s is None else timeout_s
+    def _open(self, credentials: grpc.ChannelCredentials | None) -> grpc.Channel:
+        if credentials is None:
+            return grpc.insecure_channel(self.target, options=CHANNEL_OPTIONS)
+        return grpc.secure_channel(self.target, credentials, options=CHANNEL_OPTIONS)
 
     def __enter__(self) -> Client:
         return self
@@ -96,13 +79,15 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        self._channel.close()
+        channel = self._forget_channel()
+        if channel is not None:
+            channel.close()
 
     def stream(self, prompt: str | None = None, *, timeout_s: float | None = None, **request: Any) -> ChunkStream:
         """Start a Generate call. `request`: `build_generate_request`'s keywords (one prompt form, request id,
         priority, cache salt, `structured`) and api.proto SamplingParams field names."""
         message = build_generate_request(prompt, **request)
-        return ChunkStream(self._stub.Generate(message, timeout=self._timeout(timeout_s), metadata=self._metadata))
+        return ChunkStream(self._stub.Generate(message, **self._call_options(timeout_s)))
 
     def generate(self, prompt: str | None = None, **kwargs: Any) -> Completion:
         """Run a Generate call to the end and return the assembled Completion (all n choices)."""
@@ -113,11 +98,8 @@ class Client:
         return assembler.result()
 
     def _unary(self, call: Call, *args: Any, timeout_s: float | None = None) -> Any:
-        stub = self._health if call.health else self._stub
         try:
-            response = getattr(stub, call.method)(
-                call.build(*args), timeout=self._timeout(timeout_s), metadata=self._metadata
-            )
+            response = getattr(self._stub_of(call), call.method)(call.build(*args), **self._call_options(timeout_s))
         except grpc.RpcError as error:
             raise KVServeError.from_rpc_error(error) from None
         return call.read(response)
