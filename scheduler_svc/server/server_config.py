@@ -67,6 +67,25 @@ class ServerConfig:
             group=_HTTP,
         ),
     )
+    allowed_hosts: tuple[str, ...] = field(
+        default=(),
+        metadata=flag(
+            "without --auth-token-file the HTTP API answers only requests whose Host is a loopback name or "
+            "address or --http-host (DNS rebinding defence); this adds another name, repeat for several, "
+            "'*' for any",
+            metavar="NAME",
+            group=_HTTP,
+        ),
+    )
+    cors_origin: tuple[str, ...] = field(
+        default=(),
+        metadata=flag(
+            "a web origin (scheme://host[:port]) whose pages may call the HTTP API (CORS); repeat for several; "
+            "'*' only with --auth-token-file. None given: CORS off",
+            metavar="ORIGIN",
+            group=_HTTP,
+        ),
+    )
 
     # --- API security (kvserve.scheduler.server.auth, .tls, .bind_policy)
     auth_token_file: str | None = field(

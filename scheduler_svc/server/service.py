@@ -32,6 +32,7 @@ from kvserve.scheduler.server.executor_supervisor import ExecutorSupervisor
 from kvserve.scheduler.server.generation_defaults import load_sampling_defaults
 from kvserve.scheduler.server.grpc_api import ApiServer, KVServeServicer
 from kvserve.scheduler.server.http.app import create_app
+from kvserve.scheduler.server.http.browser_policy import BrowserPolicy, BrowserPolicyError
 from kvserve.scheduler.server.http.context import HttpContext
 from kvserve.scheduler.server.http.http_server import HttpListenError, HttpServer
 from kvserve.scheduler.server.metrics import ServerMetrics
@@ -78,12 +79,23 @@ def load_api_security(config: ServerConfig) -> ApiSecurity:
                 allow_insecure_remote=config.allow_insecure_remote,
             )
         )
+    browser_policy(config).check()
     tokens = load_token_file(config.auth_token_file) if config.auth_token_file is not None else None
     return ApiSecurity(
         tokens=tokens,
         credentials=server_credentials(files) if files is not None else None,
         curve_keys=link_curve_keys(config),
         tls=files,
+    )
+
+
+def browser_policy(config: ServerConfig) -> BrowserPolicy:
+    """What web pages may do with the HTTP API (http/browser_policy.py)."""
+    return BrowserPolicy(
+        auth=config.auth_token_file is not None,
+        listen_host=config.http_listen_host or config.host,
+        allowed_hosts=config.allowed_hosts,
+        cors_origins=config.cors_origin,
     )
 
 
@@ -134,7 +146,7 @@ async def run_service(
     """Serve until SIGTERM/SIGINT; returns the process exit code (2: bad security options)."""
     try:
         security = load_api_security(config)
-    except (TokenFileError, TlsConfigError, InsecureBindError, LinkKeyError) as exc:
+    except (TokenFileError, TlsConfigError, InsecureBindError, BrowserPolicyError, LinkKeyError) as exc:
         print(f"kvserve: {exc}", file=sys.stderr, flush=True)
         return 2
     endpoint = endpoint or resolve_link_endpoint(config)
@@ -180,7 +192,8 @@ async def run_service(
     )
     http: HttpServer | None = None
     if config.http_listen_host is not None:
-        http = HttpServer(create_app(http_context), config.http_listen_host, config.http_port, tls=security.tls)
+        app = create_app(http_context, browser_policy(config))
+        http = HttpServer(app, config.http_listen_host, config.http_port, tls=security.tls)
     try:
         port = await api.start()
         if config.metrics_port is not None:

@@ -118,7 +118,7 @@ def test_oversize_body_is_413_whether_declared_or_streamed(small_server: ServePr
             yield b"y" * 1024
         yield b'"}'
 
-    streamed = httpx.post(url, content=chunks(), timeout=30)
+    streamed = httpx.post(url, content=chunks(), headers={"Content-Type": "application/json"}, timeout=30)
     assert streamed.status_code == 413
     ok = httpx.post(url, json={"prompt": "small", "max_tokens": 1}, timeout=30)
     assert ok.status_code == 200, ok.text

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import structlog
 import uvicorn
-from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 from kvserve.scheduler.server.tls import TlsFiles
 
@@ -63,7 +63,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
 class HttpServer:
     """`start()` binds and serves in a task of the running loop; `stop()` ends it."""
 
-    def __init__(self, app: FastAPI, host: str, port: int, *, tls: TlsFiles | None = None) -> None:
+    def __init__(self, app: ASGIApp, host: str, port: int, *, tls: TlsFiles | None = None) -> None:
         self.host = host
         self.port = port
         self.tls = tls is not None

@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 
+from kvserve.scheduler.server.http.browser_policy import require_json_content_type
 from kvserve.scheduler.server.http.errors import ApiError, bad_field
 from kvserve.scheduler.server.http.json_fields import json_type
 
@@ -40,7 +41,9 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 async def read_json_object(request: Request, limit: int) -> dict[str, Any]:
-    """The body as a JSON object; 400 for invalid JSON (with its position) or another JSON type."""
+    """The body as a JSON object: 415 unless sent as application/json (browser_policy.py), 400 for
+    invalid JSON (with its position) or another JSON type."""
+    require_json_content_type(request)
     body = await read_body(request, limit)
     if not body.strip():
         raise bad_field(None, "the request body is empty; send a JSON object", code="invalid_json")
