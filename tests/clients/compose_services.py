@@ -25,7 +25,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +34,7 @@ import yaml
 from kvserve.cli import build_parser
 from kvserve.scheduler.server.bind_policy import BindSecurity, InsecureBindError, check_bind, is_loopback_host
 from kvserve.testing.ports import free_ports
+from kvserve.testing.waiting import WaitTimedOut, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -302,33 +302,35 @@ def wait_healthy(running: Running) -> None:
     check = running.service["healthcheck"]
     interval, timeout = seconds(check.get("interval"), 30.0), seconds(check.get("timeout"), 30.0)
     budget = seconds(check.get("start_period"), 0.0) + check.get("retries", 3) * (interval + timeout)
-    deadline = time.monotonic() + min(budget, HEALTHY_CAP_S)
-    while True:
+
+    def passed() -> bool:
         if running.process.poll() is not None:
             raise ComposeError(f"{running.name} exited with {running.process.returncode}:\n{running.log_tail()}")
-        if run_healthcheck(check["test"], running.env(), max(timeout, CHECK_TIMEOUT_FLOOR_S)) == 0:
-            return
-        if time.monotonic() > deadline:
-            raise ComposeError(f"{running.name}: healthcheck {check['test']} never passed:\n{running.log_tail()}")
-        time.sleep(min(interval, 0.5))
+        return run_healthcheck(check["test"], running.env(), max(timeout, CHECK_TIMEOUT_FLOOR_S)) == 0
+
+    try:
+        wait_until(passed, min(budget, HEALTHY_CAP_S), f"{running.name}'s healthcheck", interval_s=min(interval, 0.5))
+    except WaitTimedOut:
+        raise ComposeError(f"{running.name}: healthcheck {check['test']} never passed:\n{running.log_tail()}") from None
 
 
 def wait_ready(grpc_target: str, http_url: str, timeout_s: float = 120.0) -> None:
     """Readiness as the compose file documents it: `kvserve stats --health-only` exits 0 and /ready is 200."""
     host, port = grpc_target.rsplit(":", 1)
     probe = [sys.executable, "-m", "kvserve", "stats", "--health-only", "--host", host, "--port", port]
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if subprocess.run(probe, capture_output=True, timeout=60).returncode == 0:
-            try:
-                status = httpx.get(f"{http_url}/ready", timeout=30).status_code
-            except httpx.HTTPError as exc:
-                status = repr(exc)
-            if status == 200:
-                return
-        if time.monotonic() > deadline:
-            raise ComposeError(f"not ready after {timeout_s:g}s (kvserve stats --health-only, GET /ready)")
-        time.sleep(0.2)
+
+    def ready() -> bool:
+        if subprocess.run(probe, capture_output=True, timeout=60).returncode != 0:
+            return False
+        try:
+            return httpx.get(f"{http_url}/ready", timeout=30).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until(ready, timeout_s, "kvserve stats --health-only and GET /ready", interval_s=0.2)
+    except WaitTimedOut:
+        raise ComposeError(f"not ready after {timeout_s:g}s (kvserve stats --health-only, GET /ready)") from None
 
 
 def stop(running: Running) -> None:

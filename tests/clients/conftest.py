@@ -30,12 +30,19 @@ SLOW_STEP_S = 0.05
 
 @dataclass(slots=True)
 class Recorded:
-    """What the scripted server saw, for assertions."""
+    """What the scripted server saw during one test, for assertions.
+
+    `reset` gives each test a fresh one, and a call keeps the record of the test that made it: a
+    stream cancelled late, after its test ended, is written to that test's record and can never
+    satisfy the next test's `cancelled.wait()`.
+    """
 
     requests: list[api_pb2.GenerateRequest] = field(default_factory=list)
     metadata: list[dict[str, str]] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    cancelled_ids: list[str] = field(default_factory=list)
+    """The request ids (given, or `req-N`) of the streams that saw their cancellation, in order."""
     chunks_sent: int = 0
 
 
@@ -98,8 +105,9 @@ class ScriptedServicer(api_pb2_grpc.KVServeServicer):
     async def Generate(
         self, request: api_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[api_pb2.GenerateResponse]:
-        self.recorded.requests.append(request)
-        self.recorded.metadata.append(dict(context.invocation_metadata()))
+        recorded = self.recorded  # this test's record, even if the call outlives the test
+        recorded.requests.append(request)
+        recorded.metadata.append(dict(context.invocation_metadata()))
         self._counter += 1
         request_id = request.request_id or f"req-{self._counter}"
         text = request.text
@@ -112,10 +120,11 @@ class ScriptedServicer(api_pb2_grpc.KVServeServicer):
             for chunk in scripted_chunks(request, request_id):
                 if text.startswith("slow:"):
                     await asyncio.sleep(SLOW_STEP_S)
-                self.recorded.chunks_sent += 1
+                recorded.chunks_sent += 1
                 yield chunk
         except asyncio.CancelledError:
-            self.recorded.cancelled.set()
+            recorded.cancelled_ids.append(request_id)
+            recorded.cancelled.set()
             raise
 
     async def Abort(self, request: api_pb2.AbortRequest, context: grpc.aio.ServicerContext) -> api_pb2.AbortResponse:

@@ -8,6 +8,10 @@ import grpc
 import pytest
 
 from kvserve.clients import AsyncClient, KVServeError
+from kvserve.testing.waiting import wait_until_async
+
+EVENT_TIMEOUT_S = 10.0
+"""Bounds only a stuck client or server: every wait returns once its event happens."""
 
 
 def run(coro):
@@ -33,6 +37,8 @@ def test_stream_and_generate(scripted_server) -> None:
 
 
 def test_breaking_out_cancels_server_stream(scripted_server) -> None:
+    recorded = scripted_server.servicer.recorded
+
     async def main():
         async with AsyncClient(scripted_server.target) as client:
             received = 0
@@ -41,34 +47,32 @@ def test_breaking_out_cancels_server_stream(scripted_server) -> None:
                 if received == 2:
                     break
             # The stream object is dropped here; its RPC must be cancelled without closing the client.
-            for _ in range(100):
-                if scripted_server.servicer.recorded.cancelled.is_set():
-                    return True
-                await asyncio.sleep(0.05)
-            return False
+            await wait_until_async(recorded.cancelled.is_set, EVENT_TIMEOUT_S, "the server to see the cancellation")
 
-    assert run(main()), "server never saw the cancellation"
+    run(main())
+    assert len(recorded.cancelled_ids) == 1 and len(recorded.requests) == 1, recorded.cancelled_ids
 
 
 def test_cancelling_the_task_cancels_the_rpc(scripted_server) -> None:
+    recorded = scripted_server.servicer.recorded
+    received: list = []
+
     async def consume(client):
-        async for _ in client.stream("slow: go", max_tokens=10_000):
-            pass
+        async for chunk in client.stream("slow: go", max_tokens=10_000):
+            received.append(chunk)
 
     async def main():
         async with AsyncClient(scripted_server.target) as client:
             task = asyncio.create_task(consume(client))
-            await asyncio.sleep(0.3)
+            await wait_until_async(lambda: received, EVENT_TIMEOUT_S, "the first chunk")
+            assert not task.done(), "the stream ended before the cancel: it would not be mid-stream"
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            for _ in range(100):
-                if scripted_server.servicer.recorded.cancelled.is_set():
-                    return True
-                await asyncio.sleep(0.05)
-            return False
+            await wait_until_async(recorded.cancelled.is_set, EVENT_TIMEOUT_S, "the server to see the cancellation")
 
-    assert run(main())
+    run(main())
+    assert len(recorded.cancelled_ids) == 1 and len(recorded.requests) == 1, recorded.cancelled_ids
 
 
 def test_explicit_cancel_stops_iteration(scripted_server) -> None:
@@ -80,9 +84,11 @@ def test_explicit_cancel_stops_iteration(scripted_server) -> None:
             rest = [c async for c in stream]
             return first, rest
 
+    recorded = scripted_server.servicer.recorded
     first, rest = run(main())
     assert first.token_ids == [1000] and rest == []
-    assert scripted_server.servicer.recorded.cancelled.wait(5)
+    assert recorded.cancelled.wait(EVENT_TIMEOUT_S)
+    assert len(recorded.cancelled_ids) == 1 and len(recorded.requests) == 1, recorded.cancelled_ids
 
 
 def test_deadline_and_errors(scripted_server) -> None:
@@ -130,15 +136,21 @@ def test_cancel_from_another_task_ends_a_pending_read_quietly(scripted_server) -
     async def main():
         async with AsyncClient(scripted_server.target) as client:
             stream = client.stream("slow: go", max_tokens=10_000)
+            received: list = []
 
             async def consume():
-                return [c async for c in stream]
+                async for chunk in stream:
+                    received.append(chunk)
+                return received
 
             consumer = asyncio.create_task(consume())
-            await asyncio.sleep(0.2)
+            await wait_until_async(lambda: received, EVENT_TIMEOUT_S, "the first chunk")
+            assert not consumer.done(), "the stream ended before the cancel: it would not be mid-stream"
             stream.cancel()
-            return await asyncio.wait_for(consumer, 5)
+            return await asyncio.wait_for(consumer, EVENT_TIMEOUT_S)
 
+    recorded = scripted_server.servicer.recorded
     received = run(main())
     assert 1 <= len(received) < 100
-    assert scripted_server.servicer.recorded.cancelled.wait(5)
+    assert recorded.cancelled.wait(EVENT_TIMEOUT_S)
+    assert len(recorded.cancelled_ids) == 1 and len(recorded.requests) == 1, recorded.cancelled_ids

@@ -6,14 +6,13 @@ reaches the test instead of being retried away.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import httpx
 import openai
-import pytest
 
 from kvserve.testing.server_launcher import ServeProcess
+from kvserve.testing.waiting import wait_until
 
 FAKE_ARGS = ["--executor", "fake", "--num-blocks", "4096", "--step-latency-ms", "2"]
 ALICE = "alice-http-token-0000000000000001"
@@ -30,19 +29,18 @@ def async_sdk(server: ServeProcess, api_key: str = "unused", **kwargs) -> openai
 
 def wait_for_status(url: str, status: int, timeout_s: float, headers: dict | None = None) -> httpx.Response:
     """The first answer of GET `url` with `status`; fails the test after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    last: object = None
-    while time.monotonic() < deadline:
+    last: list[object] = [None]
+
+    def answered() -> httpx.Response | None:
         try:
             response = httpx.get(url, timeout=30, headers=headers)
         except httpx.HTTPError as exc:
-            last = exc
-        else:
-            if response.status_code == status:
-                return response
-            last = response.status_code
-        time.sleep(0.05)
-    pytest.fail(f"{url} never answered {status} within {timeout_s}s (last: {last!r})")
+            last[0] = exc
+            return None
+        last[0] = response.status_code
+        return response if response.status_code == status else None
+
+    return wait_until(answered, timeout_s, lambda: f"{url} to answer {status} (last: {last[0]!r})", interval_s=0.05)
 
 
 def token_file(directory: Path) -> Path:

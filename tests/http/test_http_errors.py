@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -11,6 +10,7 @@ import openai
 import pytest
 
 from kvserve.testing.server_launcher import ServeProcess, start_serve
+from kvserve.testing.waiting import wait_until_async
 from tests.http.http_clients import FAKE_ARGS, async_sdk, sdk
 
 QUESTION = [{"role": "user", "content": "Hello there"}]
@@ -138,10 +138,12 @@ def test_queue_full_is_rate_limited(small_server: ServeProcess) -> None:
                 pass  # until its first token: it runs, so it no longer counts as queued
             async with http.stream("POST", "/chat/completions", json=long) as waiting:
                 assert waiting.status_code == 200
-                deadline = time.monotonic() + 60
-                while (await asyncio.to_thread(small_server.stats)).requests_waiting < 1:
-                    assert time.monotonic() < deadline, "the second request never queued"
-                    await asyncio.sleep(0.05)
+                await wait_until_async(
+                    lambda: asyncio.to_thread(lambda: small_server.stats().requests_waiting >= 1),
+                    60,
+                    "the second request to queue",
+                    interval_s=0.05,
+                )
                 client = async_sdk(small_server)
                 try:
                     await client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=1)

@@ -9,13 +9,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import openai
 import pytest
 
 from kvserve.testing.server_launcher import ServeProcess
+from kvserve.testing.waiting import wait_until
 from tests.http.http_clients import FAKE_ARGS, sdk, wait_for_status
 
 LONG = 6000
@@ -24,14 +24,15 @@ LONG = 6000
 
 def finished_event(server: ServeProcess, user: str, timeout_s: float = 60.0) -> dict:
     """The `request_finished` log line of the HTTP request sent with `user`."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def logged() -> dict | None:
         ids = {e["request_id"] for e in server.log_events("http_request") if e.get("user") == user}
         for event in server.log_events("request_finished"):
             if event["request_id"] in ids or any(event["request_id"].startswith(f"{i}-") for i in ids):
                 return event
-        time.sleep(0.05)
-    pytest.fail(f"no request_finished line for user {user!r} within {timeout_s}s")
+        return None
+
+    return wait_until(logged, timeout_s, f"a request_finished line for user {user!r}", interval_s=0.05)
 
 
 def test_ready_follows_the_executor_and_health_stays_up(http_serve_factory) -> None:

@@ -8,22 +8,31 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import time
 
 import pytest
+from structlog.testing import capture_logs
 
+from kvserve.config import defaults
 from kvserve.executor.fake.executor import FakeExecutor, FakeExecutorConfig
 from kvserve.protos.sampling import SamplingParams
 from kvserve.protos.step import KnownSequence, NewSequence, StepPlan
 from kvserve.scheduler.server.executor_link import ExecutorLink, ExecutorLost, ExecutorStepError
+from kvserve.testing.waiting import wait_until_async
 
 pytestmark = pytest.mark.timeout(90)
 
 GREEDY = SamplingParams(temperature=0.0)
 DEAD_AFTER_S = 2.0
 DETECTION_PROMISE_S = 2.0
-"""The reliability promise: a dead or hung executor is detected within 2 s (default dead_after_s: 1.5 s)."""
+"""The reliability promise: a dead or hung executor is detected within 2 s (default dead_after_s: 1.5 s).
+The tests check the mechanism that keeps it (the configured liveness timeout, and which event ended the
+link), not the wall clock: on a loaded machine the event loop may run late, and that is not a defect."""
+EVENT_TIMEOUT_S = 30.0
+"""Bounds only a stuck link; every wait returns as soon as its event happens."""
+SILENCE = re.compile(r"no message from the executor \(pid (\d+)\) for ([\d.]+)s")
 
 
 def run(coro, timeout: float = 60.0):
@@ -60,12 +69,6 @@ def expected_tokens(tokenizer_dir: str, steps: int) -> list[int]:
         )
         tokens.append(fake.execute(plan).outputs[0].token_id)
     return tokens
-
-
-async def time_until_lost(link: ExecutorLink, step: asyncio.Task, started: float) -> float:
-    with pytest.raises(ExecutorLost):
-        await step
-    return time.monotonic() - started
 
 
 def test_handshake_steps_and_clean_shutdown(link_endpoint, executors, default_model_dir) -> None:
@@ -158,18 +161,30 @@ def test_dead_or_hung_executor_is_detected_mid_step(link_endpoint, executors, fa
             step = asyncio.create_task(link.step(first_plan()))
             await asyncio.sleep(0.3)  # the step is now running in the executor
             assert not step.done()
-            started = time.monotonic()
             os.kill(proc.pid, fault)
-            elapsed = await time_until_lost(link, step, started)
+            await wait_until_async(step.done, EVENT_TIMEOUT_S, "the link to declare the executor lost")
+            with pytest.raises(ExecutorLost) as lost:
+                await step
             assert not link.connected and link.info is None
             with pytest.raises(ExecutorLost):
                 await link.step(first_plan(step_id=2))  # fails at once, no waiting
         finally:
             await link.close()
-        return elapsed, changes
+        return link.dead_after_s, str(lost.value), proc.pid, changes
 
-    elapsed, changes = run(scenario())
-    assert elapsed < DETECTION_PROMISE_S, f"detected after {elapsed:.2f}s"
+    dead_after_s, reason, pid, changes = run(scenario())
+    # The configured liveness timeout keeps the promise, and it is what the link runs with by default.
+    assert dead_after_s == defaults.EXECUTOR_DEAD_AFTER_S < DETECTION_PROMISE_S
+    assert dead_after_s > defaults.LINK_HEARTBEAT_INTERVAL_S
+    silence = SILENCE.fullmatch(reason)
+    if fault == signal.SIGSTOP:
+        # A hung process keeps its socket open: only the liveness timeout can find it.
+        assert silence is not None, reason
+    else:
+        # A killed one is found by its closed connection, or by the same timeout if that comes first.
+        assert reason == f"the executor's connection closed (pid {pid})" or silence is not None, reason
+    if silence is not None:
+        assert int(silence.group(1)) == pid and float(silence.group(2)) >= dead_after_s, reason
     assert changes == [True, False]
 
 
@@ -267,7 +282,12 @@ def test_reregister_mode_waits_for_the_next_scheduler(link_endpoint, executors) 
         await link.wait_for_executor(timeout_s=30)
         await decode(link, 2)
         await link.close(shutdown_executor=False)
-        await asyncio.sleep(1.5)  # the executor notices, resets and waits
+        await wait_until_async(
+            lambda: "scheduler lost; resetting and registering again" in executors.log_of(proc),
+            EVENT_TIMEOUT_S,
+            lambda: f"the executor to notice the scheduler left and reset:\n{executors.log_of(proc)}",
+            interval_s=0.1,
+        )
         assert proc.poll() is None
         successor = ExecutorLink(link_endpoint)
         await successor.start()
@@ -291,17 +311,16 @@ def test_sigterm_stops_the_executor_cleanly(link_endpoint, executors) -> None:
         proc = executors.start(link_endpoint)
         try:
             await link.wait_for_executor(timeout_s=30)
-            proc.send_signal(signal.SIGTERM)
-            started = time.monotonic()
-            while link.connected and time.monotonic() - started < 5:
-                await asyncio.sleep(0.01)
-            # The executor says goodbye: the scheduler knows before any heartbeat deadline.
-            assert not link.connected and time.monotonic() - started < 2.0
+            with capture_logs() as logs:
+                proc.send_signal(signal.SIGTERM)
+                await wait_until_async(lambda: not link.connected, EVENT_TIMEOUT_S, "the link to see the executor go")
         finally:
             await link.close()
-        return proc
+        return proc, [e["reason"] for e in logs if e["event"] == "executor lost"]
 
-    proc = run(scenario())
+    proc, reasons = run(scenario())
+    # The executor says goodbye: that, not the (5 s) heartbeat deadline, is what ended the link.
+    assert reasons == [f"the executor (pid {proc.pid}) shut down"]
     assert proc.wait(timeout=10) == 0, executors.log_of(proc)
 
 

@@ -9,15 +9,14 @@ requests are covered with swap-preemption on a pool too small for the load.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Iterator
 
 import grpc
 import pytest
 
 from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
-from kvserve.testing.server_launcher import ServeProcess, start_serve
+from kvserve.testing.server_launcher import ServeProcess
 from kvserve.testing.stream_requests import greedy_request
+from kvserve.testing.waiting import wait_until_async
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -28,38 +27,25 @@ LONG_PROMPT = 2000
 """With --max-num-batched-tokens 64 its prefill spans ~32 steps (longer than the 0.5 s deadline)."""
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Iterator[ServeProcess]:
-    process = start_serve(
-        [
-            "--executor",
-            "fake",
-            "--num-blocks",
-            "1024",
-            "--step-latency-ms",
-            str(STEP_MS),
-            "--max-num-seqs",
-            "2",
-            "--max-num-batched-tokens",
-            "64",
-        ],
-        tmp_path_factory.mktemp("abort"),
-    )
-    try:
-        process.wait_serving()
-        yield process
-    finally:
-        process.stop()
+SERVER_ARGS = [
+    *("--num-blocks", "1024", "--step-latency-ms", str(STEP_MS)),
+    *("--max-num-seqs", "2", "--max-num-batched-tokens", "64"),
+]
+"""The fake-executor server of the `server` fixture (tests/reliability/conftest.py)."""
 
 
 async def _wait(server: ServeProcess, predicate, timeout_s: float = 20.0) -> api_pb2.ServerStatsResponse:
-    deadline = time.monotonic() + timeout_s
-    while True:
+    """The first stats that satisfy `predicate` (polled often: the tests count steps between two stats)."""
+    last: list[api_pb2.ServerStatsResponse] = []
+
+    async def satisfied() -> api_pb2.ServerStatsResponse | None:
         stats = await asyncio.to_thread(server.stats)
-        if predicate(stats):
-            return stats
-        assert time.monotonic() < deadline, f"timed out; last stats {stats}"
-        await asyncio.sleep(0.005)
+        last[:] = [stats]
+        return stats if predicate(stats) else None
+
+    return await wait_until_async(
+        satisfied, timeout_s, lambda: f"server stats to match; last stats {last}", interval_s=0.005
+    )
 
 
 @pytest.mark.parametrize("how", ["cancel", "deadline", "disconnect", "abort_rpc"])

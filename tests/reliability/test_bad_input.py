@@ -5,7 +5,6 @@ else, while the server stays healthy and leaks nothing."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -15,7 +14,6 @@ from hypothesis import strategies as st
 
 from kvserve.config import defaults
 from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
-from kvserve.testing.server_launcher import ServeProcess, start_serve
 from kvserve.testing.stream_requests import greedy_request
 
 pytestmark = pytest.mark.timeout(300)
@@ -26,17 +24,8 @@ CHUNKS_READ = 8
 """A valid fuzzed stream is read this far, checked, then cancelled (keeps the run short)."""
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Iterator[ServeProcess]:
-    process = start_serve(
-        ["--executor", "fake", "--num-blocks", "2048", "--step-latency-ms", "5", "--max-model-len", str(MAX_MODEL_LEN)],
-        tmp_path_factory.mktemp("bad-input"),
-    )
-    try:
-        process.wait_serving()
-        yield process
-    finally:
-        process.stop()
+SERVER_ARGS = ["--num-blocks", "2048", "--step-latency-ms", "5", "--max-model-len", str(MAX_MODEL_LEN)]
+"""The fake-executor server of the `server` fixture (tests/reliability/conftest.py)."""
 
 
 @pytest.fixture(scope="module")

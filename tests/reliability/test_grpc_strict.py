@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 
 from kvserve.protos.grpc.reflection.v1 import reflection_pb2 as reflection_v1_pb2
 from kvserve.protos.kvserve.v1 import api_pb2
-from kvserve.testing.server_launcher import ServeProcess, start_serve
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -31,16 +30,8 @@ FUZZ_EXAMPLES = 200
 TOKEN = "strict-decoding-token-0000000001"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Iterator[ServeProcess]:
-    process = start_serve(
-        ["--executor", "fake", "--num-blocks", "512", "--step-latency-ms", "2"], tmp_path_factory.mktemp("strict")
-    )
-    try:
-        process.wait_serving()
-        yield process
-    finally:
-        process.stop()
+SERVER_ARGS = ["--num-blocks", "512", "--step-latency-ms", "2"]
+"""The fake-executor server of the `server` fixture (tests/reliability/conftest.py)."""
 
 
 @pytest.fixture(scope="module")

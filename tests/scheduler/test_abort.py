@@ -5,14 +5,10 @@ from __future__ import annotations
 from kvserve.executor.fake.tokens import expected_completion
 from kvserve.protos.stop_rules import FinishReason
 from kvserve.scheduler.core.request import SequenceStatus
-from kvserve.scheduler.core.scheduler_config import SchedulerConfig
+from kvserve.testing.scheduler_config import checked_configs
 from tests.scheduler.harness import Harness
 
-
-def config(**overrides) -> SchedulerConfig:
-    values = dict(num_blocks=32, block_size=4, max_model_len=32, debug_invariants=True)
-    values.update(overrides)
-    return SchedulerConfig(**values)
+config = checked_configs(num_blocks=32, block_size=4, max_model_len=32)
 
 
 def assert_all_blocks_back(h: Harness) -> None:

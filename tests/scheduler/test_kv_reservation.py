@@ -15,23 +15,20 @@ from kvserve.scheduler.core.invariants import InvariantError
 from kvserve.scheduler.core.kv_manager import KvManager
 from kvserve.scheduler.core.request import RequestRejected, SequenceStatus
 from kvserve.scheduler.core.scheduler_config import KV_RESERVATIONS, SchedulerConfig
+from kvserve.testing.scheduler_config import checked_configs
 from tests.scheduler.harness import Harness, strict_executor
 
 RESERVING = tuple(policy for policy in KV_RESERVATIONS if policy != "paged")
 
 
-def config(**overrides) -> SchedulerConfig:
-    values = dict(
-        num_blocks=20,
-        block_size=4,
-        max_model_len=32,
-        max_num_seqs=16,
-        max_num_batched_tokens=256,
-        enable_prefix_caching=False,
-        debug_invariants=True,
-    )
-    values.update(overrides)
-    return SchedulerConfig(**values)
+config = checked_configs(
+    num_blocks=20,
+    block_size=4,
+    max_model_len=32,
+    max_num_seqs=16,
+    max_num_batched_tokens=256,
+    enable_prefix_caching=False,
+)
 
 
 def run_recording_concurrency(h: Harness, blocks_per_seq: int | None = None) -> list[int]:

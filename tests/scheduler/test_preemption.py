@@ -5,17 +5,14 @@ from __future__ import annotations
 from kvserve.executor.fake.tokens import expected_completion
 from kvserve.protos.step import StepResult
 from kvserve.protos.stop_rules import FinishReason
-from kvserve.scheduler.core.scheduler_config import SchedulerConfig
+from kvserve.testing.scheduler_config import checked_configs
 from tests.scheduler.harness import Harness, strict_executor
 
 PROMPTS = {"first": [1, 2, 3, 4], "second": [5, 6, 7, 8]}
 
 
-def config(**overrides) -> SchedulerConfig:
-    # Each request grows to 4 + 11 computed tokens = 4 blocks; 6 blocks cannot hold both.
-    values = dict(num_blocks=6, block_size=4, max_model_len=32, debug_invariants=True)
-    values.update(overrides)
-    return SchedulerConfig(**values)
+# Each request grows to 4 + 11 computed tokens = 4 blocks; 6 blocks cannot hold both.
+config = checked_configs(num_blocks=6, block_size=4, max_model_len=32)
 
 
 def add_both(h: Harness, **first_options) -> None:

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 from kvserve.executor.fake.tokens import expected_completion
-from kvserve.scheduler.core.scheduler_config import SchedulerConfig
+from kvserve.testing.scheduler_config import checked_configs
 from tests.scheduler.harness import Harness
 
-
-def config(**overrides) -> SchedulerConfig:
-    values = dict(num_blocks=32, block_size=4, max_model_len=64, debug_invariants=True)
-    values.update(overrides)
-    return SchedulerConfig(**values)
+config = checked_configs(num_blocks=32, block_size=4, max_model_len=64)
 
 
 def test_prefill_hits_blocks_of_a_request_that_is_still_running() -> None:

@@ -10,14 +10,10 @@ from kvserve.protos.step import StepResult
 from kvserve.protos.stop_rules import FinishReason, stop_reason
 from kvserve.scheduler.core.request import RequestRejected, derive_seed
 from kvserve.scheduler.core.scheduler import Scheduler
-from kvserve.scheduler.core.scheduler_config import SchedulerConfig
+from kvserve.testing.scheduler_config import checked_configs
 from tests.scheduler.harness import Harness
 
-
-def config(**overrides) -> SchedulerConfig:
-    values = dict(num_blocks=32, block_size=4, max_model_len=64, max_num_batched_tokens=64, debug_invariants=True)
-    values.update(overrides)
-    return SchedulerConfig(**values)
+config = checked_configs(num_blocks=32, block_size=4, max_model_len=64, max_num_batched_tokens=64)
 
 
 def test_chunked_prefill_splits_a_long_prompt_and_samples_only_at_its_end() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from kvserve.executor.fake.tokens import expected_completion
 from kvserve.protos.step import SampledToken, StepResult
 from kvserve.protos.stop_rules import FinishReason
-from kvserve.scheduler.core.scheduler_config import SchedulerConfig
+from kvserve.testing.scheduler_config import checked_configs
 from tests.scheduler.choice_grammar import ChoiceGrammar
 from tests.scheduler.harness import Harness
 
@@ -14,10 +14,7 @@ CHOICES = [[10, 11, 12, 13, 14, 15, 16, 17], [10, 11, 20, 21, 22, 23, 24, 25], [
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 8, 9]
 
 
-def config(**overrides) -> SchedulerConfig:
-    values = dict(num_blocks=64, block_size=4, max_model_len=64, debug_invariants=True)
-    values.update(overrides)
-    return SchedulerConfig(**values)
+config = checked_configs(num_blocks=64, block_size=4, max_model_len=64)
 
 
 def run_one(h: Harness, grammar: ChoiceGrammar, **sampling) -> list[int]:

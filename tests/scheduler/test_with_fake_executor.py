@@ -11,12 +11,11 @@ import random
 
 import pytest
 
+from kvserve.executor.fake import executor as fake_executor
 from kvserve.protos.sampling import SamplingParams
 from kvserve.scheduler.core.request import RequestRejected
 from kvserve.scheduler.core.scheduler import Scheduler
 from kvserve.scheduler.core.scheduler_config import SchedulerConfig
-
-fake_executor = pytest.importorskip("kvserve.executor.fake.executor")
 
 
 @pytest.mark.parametrize("trial", range(16))
@@ -51,6 +50,9 @@ def test_random_workload_runs_clean_on_the_fake_executor(trial: int) -> None:
         )
     )
     added = 0
+    rejected: list[str] = []
+    finished: set[tuple[str, int]] = set()
+    tokens = 0
     for _ in range(2000):
         if added < 10 and rng.random() < 0.3:
             stem = list(range(5, 15))[: rng.randrange(0, 10)]
@@ -63,8 +65,9 @@ def test_random_workload_runs_clean_on_the_fake_executor(trial: int) -> None:
             )
             try:
                 scheduler.add_request(f"r{added}", prompt, sampling)
-            except RequestRejected:
-                pass
+            except RequestRejected as exc:  # expected: some requests need more KV than a small pool holds
+                assert "KV blocks" in exc.reason, exc
+                rejected.append(f"r{added}")
             added += 1
         if rng.random() < 0.05 and scheduler.has_unfinished():
             scheduler.abort(rng.choice(list(scheduler.view().requests)))
@@ -73,8 +76,15 @@ def test_random_workload_runs_clean_on_the_fake_executor(trial: int) -> None:
             executor.reset()
         plan = scheduler.schedule()
         if not plan.is_empty:
-            scheduler.update(executor.execute(plan))
+            for output in scheduler.update(executor.execute(plan)):
+                tokens += len(output.new_token_ids)
+                if output.finish_reason is not None:
+                    finished.add((output.request_id, output.index))
         if added >= 10 and not scheduler.has_unfinished():
             break
     assert not scheduler.has_unfinished(), scheduler.debug_dump()
     assert scheduler.stats().blocks_referenced == 0
+    assert added == 10 and len(rejected) < added, f"every request was rejected: {rejected}"
+    ran = {request_id for request_id, _ in finished}
+    assert ran and tokens > 0, "no request ran to a finish on the executor"
+    assert not ran & set(rejected), "a rejected request produced output"

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from kvserve.scheduler.server.executor_supervisor import ExecutorSupervisor, executor_command
+from kvserve.testing.waiting import wait_until, wait_until_async
 
 pytestmark = pytest.mark.timeout(60)
+
+EVENT_TIMEOUT_S = 20.0
+"""Bounds only a stuck supervisor: every wait returns once its event happens."""
 
 
 def _alive(pid: int) -> bool:
@@ -18,8 +25,19 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _children(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _events(logs: list[dict], event: str) -> list[dict]:
+    return [e for e in logs if e["event"] == event]
 
 
 def test_executor_command_runs_the_executor_module() -> None:
@@ -31,8 +49,7 @@ def test_a_dying_child_is_restarted_with_a_counter() -> None:
         supervisor = ExecutorSupervisor([sys.executable, "-c", "raise SystemExit(3)"], backoff_initial_s=0.05)
         await supervisor.start()
         codes = [await asyncio.wait_for(supervisor.exits.get(), 10) for _ in range(3)]
-        while supervisor.restarts < 3:
-            await asyncio.sleep(0.01)
+        await wait_until_async(lambda: supervisor.restarts >= 3, EVENT_TIMEOUT_S, "the third restart")
         await supervisor.stop()
         return codes, supervisor.restarts
 
@@ -44,13 +61,19 @@ def test_a_dying_child_is_restarted_with_a_counter() -> None:
 def test_no_restart_mode_reports_the_exit_once() -> None:
     async def scenario():
         supervisor = ExecutorSupervisor([sys.executable, "-c", "raise SystemExit(5)"], restart=False)
-        await supervisor.start()
-        code = await asyncio.wait_for(supervisor.exits.get(), 10)
-        await asyncio.sleep(0.3)
-        await supervisor.stop()
-        return code, supervisor.restarts, supervisor.exits.qsize()
+        with capture_logs() as logs:
+            await supervisor.start()
+            code = await asyncio.wait_for(supervisor.exits.get(), 10)
+            # The watcher logs its decision and returns at once: after this no restart can follow.
+            (exited,) = await wait_until_async(
+                lambda: _events(logs, "executor_exited"), EVENT_TIMEOUT_S, "the exit to be logged"
+            )
+            await supervisor.stop()
+        return code, exited["will_restart"], supervisor.restarts, supervisor.exits.qsize(), supervisor.pid, logs
 
-    assert asyncio.run(scenario()) == (5, 0, 0)
+    code, will_restart, restarts, more_exits, pid, logs = asyncio.run(scenario())
+    assert (code, will_restart, restarts, more_exits, pid) == (5, False, 0, 0, None)
+    assert len(_events(logs, "executor_started")) == 1, logs
 
 
 def test_stop_terminates_the_child_and_its_group() -> None:
@@ -63,9 +86,8 @@ def test_stop_terminates_the_child_and_its_group() -> None:
         supervisor = ExecutorSupervisor([sys.executable, "-c", script], stop_timeout_s=5)
         await supervisor.start()
         pid = supervisor.pid
-        await asyncio.sleep(0.5)
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            grandchildren = [int(p) for p in f.read().split()]
+        assert pid is not None
+        grandchildren = await wait_until_async(lambda: _children(pid), EVENT_TIMEOUT_S, "the child to start its own")
         assert os.getpgid(pid) == pid  # its own process group
         await supervisor.stop()
         return pid, grandchildren, supervisor.exits.qsize()
@@ -74,35 +96,37 @@ def test_stop_terminates_the_child_and_its_group() -> None:
     assert grandchildren
     assert not _alive(pid)
     for child in grandchildren:
-        for _ in range(50):
-            if not _alive(child):
-                break
-            asyncio.run(asyncio.sleep(0.05))
-        assert not _alive(child)
+        wait_until(lambda child=child: not _alive(child), EVENT_TIMEOUT_S, f"grandchild {child} to die")
     assert unexpected_exits == 0
 
 
 def test_kill_if_current_spares_a_newer_child() -> None:
     async def scenario():
         supervisor = ExecutorSupervisor([sys.executable, "-c", "import time; time.sleep(30)"], backoff_initial_s=0.05)
-        await supervisor.start()
-        first = supervisor.pid
-        supervisor.kill_if_current(first + 100000)  # not ours: nothing happens
-        await asyncio.sleep(0.2)
-        assert supervisor.pid == first and supervisor.restarts == 0
-        supervisor.kill_if_current(first)  # the lost one: killed and replaced
-        code = await asyncio.wait_for(supervisor.exits.get(), 10)
-        while supervisor.pid in (None, first):
-            await asyncio.sleep(0.01)
-        second = supervisor.pid
-        supervisor.kill_if_current(first)  # a late report about the old child spares the new one
-        await asyncio.sleep(0.2)
-        alive = supervisor.pid == second
-        await supervisor.stop()
-        return code, alive, supervisor.restarts
+        with capture_logs() as logs:
+            await supervisor.start()
+            first = supervisor.pid
+            assert first is not None
+            # kill_if_current decides and signals synchronously, logging each kill: what it did not log, it
+            # did not send, however late a death would show.
+            supervisor.kill_if_current(first + 100000)  # not ours: nothing happens
+            assert _events(logs, "executor_kill_lost") == []
+            assert supervisor.pid == first and supervisor.restarts == 0 and _alive(first)
+            supervisor.kill_if_current(first)  # the lost one: killed and replaced
+            code = await asyncio.wait_for(supervisor.exits.get(), 10)
+            second = await wait_until_async(
+                lambda: supervisor.pid not in (None, first) and supervisor.pid, EVENT_TIMEOUT_S, "a new child"
+            )
+            supervisor.kill_if_current(first)  # a late report about the old child spares the new one
+            kills = [e["pid"] for e in _events(logs, "executor_kill_lost")]
+            alive = supervisor.pid == second and _alive(second)
+            await supervisor.stop()
+        return code, kills, first, alive, supervisor.restarts, supervisor.exits.qsize()
 
-    code, alive, restarts = asyncio.run(scenario())
+    code, kills, first, alive, restarts, more_exits = asyncio.run(scenario())
     assert code == -9 and alive and restarts == 1
+    assert kills == [first], "only the lost child may be killed"
+    assert more_exits == 0, "the new child exited before stop()"
 
 
 PARENT = """
@@ -119,23 +143,24 @@ asyncio.run(main())
 """
 
 
-def test_the_child_dies_with_a_killed_parent() -> None:
-    import subprocess
-    import time
+def _exec_done(pid: int) -> bool:
+    """The trampoline set its death signal and exec'ed the real command (the same pid, a new command line)."""
+    return "PR_SET_PDEATHSIG" not in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
 
+
+def test_the_child_dies_with_a_killed_parent() -> None:
     parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
     try:
+        assert parent.stdout is not None
         line = ""
         while not line.startswith("CHILD"):  # unconfigured structlog also prints to stdout
             line = parent.stdout.readline()
+            assert line, "the parent exited before starting its child"
         child = int(line.split()[1])
-        time.sleep(0.3)  # the trampoline has set its death signal and exec'ed
+        wait_until(lambda: _exec_done(child), EVENT_TIMEOUT_S, "the trampoline to exec the child")
         assert _alive(child)
         parent.kill()
         parent.wait(10)
-        deadline = time.monotonic() + 5
-        while _alive(child) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _alive(child)
+        wait_until(lambda: not _alive(child), EVENT_TIMEOUT_S, "the child to die with its parent")
     finally:
         parent.kill()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 import uuid
 
 import grpc
@@ -14,6 +13,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from kvserve.config import defaults
 from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
+from kvserve.testing.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -28,13 +28,13 @@ async def _collect(stub: api_pb2_grpc.KVServeStub, request: api_pb2.GenerateRequ
 
 
 def _wait_until_idle(server, timeout_s: float = 20.0) -> api_pb2.ServerStatsResponse:
-    deadline = time.monotonic() + timeout_s
-    while True:
+    """The first stats with nothing running, waiting or referenced."""
+
+    def idle() -> api_pb2.ServerStatsResponse | None:
         stats = server.stats()
-        idle = stats.requests_running == 0 and stats.requests_waiting == 0 and stats.blocks_referenced == 0
-        if idle or time.monotonic() > deadline:
-            return stats
-        time.sleep(0.1)
+        return stats if not (stats.requests_running or stats.requests_waiting or stats.blocks_referenced) else None
+
+    return wait_until(idle, timeout_s, "the server to be idle", interval_s=0.1)
 
 
 def test_health_reflection_and_model_info(fake_server) -> None:

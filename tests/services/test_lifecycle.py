@@ -12,8 +12,12 @@ from grpc_health.v1 import health_pb2
 
 from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from kvserve.testing.server_launcher import pid_alive
+from kvserve.testing.waiting import wait_until, wait_until_async
 
 pytestmark = pytest.mark.timeout(300)
+
+EVENT_TIMEOUT_S = 30.0
+"""Bounds only a stuck server: every wait returns once its event happens."""
 
 
 def _request(seed: int, max_tokens: int) -> api_pb2.GenerateRequest:
@@ -23,12 +27,21 @@ def _request(seed: int, max_tokens: int) -> api_pb2.GenerateRequest:
     )
 
 
-async def _tokens(stub, request) -> tuple[list[int], int]:
+async def _tokens(stub, request, first_chunk: asyncio.Event | None = None) -> tuple[list[int], int]:
+    """(token ids, finish reason) of a whole stream; `first_chunk` is set once its first tokens arrive."""
     ids, reason = [], 0
     async for chunk in stub.Generate(request, timeout=120):
         ids.extend(chunk.token_ids)
         reason = chunk.finish_reason or reason
+        if first_chunk is not None:
+            first_chunk.set()
     return ids, reason
+
+
+async def _mid_stream(tasks: list[asyncio.Task], first_chunk: asyncio.Event) -> None:
+    """Return once some stream has its first tokens, having checked that none has ended yet."""
+    await asyncio.wait_for(first_chunk.wait(), EVENT_TIMEOUT_S)
+    assert not any(t.done() for t in tasks), "a stream ended before the fault: it would not be mid-stream"
 
 
 def test_sigterm_drains_in_flight_requests_then_exits(serve_factory) -> None:
@@ -43,10 +56,12 @@ def test_sigterm_drains_in_flight_requests_then_exits(serve_factory) -> None:
             call = stub.Generate(_request(1, 60), timeout=60)
             first = await call.read()
             server.process.terminate()
-            deadline = time.monotonic() + 10  # the drain starts at once; this only bounds a stuck server
-            while (health := server.health()) == health_pb2.HealthCheckResponse.SERVING:
-                assert time.monotonic() < deadline, "health still SERVING 10 s after SIGTERM"
-                await asyncio.sleep(0.02)
+            # The drain starts at once; the timeout only bounds a stuck server.
+            (health,) = await wait_until_async(
+                lambda: (h,) if (h := server.health()) != health_pb2.HealthCheckResponse.SERVING else None,
+                EVENT_TIMEOUT_S,
+                "health to leave SERVING after SIGTERM",
+            )
             assert health in (health_pb2.HealthCheckResponse.NOT_SERVING, None)
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await _tokens(stub, _request(2, 5))
@@ -60,10 +75,7 @@ def test_sigterm_drains_in_flight_requests_then_exits(serve_factory) -> None:
     assert sum(len(c.token_ids) for c in chunks) == 60
     assert chunks[-1].finish_reason == api_pb2.FINISH_REASON_LENGTH
     assert server.process.wait(30) == 0
-    deadline = time.monotonic() + 10
-    while pid_alive(executor_pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not pid_alive(executor_pid), "the executor outlived kvserve serve"
+    wait_until(lambda: not pid_alive(executor_pid), EVENT_TIMEOUT_S, "the executor to exit with kvserve serve")
 
 
 def test_killed_executor_is_restarted_and_streams_complete_unchanged(serve_factory) -> None:
@@ -74,9 +86,10 @@ def test_killed_executor_is_restarted_and_streams_complete_unchanged(serve_facto
     async def run_all(kill: bool):
         async with grpc.aio.insecure_channel(server.address) as channel:
             stub = api_pb2_grpc.KVServeStub(channel)
-            tasks = [asyncio.create_task(_tokens(stub, r)) for r in requests]
+            first_chunk = asyncio.Event()
+            tasks = [asyncio.create_task(_tokens(stub, r, first_chunk)) for r in requests]
             if kill:
-                await asyncio.sleep(0.3)
+                await _mid_stream(tasks, first_chunk)
                 os.kill(server.executor_pids()[-1], 9)
             return await asyncio.gather(*tasks)
 
@@ -109,8 +122,9 @@ def test_executor_that_never_returns_fails_requests_unavailable(serve_factory) -
     async def scenario():
         async with grpc.aio.insecure_channel(server.address) as channel:
             stub = api_pb2_grpc.KVServeStub(channel)
-            tasks = [asyncio.create_task(_tokens(stub, _request(i, 2000))) for i in range(5)]
-            await asyncio.sleep(0.3)
+            first_chunk = asyncio.Event()
+            tasks = [asyncio.create_task(_tokens(stub, _request(i, 2000), first_chunk)) for i in range(5)]
+            await _mid_stream(tasks, first_chunk)
             os.kill(server.executor_pids()[-1], 9)
             started = time.monotonic()
             results = await asyncio.gather(*tasks, return_exceptions=True)
@@ -135,9 +149,10 @@ def test_hung_executor_is_replaced_and_streams_complete(serve_factory) -> None:
     async def run_all(hang: bool):
         async with grpc.aio.insecure_channel(server.address) as channel:
             stub = api_pb2_grpc.KVServeStub(channel)
-            tasks = [asyncio.create_task(_tokens(stub, r)) for r in requests]
+            first_chunk = asyncio.Event()
+            tasks = [asyncio.create_task(_tokens(stub, r, first_chunk)) for r in requests]
             if hang:
-                await asyncio.sleep(0.2)
+                await _mid_stream(tasks, first_chunk)
                 os.kill(server.executor_pids()[-1], 19)  # SIGSTOP: alive, silent
             return await asyncio.gather(*tasks)
 

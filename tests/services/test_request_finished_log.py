@@ -8,13 +8,13 @@ reference a request took it gave back, so allocated + hit - copied == freed.
 from __future__ import annotations
 
 import asyncio
-import time
 
 import grpc
 import pytest
 
 from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from kvserve.testing.server_launcher import ServeProcess
+from kvserve.testing.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,17 +30,17 @@ def _request(request_id: str, ids: list[int], max_tokens: int, n: int = 1) -> ap
 
 def _finished_lines(server: ServeProcess, request_ids: set[str], timeout_s: float = 30.0) -> dict[str, dict]:
     """request id (as the client sent it) -> its one request_finished line, waiting for all of them."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+
+    def all_logged() -> dict[str, dict] | None:
         lines: dict[str, dict] = {}
         for event in server.log_events("request_finished"):
             client_id = event["request_id"].rsplit("/", 1)[-1]
             if client_id in request_ids:
                 assert client_id not in lines, f"two request_finished lines for {client_id}"
                 lines[client_id] = event
-        if set(lines) == request_ids or time.monotonic() > deadline:
-            return lines
-        time.sleep(0.05)
+        return lines if set(lines) == request_ids else None
+
+    return wait_until(all_logged, timeout_s, f"request_finished lines for {sorted(request_ids)}", interval_s=0.05)
 
 
 def test_request_finished_reports_consistent_block_counts(serve_factory) -> None:
