@@ -1,127 +1,104 @@
-"""8B-shaped decode and prefill throughput of the runner, as fractions of the device's peaks.
+"""8B-shaped decode and prefill throughput (`bench executor`'s steps) as fractions of the peaks.
 
-The steps are `kvserve bench executor`'s (kvserve.bench.executor: prompts prefilled
-untimed, then the median of a few decode steps; fresh prompts in one prefill step), on the
-measure stage's runner. Decode is read against the copy bandwidth: (weights + K/V read and
-written) bytes per step / step time (roofline.StepCost). Prefill against the bf16 matmul peak:
-FLOPs per step / step time. Both peaks come from device_peaks, measured minutes earlier.
+Decode is memory-bound: weights once + every cached K/V (kvserve.protos.kv_geometry) per step,
+against the copy bandwidth. Prefill is compute-bound: its FLOPs against the bf16 matmul peak.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kvserve.gpu_check.device_peaks import COPY_KEY, GEMM_KEY, peak
+from kvserve.gpu_check.device_peaks import COPY_KEY, GEMM_KEY
 from kvserve.gpu_check.kv_sizing import big_runner
-from kvserve.gpu_check.results import Outcome
-from kvserve.gpu_check.roofline import StepCost
+from kvserve.gpu_check.report import Outcome
 
 if TYPE_CHECKING:
-    from kvserve.gpu_check.stage import CheckContext
+    from kvserve.gpu_check.stage import StageContext
 
 
-def _cost(runner: Any) -> StepCost:
-    return StepCost.of(runner.model_config, runner.cache.tensor.element_size())
+def decode_bytes(runner: Any, batch: int, context: int) -> int:
+    """HBM traffic of one decode step of `batch` sequences at `context` cached tokens each."""
+    from kvserve.protos.kv_geometry import KvGeometry, bytes_per_token
+
+    c, element = runner.model_config, runner.cache.tensor.element_size()
+    kv_token = bytes_per_token(KvGeometry(c.num_layers, c.num_kv_heads, c.head_dim), runner.dtype_name)
+    embedding = 0 if c.tie_word_embeddings else c.vocab_size * c.hidden_size  # a lookup: only `batch` rows read
+    return (c.num_params - embedding + batch * c.hidden_size) * element + batch * (context + 1) * kv_token
 
 
-def _fraction(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0%}"
+def prefill_flops(runner: Any, sequences: int, prompt_len: int) -> float:
+    """FLOPs of one step prefilling `sequences` fresh prompts of `prompt_len` tokens."""
+    c = runner.model_config
+    table = c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)  # embedding + lm_head
+    layers = 2.0 * (c.num_params - table) * sequences * prompt_len
+    attention = 4.0 * c.num_layers * c.num_heads * c.head_dim * sequences * prompt_len * (prompt_len + 1) / 2
+    return layers + 2.0 * c.vocab_size * c.hidden_size * sequences + attention
 
 
-def measure_decode(ctx: CheckContext) -> Outcome:
+def _fraction(value: float | None, of: str) -> str:
+    return "-" if value is None else f"{value:.0%} of {of}"
+
+
+def measure_decode(ctx: StageContext) -> Outcome:
     from kvserve.bench.executor import time_decode
     from kvserve.protos.sampling import SamplingParams
 
-    scale = ctx.scale
-    runner = big_runner(ctx)
-    cost, copy = _cost(runner), peak(ctx, COPY_KEY)
-    prompt_len = scale.decode_prompt_len
-    context = prompt_len + 2  # the first timed step's; later ones read a few more tokens (a lower bound)
-    points: list[dict[str, Any]] = []
-    for i, batch in enumerate(scale.decode_batches):
-        greedy = SamplingParams(temperature=0.0)
-        step_s, _ = time_decode(runner, batch, prompt_len, scale.decode_steps, greedy, seq_base=(i + 1) * 100_000)
-        tokens_per_s = batch / step_s
-        print(f"[gpu_check] decode batch {batch}: {tokens_per_s:,.0f} tok/s", flush=True)
-        step_bytes = cost.decode_bytes(batch, context)
-        points.append(
-            {
-                "batch": batch,
-                "context": context,
-                "tokens_per_s": tokens_per_s,
-                "step_s": step_s,
-                "bytes_per_step": step_bytes,
-                "weight_bytes_per_step": cost.weight_bytes_per_step,
-                "fraction_of_copy": None if not copy else step_bytes / step_s / copy,
-            }
-        )
-    full = ctx.state.get("full_pool_decode")
-    if full:  # kv_sizing's decode over the whole pool: the KV-heavy end of decode
-        step_bytes = cost.decode_bytes(full["sequences"], full["context"] - 1)
-        points.append(
-            {
-                "batch": full["sequences"],
-                "context": full["context"],
-                "tokens_per_s": full["sequences"] / full["step_s"],
-                "step_s": full["step_s"],
-                "bytes_per_step": step_bytes,
-                "weight_bytes_per_step": cost.weight_bytes_per_step,
-                "fraction_of_copy": None if not copy else step_bytes / full["step_s"] / copy,
-                "whole_pool": True,
-            }
-        )
-    rows = [
-        (
-            "decode, 8B-shaped, bf16" if runner.device.startswith("cuda") else "decode (rehearsal)",
-            f"batch {p['batch']}, context {p['context']:,}" + (" (whole KV pool)" if p.get("whole_pool") else ""),
-            f"{p['tokens_per_s']:,.0f} tok/s ({p['step_s'] * 1e3:.2f} ms/step)",
-            f"{_fraction(p['fraction_of_copy'])} of copy BW",
-            "-",
-        )
-        for p in points
+    sizes, runner, copy = ctx.sizes, big_runner(ctx), ctx.state.get(COPY_KEY)
+    greedy, prompt_len = SamplingParams(temperature=0.0), sizes.decode_prompt_len
+    # the first timed step's context; later steps read a few more tokens (a lower bound)
+    timed = [(b, prompt_len + 2, "") for b in sizes.decode_batches]
+    steps = [
+        time_decode(runner, b, prompt_len, sizes.decode_steps, greedy, (i + 1) * 100_000)[0]
+        for i, (b, *_) in enumerate(timed)
     ]
-    figures = {"copy_bytes_per_s": copy, "decode_steps": scale.decode_steps, "points": points}
+    if full := ctx.state.get("full_pool_decode"):  # kv_sizing's decode over the whole pool: the KV-heavy end
+        timed.append((full["sequences"], full["context"] - 1, " (whole KV pool)"))
+        steps.append(full["step_s"])
+    points, rows = [], []
+    for (batch, context, note), step_s in zip(timed, steps):
+        fraction = decode_bytes(runner, batch, context) / step_s / copy if copy else None
+        points.append(
+            dict(batch=batch, context=context, tokens_per_s=batch / step_s, step_s=step_s, fraction_of_copy=fraction)
+        )
+        speed = f"{batch / step_s:,.0f} tok/s ({step_s * 1e3:.2f} ms/step)"
+        rows.append(
+            (
+                f"decode, {sizes.big_model}",
+                f"batch {batch}, context {context:,}{note}",
+                speed,
+                _fraction(fraction, "copy BW"),
+                "-",
+            )
+        )
     summary = "; ".join(
-        f"B={p['batch']}: {p['tokens_per_s']:,.0f} tok/s ({_fraction(p['fraction_of_copy'])})" for p in points
+        f"B={p['batch']}: {p['tokens_per_s']:,.0f} tok/s ({_fraction(p['fraction_of_copy'], 'copy')})" for p in points
     )
-    return Outcome(copy is not None, summary, figures, rows, error=None if copy else "no copy bandwidth measured")
+    error = None if copy else "no copy bandwidth measured"
+    return Outcome(
+        copy is not None, summary, {COPY_KEY: copy, "decode_steps": sizes.decode_steps, "points": points}, rows, error
+    )
 
 
-def measure_prefill(ctx: CheckContext) -> Outcome:
+def measure_prefill(ctx: StageContext) -> Outcome:
     from kvserve.bench.executor import bench_prefill
 
-    runner = big_runner(ctx)
-    cost, gemm = _cost(runner), peak(ctx, GEMM_KEY)
-    points: list[dict[str, Any]] = []
-    for i, (sequences, prompt_len) in enumerate(ctx.scale.prefill_shapes):
-        tokens_per_s = bench_prefill(runner, sequences, prompt_len, repeats=2, seq_base=(60 + i) * 100_000)
-        step_s = sequences * prompt_len / tokens_per_s
-        print(f"[gpu_check] prefill {sequences} x {prompt_len}: {tokens_per_s:,.0f} tok/s", flush=True)
-        flops = cost.prefill_flops(sequences, prompt_len)
+    runner, gemm = big_runner(ctx), ctx.state.get(GEMM_KEY)
+    points, rows = [], []
+    for i, (seqs, prompt_len) in enumerate(ctx.sizes.prefill_shapes):
+        tokens_per_s = bench_prefill(runner, seqs, prompt_len, repeats=2, seq_base=(60 + i) * 100_000)
+        fraction = prefill_flops(runner, seqs, prompt_len) * tokens_per_s / (seqs * prompt_len) / gemm if gemm else None
         points.append(
-            {
-                "sequences": sequences,
-                "prompt_len": prompt_len,
-                "tokens_per_s": tokens_per_s,
-                "step_s": step_s,
-                "flops_per_step": flops,
-                "fraction_of_matmul_peak": None if not gemm else flops / step_s / gemm,
-            }
+            dict(sequences=seqs, prompt_len=prompt_len, tokens_per_s=tokens_per_s, fraction_of_matmul_peak=fraction)
         )
-    rows = [
-        (
-            "prefill, 8B-shaped, bf16" if runner.device.startswith("cuda") else "prefill (rehearsal)",
-            f"{p['sequences']} x {p['prompt_len']:,} tokens",
-            f"{p['tokens_per_s']:,.0f} tok/s",
-            f"{_fraction(p['fraction_of_matmul_peak'])} of bf16 matmul peak",
-            "-",
+        rows.append(
+            (
+                f"prefill, {ctx.sizes.big_model}",
+                f"{seqs} x {prompt_len:,} tokens",
+                f"{tokens_per_s:,.0f} tok/s",
+                _fraction(fraction, "bf16 matmul peak"),
+                "-",
+            )
         )
-        for p in points
-    ]
-    figures = {"bf16_matmul_flops": gemm, "points": points}
-    summary = "; ".join(
-        f"{p['sequences']}x{p['prompt_len']}: {p['tokens_per_s']:,.0f} tok/s "
-        f"({_fraction(p['fraction_of_matmul_peak'])})"
-        for p in points
-    )
-    return Outcome(gemm is not None, summary, figures, rows, error=None if gemm else "no matmul peak measured")
+    summary = "; ".join(f"{r[1]}: {r[2]} ({r[3]})" for r in rows)
+    error = None if gemm else "no matmul peak measured"
+    return Outcome(gemm is not None, summary, {GEMM_KEY: gemm, "points": points}, rows, error)

@@ -1,10 +1,7 @@
-"""`pytest -m cuda` on the GPU: the CUDA tests of the suite (tests/kernels/test_kernels_cuda.py).
+"""`pytest -m cuda` on the GPU, judged from its junit XML: a skipped single-GPU test fails the check
+(CUDA was not seen); a skipped `multi_gpu` test is reported as skipped (the machine has one GPU).
 
-It collects the whole suite, as `pytest -m cuda` anywhere would, so a test module that no
-longer imports on the GPU image is a failure too. On the GPU a skipped CUDA test is a
-failure (it means CUDA was not seen); in the CPU rehearsal every one is skipped. Most of its
-time is Triton compiling one kernel per shape and dtype, one core each, so where pytest-xdist
-is installed (it travels in .gpu-wheels/) the tests are spread over `WORKERS` processes.
+This module is also the pytest plugin (`-p`) that tags the multi-GPU tests in the XML.
 """
 
 from __future__ import annotations
@@ -14,65 +11,62 @@ import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvserve.gpu_check.results import Outcome
+from kvserve.gpu_check.report import Outcome
+from kvserve.gpu_check.wheel_list import REPO_ROOT
 
 if TYPE_CHECKING:
-    from kvserve.gpu_check.stage import CheckContext
+    from kvserve.gpu_check.stage import StageContext
 
 WORKERS = 6
 """Of the GPU machine's 16 cores: the models stage runs beside this one."""
+MULTI_GPU = "multi_gpu"
 
 
-def junit_counts(path: Path) -> dict[str, Any]:
-    """Totals and the names of failing tests from a junit XML file (one or more test suites)."""
-    root = ET.parse(path).getroot()
-    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
-    counts: dict[str, Any] = {
-        key: sum(int(s.get(key, 0)) for s in suites) for key in ("tests", "failures", "errors", "skipped")
-    }
-    counts["time_s"] = round(sum(float(s.get("time", 0.0)) for s in suites), 1)
-    failing = []
+def pytest_collection_modifyitems(items: list[Any]) -> None:
+    """The plugin hook: a `multi_gpu` property on the junit record of every multi-GPU test."""
+    for item in items:
+        if item.get_closest_marker(MULTI_GPU):
+            item.user_properties.append((MULTI_GPU, "1"))
+
+
+def junit_outcomes(root: ET.Element) -> dict[str, list[str]]:
+    """Test ids by outcome: passed, failed (failure or error), skipped, skipped_multi_gpu."""
+    found: dict[str, list[str]] = {"passed": [], "failed": [], "skipped": [], "skipped_multi_gpu": []}
     for case in root.iter("testcase"):
+        name = f"{case.get('classname')}::{case.get('name')}"
+        multi = any(p.get("name") == MULTI_GPU for p in case.iter("property"))
         if case.find("failure") is not None or case.find("error") is not None:
-            failing.append(f"{case.get('classname')}::{case.get('name')}")
-    counts["failing"] = failing[:20]
-    counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
-    return counts
+            found["failed"].append(name)
+        elif case.find("skipped") is not None:
+            found["skipped_multi_gpu" if multi else "skipped"].append(name)
+        else:
+            found["passed"].append(name)
+    return found
 
 
-def run_pytest_cuda(ctx: CheckContext) -> Outcome:
-    junit = ctx.out_dir / "pytest_cuda.xml"
-    log_path = ctx.out_dir / "pytest_cuda.log"
-    command = [
-        *(sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-rfE", "-p", "no:cacheprovider"),
-        f"--junitxml={junit}",
-    ]
-    parallel = ctx.scale.device == "cuda" and importlib.util.find_spec("xdist") is not None
-    if parallel:
-        command += ["-n", str(WORKERS)]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} if ctx.scale.device == "cuda" else None
-    with open(log_path, "w") as log_file:
-        completed = subprocess.run(
-            command, check=False, cwd=ctx.repo, stdout=log_file, stderr=subprocess.STDOUT, env=env
-        )
+def run_pytest_cuda(ctx: StageContext) -> Outcome:
+    junit, log_path = ctx.out_dir / "pytest_cuda.xml", ctx.out_dir / "pytest_cuda.log"
+    command = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-rfE", "-p", "no:cacheprovider"]
+    command += ["-p", "kvserve.gpu_check.pytest_check", f"--junitxml={junit}"]
+    cuda = ctx.sizes.device == "cuda"
+    workers = WORKERS if cuda and importlib.util.find_spec("xdist") is not None else 1
+    command += ["-n", str(workers)] if workers > 1 else []
+    env = {k: v for k, v in os.environ.items() if not (cuda and k == "TRITON_INTERPRET")}
+    with log_path.open("w") as log:
+        code = subprocess.run(
+            command, check=False, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env
+        ).returncode
     tail = log_path.read_text(errors="replace").strip().splitlines()[-15:]
-    figures: dict[str, Any] = {
-        "exit_code": completed.returncode,
-        "workers": WORKERS if parallel else 1,
-        "log": str(log_path),
-        "tail": tail,
-    }
-    if junit.is_file():
-        figures.update(junit_counts(junit))
-    passed = figures.get("passed", 0)
-    skipped = figures.get("skipped", 0)
-    ok = completed.returncode == 0 and (skipped == 0 and passed > 0 if ctx.scale.device == "cuda" else True)
-    summary = (
-        f"{passed} passed, {figures.get('failures', 0) + figures.get('errors', 0)} failed, {skipped} skipped "
-        f"in {figures.get('time_s', '?')}s (exit {completed.returncode})"
-    )
-    error = None if ok else "\n".join([*figures.get("failing", []), *tail])
-    return Outcome(ok, summary, figures, error=error)
+    ids = junit_outcomes(ET.parse(junit).getroot()) if junit.is_file() else {}
+    counts = {k: len(v) for k, v in ids.items()}
+    figures: dict[str, Any] = {"exit_code": code, "workers": workers, "log": str(log_path), "tail": tail, **counts}
+    figures.update(failing=ids.get("failed", [])[:20], skipped_multi_gpu_tests=ids.get("skipped_multi_gpu", []))
+    unexpected_skips = counts.get("skipped", 0) if cuda else 0
+    ok = code == 0 and not unexpected_skips and (counts.get("passed", 0) > 0 or not cuda)
+    summary = ", ".join(f"{counts.get(k, 0)} {k.replace('_', ' ')}" for k in ("passed", "failed", "skipped"))
+    summary += f", {counts.get('skipped_multi_gpu', 0)} multi-GPU skipped (exit {code})"
+    if unexpected_skips:
+        summary += ": a single-GPU test skipped on the GPU (CUDA not seen?)"
+    return Outcome(ok, summary, figures, error=None if ok else "\n".join([*figures["failing"], *tail]))

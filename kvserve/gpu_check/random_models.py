@@ -1,164 +1,102 @@
-"""Random-weight checkpoints built on the GPU machine from real configs: nothing is downloaded.
-
-Each model of `model_shapes.json` is made by transformers' own `LlamaForCausalLM(config)`
-directly on the device in its dtype, filled from a seeded generator (N(0, 0.02) matrices, unit
-norms: speed does not depend on the values, and HF loads the same weights for the correctness
-checks), then saved with `save_pretrained` beside the carried SmolLM2 tokenizer files, so
-`kvserve serve --model DIR`, the runner and transformers all load it. A finished directory
-carries a marker of its shape and seed and is reused by a later run on the same machine.
+"""Random-weight checkpoints built on the GPU machine from real configs (model_shapes.json): nothing
+is downloaded. transformers' own model, made on the device in its dtype from a seed, saved beside
+the SmolLM2 tokenizer so the runner, HF and `kvserve serve` all load it; reused when unchanged.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
-from kvserve.gpu_check.results import Outcome
+from kvserve.gpu_check.report import Outcome
 from kvserve.gpu_check.wheel_list import TOKENIZER_DIR
 
 if TYPE_CHECKING:
-    from kvserve.gpu_check.stage import CheckContext
-
-log = structlog.get_logger(__name__)
+    from kvserve.gpu_check.stage import StageContext
 
 SHAPES_PATH = Path(__file__).with_name("model_shapes.json")
 SEED = 1234
+SHM_ROOT = Path("/dev/shm/kvserve-gpu-check-models")
+SHM_MIN_FREE = 40 * 2**30
+"""/dev/shm holds the models when it has room for the 8B (15 GB) and more: loading from memory is faster."""
 _MARKER = ".gpu-check-model.json"
-_ROOT_RECORD = "models-root.txt"
-_SHM = Path("/dev/shm")
 
 
 def load_shapes() -> dict[str, dict[str, Any]]:
     return json.loads(SHAPES_PATH.read_text())
 
 
-def checkpoint_bytes(spec: dict[str, Any]) -> int:
-    """Bytes of the saved weights, from the config alone (for choosing where they fit)."""
-    c = spec["config"]
-    h, i, v, layers = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["num_hidden_layers"]
-    q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
-    per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
-    params = v * h * (1 if c.get("tie_word_embeddings") else 2) + layers * per_layer + h
-    return params * (4 if spec["dtype"] == "float32" else 2)
-
-
-def models_root(work_dir: Path, need_bytes: int = 0) -> Path:
-    """Where the checkpoints live: chosen once per work dir (recorded), /dev/shm when it has room."""
-    record = work_dir / _ROOT_RECORD
-    if record.is_file():
-        recorded = Path(record.read_text().strip())
-        recorded.mkdir(parents=True, exist_ok=True)
-        return recorded
-    root = work_dir / "models"
-    if _SHM.is_dir() and need_bytes and shutil.disk_usage(_SHM).free > 1.5 * need_bytes:
-        root = _SHM / "kvserve-gpu-check-models"
-    root.mkdir(parents=True, exist_ok=True)
-    work_dir.mkdir(parents=True, exist_ok=True)
-    record.write_text(str(root))
-    return root
-
-
 def model_dir(work_dir: Path, key: str) -> Path:
     """A built checkpoint's directory; FileNotFoundError when build_models has not made it."""
-    path = models_root(work_dir) / key
-    if not (path / _MARKER).is_file():
-        raise FileNotFoundError(f"{path} is not a finished checkpoint (build_models makes it)")
-    return path
+    for root in (SHM_ROOT, work_dir / "models"):
+        if (root / key / _MARKER).is_file():
+            return root / key
+    raise FileNotFoundError(f"no finished checkpoint {key} (build_models makes it)")
 
 
-@contextlib.contextmanager
-def _default_dtype(dtype: Any) -> Iterator[None]:
-    import torch
+def tokenizer_dir(ctx: StageContext) -> Path:
+    """The carried tokenizer; in the rehearsal the default model's own when no folder was carried."""
+    carried = ctx.wheels_dir / TOKENIZER_DIR
+    if (carried / "tokenizer.json").is_file() or ctx.sizes.device == "cuda":
+        return carried
+    from kvserve.executor.weights.model_store import ensure_model_dir
 
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
+    return ensure_model_dir()
 
 
-def build_checkpoint(key: str, spec: dict[str, Any], target: Path, tokenizer_dir: Path, device: str) -> dict:
-    """Make, fill and save one model; returns its figures. Reuses a finished one of the same shape and seed."""
+def build_checkpoint(key: str, spec: dict[str, Any], target: Path, tokenizer: Path, device: str) -> dict[str, Any]:
+    """Make and save one model; returns its figures. Reuses a finished one of the same shape and seed."""
     import torch
     import transformers
 
-    identity = copy.deepcopy({"key": key, "seed": SEED, "dtype": spec["dtype"], "config": spec["config"]})
+    identity = {"key": key, "seed": SEED, "dtype": spec["dtype"], "config": spec["config"]}
     marker = target / _MARKER
-    if marker.is_file() and json.loads(marker.read_text()).get("identity") == identity:
-        figures = json.loads(marker.read_text())["figures"]
-        return {**figures, "reused": True}
+    if marker.is_file() and json.loads(marker.read_text())["identity"] == identity:
+        return {**json.loads(marker.read_text())["figures"], "reused": True}
     started = time.perf_counter()
-    dtype = getattr(torch, spec["dtype"])
     config = transformers.LlamaConfig(**copy.deepcopy(spec["config"]))  # it may rewrite rope_scaling in place
-    with _default_dtype(dtype), torch.device(device):
-        model = transformers.LlamaForCausalLM(config)
-    generator = torch.Generator(device=device).manual_seed(SEED)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dtype != dtype:
-                param.data = param.data.to(dtype)
-            if param.ndim >= 2:
-                param.normal_(0.0, config.initializer_range, generator=generator)
-            else:
-                param.fill_(1.0)  # RMSNorm weights
-    model.eval()
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    built_s = time.perf_counter() - started
-    params = sum(p.numel() for p in model.parameters())
-    log.info("random model built", model=key, params=params, seconds=round(built_s, 1))
-
+    torch.manual_seed(SEED)
+    with torch.device(device):  # made in float32 on the device (30 GB for the 8B: the H200 has room), then cast
+        model = transformers.LlamaForCausalLM(config).to(getattr(torch, spec["dtype"])).eval()
+    built_s, saved = time.perf_counter() - started, time.perf_counter()
     partial = target.with_name(f".{key}.partial")
     shutil.rmtree(partial, ignore_errors=True)
     shutil.rmtree(target, ignore_errors=True)
-    saved = time.perf_counter()
     model.save_pretrained(partial)
+    params = sum(p.numel() for p in model.parameters())
     del model
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()
-    for path in tokenizer_dir.iterdir():
-        if path.is_file() and path.name != "config.json":
+    for path in tokenizer.iterdir():
+        if path.is_file() and path.name != "config.json" and not path.name.endswith(".safetensors"):
             shutil.copy2(path, partial / path.name)
-    saved_s = time.perf_counter() - saved
     weight_bytes = sum(p.stat().st_size for p in partial.glob("*.safetensors"))
-    figures = {
-        "dir": str(target),
-        "params": params,
-        "dtype": spec["dtype"],
-        "weight_bytes": weight_bytes,
-        "build_s": round(built_s, 2),
-        "save_s": round(saved_s, 2),
-        "save_gb_per_s": round(weight_bytes / 1e9 / max(saved_s, 1e-9), 2),
-        "about": spec["about"],
-        "reused": False,
-    }
+    figures = dict(dir=str(target), params=params, dtype=spec["dtype"], weight_bytes=weight_bytes, about=spec["about"])
+    figures.update(build_s=round(built_s, 2), save_s=round(time.perf_counter() - saved, 2))
     (partial / _MARKER).write_text(json.dumps({"identity": identity, "figures": figures}, indent=2))
     partial.rename(target)
-    log.info("random model saved", model=key, dir=str(target), gb=round(weight_bytes / 1e9, 2), seconds=saved_s)
-    return figures
+    return {**figures, "reused": False}
 
 
-def build_models(ctx: CheckContext) -> Outcome:
-    """The check: both models of the run's scale, with the carried tokenizer."""
-    shapes = load_shapes()
-    keys = [ctx.scale.small_model, ctx.scale.big_model]
-    tokenizer_dir = ctx.wheels_dir / TOKENIZER_DIR
-    if not (tokenizer_dir / "tokenizer.json").is_file():
-        return Outcome(False, f"no tokenizer in {tokenizer_dir} (scripts/gpu_wheels.sh copies it)")
-    root = models_root(ctx.work_dir, need_bytes=sum(checkpoint_bytes(shapes[k]) for k in keys))
-    figures: dict[str, Any] = {"root": str(root)}
+def build_models(ctx: StageContext) -> Outcome:
+    """The check: both models of the run's sizes, with the tokenizer."""
+    import torch
+
+    tokenizer = tokenizer_dir(ctx)
+    if not (tokenizer / "tokenizer.json").is_file():
+        return Outcome(False, f"no tokenizer in {tokenizer} (scripts/gpu_wheels.sh copies it)")
+    shapes, keys = load_shapes(), [ctx.sizes.small_model, ctx.sizes.big_model]
+    roomy = SHM_ROOT.parent.is_dir() and shutil.disk_usage(SHM_ROOT.parent).free > SHM_MIN_FREE
+    root = SHM_ROOT if roomy else ctx.work_dir / "models"
+    root.mkdir(parents=True, exist_ok=True)
+    figures: dict[str, Any] = {"root": str(root), "tokenizer": str(tokenizer)}
     for key in keys:
-        figures[key] = build_checkpoint(key, shapes[key], root / key, tokenizer_dir, ctx.scale.device)
-    big = figures[ctx.scale.big_model]
+        figures[key] = build_checkpoint(key, shapes[key], root / key, tokenizer, ctx.sizes.device)
+        if ctx.sizes.device == "cuda":
+            torch.cuda.empty_cache()
+    big = figures[ctx.sizes.big_model]
     how = "reused" if big["reused"] else f"built {big['build_s']:.1f}s, saved {big['save_s']:.1f}s"
-    summary = f"{ctx.scale.big_model}: {big['params'] / 1e9:.2f}B params, {big['weight_bytes'] / 1e9:.1f} GB ({how})"
+    summary = f"{ctx.sizes.big_model}: {big['params'] / 1e9:.2f}B params, {big['weight_bytes'] / 1e9:.1f} GB ({how})"
     return Outcome(True, summary, figures)

@@ -1,11 +1,6 @@
-"""`bench serve` on `mixed` with the 8B-shaped model on CUDA, against HF `generate` static batching.
+"""`bench serve` mixed with the 8B-shaped model against HF `generate` static batches (goal >= 6x).
 
-The same seeded requests both ways (kvserve.bench.workloads), the same ratio as `kvserve bench
-serve` reports (`vs_hf_throughput`: output tokens/s, goal >= 6). HF runs first, in this
-process, in bf16 on the GPU (`kvserve bench serve --baselines hf` would load it in fp32 on
-CPU), before the stage's server claims 90% of the device; then `bench serve` drives that
-server (kvserve.bench.serve, against a running server, no other baseline). Both
-reports are written beside report.json: bench_serve_mixed.json and .txt.
+HF runs first, in bf16 on the GPU, before the stage's server claims 90% of the device.
 """
 
 from __future__ import annotations
@@ -15,115 +10,95 @@ import gc
 import json
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
+from kvserve.gpu_check.hf_reference import load_hf_model
 from kvserve.gpu_check.random_models import model_dir
-from kvserve.gpu_check.results import Outcome
+from kvserve.gpu_check.report import Outcome
 from kvserve.gpu_check.serve_checks import serve_server
 
 if TYPE_CHECKING:
-    from kvserve.gpu_check.stage import CheckContext
-
-log = structlog.get_logger(__name__)
+    from kvserve.gpu_check.stage import StageContext
 
 WORKLOAD = "mixed"
 SEED = 0
 
 
-def _hf_run(ctx: CheckContext, workload: Any) -> tuple[Any, int]:
+def _hf_run(ctx: StageContext, workload: Any) -> tuple[Any, int]:
+    """(HF's run result, tokens generated): static batches of `hf_batch_size`, the model freed after."""
     import torch
 
     from kvserve.bench.baseline_hf import requests_from_workload, run_hf_baseline
-    from kvserve.gpu_check.hf_reference import load_hf_model
 
-    device = ctx.scale.device
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    model = load_hf_model(model_dir(ctx.work_dir, ctx.scale.big_model), dtype, device)
+    device = ctx.sizes.device
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = load_hf_model(model_dir(ctx.work_dir, ctx.sizes.big_model), dtype, device)
     try:
-        return run_hf_baseline(
-            model, requests_from_workload(workload), batch_size=ctx.scale.hf_batch_size, progress=False, device=device
-        )
+        requests = requests_from_workload(workload)
+        return run_hf_baseline(model, requests, batch_size=ctx.sizes.hf_batch_size, progress=False, device=device)
     finally:
         del model
         gc.collect()
-        if device.startswith("cuda"):
+        if device == "cuda":
             torch.cuda.empty_cache()
 
 
-def measure_bench_serve(ctx: CheckContext) -> Outcome:
+def measure_bench_serve(ctx: StageContext) -> Outcome:
     from kvserve.bench import workloads as wl
     from kvserve.bench.report import GOALS, compute_ratios, render_table, summarize_run
     from kvserve.bench.serve import BenchConfig, run_serve_benchmark
 
-    scale = ctx.scale
-    config_path = model_dir(ctx.work_dir, scale.big_model) / "config.json"
-    vocab = json.loads(config_path.read_text())["vocab_size"]
-    (mixed,) = wl.build(WORKLOAD, scale.bench_requests, vocab, SEED, scale.bench_max_tokens)
+    sizes = ctx.sizes
+    vocab = json.loads((model_dir(ctx.work_dir, sizes.big_model) / "config.json").read_text())["vocab_size"]
+    (mixed,) = wl.build(WORKLOAD, sizes.bench_requests, vocab, SEED, sizes.bench_max_tokens)
     errors: list[str] = []
-    hf = None
     try:
         hf = _hf_run(ctx, mixed)
     except Exception as exc:
+        hf = None
         errors.append(f"hf-generate: {type(exc).__name__}: {exc}"[:400])
     server = serve_server(ctx)
     config = BenchConfig(
         workloads=(WORKLOAD,),
-        num_requests=scale.bench_requests,
-        concurrency=scale.bench_concurrency,
+        num_requests=sizes.bench_requests,
+        concurrency=sizes.bench_concurrency,
         seed=SEED,
-        max_tokens_cap=scale.bench_max_tokens,
+        max_tokens_cap=sizes.bench_max_tokens,
         start_server=False,
         host=server.target_host,
         port=server.port,
         baselines=(),
-        hf_batch_size=scale.hf_batch_size,
         progress=False,
         startup_timeout_s=60.0,
-        command_line=f"kvserve gpu_check bench_serve_vs_hf ({scale.name})",
+        command_line=f"kvserve gpu_check bench_serve_vs_hf ({sizes.name})",
     )
     report = asyncio.run(run_serve_benchmark(config))
     if hf is not None:
         report.results.append(summarize_run(hf[0]))
-        report.meta.update(hf_batch_size=scale.hf_batch_size, hf_generated_tokens=hf[1], hf_device=scale.device)
+        report.meta.update(hf_batch_size=sizes.hf_batch_size, hf_generated_tokens=hf[1], hf_device=sizes.device)
         compute_ratios(report, [], num_blocks=0, block_size=0, max_request_len_by_workload={})
     (ctx.out_dir / "bench_serve_mixed.json").write_text(report.to_json() + "\n")
     (ctx.out_dir / "bench_serve_mixed.txt").write_text(render_table(report) + "\n")
-    ours = report.find("kvserve", WORKLOAD)
-    theirs = report.find("hf-generate", WORKLOAD)
-    ratio = report.ratios.get("vs_hf_throughput")
-    goal = GOALS["vs_hf_throughput"][1]
+    ours, theirs = report.find("kvserve", WORKLOAD), report.find("hf-generate", WORKLOAD)
+    ratio, goal = report.ratios.get("vs_hf_throughput"), GOALS["vs_hf_throughput"][1]
     if ours is None or ours["num_failed"]:
         errors.append(f"kvserve: {ours['num_failed'] if ours else 'no'} failed requests {ours and ours['errors']}")
-    figures = {
-        "workload": WORKLOAD,
-        "requests": scale.bench_requests,
-        "concurrency": scale.bench_concurrency,
-        "max_tokens_cap": scale.bench_max_tokens,
-        "hf_batch_size": scale.hf_batch_size,
-        "kvserve_output_tokens_per_s": ours and ours["output_throughput"],
-        "hf_output_tokens_per_s": theirs and theirs["output_throughput"],
-        "vs_hf_throughput": ratio,
-        "goal": goal,
-        "kvserve_ttft_mean_s": ours and ours["ttft"]["mean"],
-        "report": str(ctx.out_dir / "bench_serve_mixed.json"),
-        "errors": errors,
-    }
-    rows = [
-        (
-            "bench serve mixed: kvserve vs HF generate",
-            f"{scale.bench_requests} requests, concurrency {scale.bench_concurrency}, "
-            f"max_tokens <= {scale.bench_max_tokens}, HF batch {scale.hf_batch_size}",
-            f"{figures['kvserve_output_tokens_per_s'] or 0:,.0f} vs {figures['hf_output_tokens_per_s'] or 0:,.0f} "
-            "output tok/s",
-            "-" if ratio is None else f"{ratio:.2f}x",
-            f">= {goal:g}x: {'-' if ratio is None else 'met' if ratio >= goal else 'not met'}",
-        )
-    ]
-    summary = (
-        f"vs_hf_throughput {'-' if ratio is None else f'{ratio:.2f}x'} (goal >= {goal:g}): "
-        f"kvserve {figures['kvserve_output_tokens_per_s'] or 0:,.0f}, "
-        f"HF {figures['hf_output_tokens_per_s'] or 0:,.0f} tok/s"
+    kv_tps, hf_tps = (r["output_throughput"] if r else 0.0 for r in (ours, theirs))
+    figures = {"workload": WORKLOAD, "requests": sizes.bench_requests, "concurrency": sizes.bench_concurrency}
+    figures.update(max_tokens_cap=sizes.bench_max_tokens, hf_batch_size=sizes.hf_batch_size, goal=goal, errors=errors)
+    figures.update(kvserve_output_tokens_per_s=kv_tps, hf_output_tokens_per_s=hf_tps, vs_hf_throughput=ratio)
+    figures.update(
+        kvserve_ttft_mean_s=ours and ours["ttft"]["mean"], report=str(ctx.out_dir / "bench_serve_mixed.json")
     )
-    if errors:
-        summary += f"; {errors[0]}"
-    return Outcome(not errors and ratio is not None, summary, figures, rows, error="\n".join(errors) or None)
+    shown = "-" if ratio is None else f"{ratio:.2f}x"
+    setting = f"{sizes.bench_requests} requests, concurrency {sizes.bench_concurrency}, "
+    setting += f"max_tokens <= {sizes.bench_max_tokens}, HF batch {sizes.hf_batch_size}"
+    met = "-" if ratio is None else "met" if ratio >= goal else "not met"
+    row = (
+        "bench serve mixed: kvserve vs HF generate",
+        setting,
+        f"{kv_tps:,.0f} vs {hf_tps:,.0f} output tok/s",
+        shown,
+        f">= {goal:g}x: {met}",
+    )
+    summary = f"vs_hf_throughput {shown} (goal >= {goal:g}): kvserve {kv_tps:,.0f}, HF {hf_tps:,.0f} tok/s"
+    summary += f"; {errors[0]}" if errors else ""
+    return Outcome(not errors and ratio is not None, summary, figures, [row], error="\n".join(errors) or None)

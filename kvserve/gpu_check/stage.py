@@ -1,188 +1,190 @@
-"""A stage process: its checks in order, each in a try/except under its own time limit.
+"""A stage in a subprocess of its own under its budget: the parent's side (`run_stages`) and the child's.
 
-`python -m kvserve.gpu_check.stage NAME --out ... --work ... --deadline EPOCH` (the
-orchestrator starts it). A check that raises, or runs past its limit (SIGALRM, so a check
-stuck in Python is stopped; one stuck inside CUDA is ended by the orchestrator killing the
-stage), is recorded as FAIL with the error text and the next one runs. A CUDA fault poisons
-the process, so after one the remaining checks of the stage fail at once, naming it.
+A CUDA fault poisons a process and a hang never ends, so each stage runs apart, in its own session,
+killed with its servers' process groups when it overruns; each check writes its result as it ends.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib
 import os
 import signal
+import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvserve.gpu_check.orchestrator import pids_file
-from kvserve.gpu_check.registry import CheckSpec, checks_of
-from kvserve.gpu_check.results import FAIL, PASS, CheckResult, Outcome, read_result, write_result
-from kvserve.gpu_check.scale import Scale, scale_for
-from kvserve.gpu_check.wheel_list import REPO_ROOT
+from kvserve.gpu_check import report
+from kvserve.gpu_check.sizes import Sizes, sizes_for
+from kvserve.gpu_check.stages import CHECKS, STAGES, Check, checks_of
 
-_CUDA_FAULTS = ("CUDA error", "illegal memory access", "device-side assert", "CUBLAS_STATUS", "cudaError")
-
-
-class CheckTimeout(BaseException):
-    """Raised in the check by SIGALRM; a BaseException so a check's own `except Exception` cannot swallow it."""
+BUDGETS = {s.name: s.budget_s for s in STAGES}
+CUDA_FAULTS = ("CUDA error", "illegal memory access", "device-side assert", "CUBLAS_STATUS", "cudaError")
 
 
-@contextlib.contextmanager
-def time_limit(seconds: float) -> Iterator[None]:
-    def expire(_signum: int, _frame: Any) -> None:
-        raise CheckTimeout(f"ran past its time limit of {seconds:.0f}s")
+def progress(message: str) -> None:
+    print(f"[gpu_check {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.01))
+
+def _pgids(work_dir: Path, stage: str) -> Path:
+    return work_dir / f"pgids-{stage}.txt"
+
+
+def _kill(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def run_stages(
+    out_dir: Path, work: Path, wheels: Path, sizes: Sizes, budget_s: float, env: dict
+) -> list[report.CheckResult]:
+    """Every stage of the table within `budget_s`; every check's result, in table order."""
+    work.mkdir(parents=True, exist_ok=True)
+    end, why, pending = time.time() + budget_s, {}, []
+    for stage in STAGES:
+        limit = min(stage.budget_s * sizes.budget_factor, end - time.time())
+        if limit < 10:
+            why[stage.name] = f"not run: the time budget was spent before stage {stage.name} started"
+            continue
+        _pgids(work, stage.name).unlink(missing_ok=True)
+        progress(f"stage {stage.name} starts, budget {limit:.0f}s: {', '.join(c.name for c in checks_of(stage.name))}")
+        args = [stage.name, out_dir, work, wheels, sizes.name, limit]
+        process = subprocess.Popen(
+            [sys.executable, "-m", "kvserve.gpu_check.stage", *map(str, args)],
+            env={**env, **dict(stage.env), "PYTHONUNBUFFERED": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"},
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+        )
+        pending.append((stage.name, process, time.time() + limit))
+        if not stage.beside_next:  # it and those beside it must end before the next stage starts
+            why.update(_finish(name, p, deadline, work) for name, p, deadline in pending)
+            pending.clear()
+    why.update(_finish(name, p, deadline, work) for name, p, deadline in pending)
+    results = [report.read_result(out_dir, c.name) for c in CHECKS]
+    return [r or _missing(c, why.get(c.stage, "no result"), out_dir) for c, r in zip(CHECKS, results)]
+
+
+def _finish(stage: str, process: subprocess.Popen, deadline: float, work: Path) -> tuple[str, str]:
+    """(stage, why a check of it has no result), once it ended or was killed at its deadline."""
     try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        how = f"exited with {process.wait(max(0.0, deadline - time.time()))}"
+    except subprocess.TimeoutExpired:
+        _kill(process.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=5)
+        _kill(process.pid, signal.SIGKILL)
+        process.wait()
+        how = "ran past its budget and was killed"
+    for pgid in _pgids(work, stage).read_text().split() if _pgids(work, stage).is_file() else []:
+        _kill(int(pgid), signal.SIGKILL)  # servers it started in sessions of their own
+    progress(f"stage {stage} {how}")
+    return stage, f"no result: stage {stage} {how} before this check reported"
 
 
-class ResourceFailed(RuntimeError):
-    """A shared resource (a model, a server) failed to start for an earlier check of the stage."""
+def _missing(c: Check, why: str, out_dir: Path) -> report.CheckResult:
+    result = report.CheckResult(c.name, c.kind, c.stage, report.FAIL, why, BUDGETS[c.stage], error=why)
+    report.write_result(out_dir, result)
+    return result
+
+
+def check_function(check: Check) -> Callable[[StageContext], report.Outcome]:
+    module, function = str(check.target).split(":")
+    return getattr(importlib.import_module(f"kvserve.gpu_check.{module}"), function)
+
+
+def dry_run_results() -> list[report.CheckResult]:
+    """Every check SKIP (dry run), or FAIL where its function does not import (torch is imported lazily)."""
+    results = []
+    for c in CHECKS:
+        status = report.SKIP_DRY_RUN if c.target else report.NOT_IMPLEMENTED
+        result = report.CheckResult(c.name, c.kind, c.stage, status, c.about, BUDGETS[c.stage])
+        try:
+            if c.target:
+                check_function(c)
+        except (ImportError, AttributeError) as exc:
+            result.status, result.summary = report.FAIL, f"{c.target}: {exc}"
+            result.error = result.summary
+        results.append(result)
+    return results
 
 
 @dataclass
-class CheckContext:
-    """What a check gets: where to write, the sizes to run at, and the stage's shared resources."""
+class StageContext:
+    """What a check gets: where to write, the sizes, and what the stage's checks share."""
 
     out_dir: Path
     work_dir: Path
     wheels_dir: Path
-    mode: str
-    scale: Scale
+    sizes: Sizes
     stage: str
-    deadline: float
-    repo: Path = REPO_ROOT
+    budget_s: float
     state: dict[str, Any] = field(default_factory=dict)
-    """Figures one check leaves for a later one of the same stage (the copy bandwidth, the undisturbed streams)."""
-    _resources: dict[str, Any] = field(default_factory=dict)
-    _cleanups: list[Callable[[], None]] = field(default_factory=list)
+    """Shared things, and figures one check leaves for a later one (the copy bandwidth, the undisturbed streams)."""
+    closing: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
-    def resource(self, key: str, factory: Callable[[], Any], close: Callable[[Any], None] | None = None) -> Any:
-        """Made once per stage by the first check that asks; its failure is remembered for the others."""
-        if key not in self._resources:
+    def shared(self, key: str, make: Callable[[], Any], close: Callable[[Any], Any]) -> Any:
+        """Made by the first check that asks, closed when the stage ends; a failure is kept for the others."""
+        if key not in self.state:
             try:
-                value = factory()
+                self.state[key] = make()
+                self.closing.callback(close, self.state[key])
             except Exception as exc:
-                self._resources[key] = ResourceFailed(f"{key} failed to start: {type(exc).__name__}: {exc}")
-                raise
-            self._resources[key] = value
-            if close is not None:
-                self._cleanups.append(lambda: close(value))
-        value = self._resources[key]
-        if isinstance(value, ResourceFailed):
-            raise value
-        return value
-
-    def release(self, key: str, close: Callable[[Any], None]) -> None:
-        """Close a resource early (the GPU memory it holds is wanted by the next check)."""
-        value = self._resources.pop(key, None)
-        if value is not None and not isinstance(value, ResourceFailed):
-            close(value)
-
-    def on_close(self, fn: Callable[[], None]) -> None:
-        self._cleanups.append(fn)
+                self.state[key] = RuntimeError(f"{key} failed to start: {type(exc).__name__}: {exc}")
+        if isinstance(self.state[key], RuntimeError):
+            raise self.state[key]
+        return self.state[key]
 
     def remember_process_group(self, pgid: int) -> None:
-        """A process group to kill if this stage is killed before it could stop it itself."""
-        with open(pids_file(self.work_dir, self.stage), "a") as f:
+        """A server's process group, for the parent to kill if this stage dies before stopping it."""
+        with _pgids(self.work_dir, self.stage).open("a") as f:
             f.write(f"{pgid}\n")
 
-    def close(self) -> None:
-        while self._cleanups:
-            fn = self._cleanups.pop()
-            try:
-                fn()
-            except Exception as exc:
-                print(f"[gpu_check stage {self.stage}] cleanup failed: {exc}", flush=True)
 
-
-def _say(stage: str, message: str) -> None:
-    print(f"[gpu_check stage {stage}] {message}", flush=True)
-
-
-def _unmet_needs(spec: CheckSpec, out_dir: Path) -> list[str]:
-    unmet = []
-    for name in spec.needs:
-        found = read_result(out_dir, name)
-        if found is None or found.status != PASS:
-            unmet.append(name)
-    return unmet
-
-
-def run_check(spec: CheckSpec, ctx: CheckContext, poisoned: list[str]) -> CheckResult:
-    """Run one check and write its result; `poisoned` carries a CUDA fault from an earlier check."""
-    result = CheckResult(spec.name, spec.kind, spec.stage, FAIL, "", spec.time_limit_s)
+def run_check(check: Check, ctx: StageContext, faults: list[str]) -> report.CheckResult:
+    """One check, in a try/except; after a CUDA fault (it poisons the process) the next ones fail at once."""
+    result = report.CheckResult(check.name, check.kind, check.stage, report.FAIL, "", ctx.budget_s)
     started = time.time()
-    limit = min(spec.time_limit_s * ctx.scale.limit_factor, ctx.deadline - started - 5)
-    unmet = _unmet_needs(spec, ctx.out_dir)
-    if poisoned:
-        result.error = f"not run: an earlier check of stage {spec.stage} hit a CUDA fault: {poisoned[0]}"
-    elif unmet:
-        result.error = f"not run: needs {', '.join(unmet)}, which did not pass"
-    elif limit < 2:
-        result.error = f"not run: stage {spec.stage} has no time left"
+    if check.target is None:
+        result.status, result.summary = report.NOT_IMPLEMENTED, check.about
+    elif faults:
+        result.error = f"not run: an earlier check of stage {check.stage} hit a CUDA fault: {faults[0]}"
     else:
-        _say(spec.stage, f"{spec.name} starts (limit {limit:.0f}s)")
+        progress(f"{check.name} starts")
         try:
-            with time_limit(limit):
-                fn = getattr(importlib.import_module(spec.module), spec.function)
-                outcome: Outcome = fn(ctx)
-            result.status = PASS if outcome.passed else FAIL
-            result.summary = outcome.summary
-            result.figures = outcome.figures
+            outcome = check_function(check)(ctx)
+            result.status = report.PASS if outcome.passed else report.FAIL
+            result.summary, result.figures, result.error = outcome.summary, outcome.figures, outcome.error
             result.rows = [list(row) for row in outcome.rows]
-            result.error = outcome.error
-        except CheckTimeout as exc:
-            result.error = str(exc)
         except Exception as exc:
-            text = "".join(traceback.format_exception(exc)[-6:]).strip()
-            result.error = f"{type(exc).__name__}: {exc}\n{text}"
-            if any(marker in str(exc) for marker in _CUDA_FAULTS):
-                poisoned.append(f"{type(exc).__name__}: {exc}"[:300])
+            result.error = f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exception(exc)[-6:])
+            faults += [f"{type(exc).__name__}: {exc}"[:300]] if any(m in str(exc) for m in CUDA_FAULTS) else []
     result.duration_s = round(time.time() - started, 2)
-    if result.status == FAIL and not result.summary:
-        result.summary = (result.error or "failed").splitlines()[0][:200]
-    write_result(ctx.out_dir, result)
-    _say(spec.stage, f"{spec.name}: {result.status} in {result.duration_s:.1f}s: {result.summary}")
+    result.summary = result.summary or (result.error or "failed").splitlines()[0][:200]
+    report.write_result(ctx.out_dir, result)
+    progress(f"{check.name}: {result.status} in {result.duration_s:.1f}s: {result.summary}")
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvserve.gpu_check.stage")
-    parser.add_argument("stage")
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--work", type=Path, required=True)
-    parser.add_argument("--wheels", type=Path, required=True)
-    parser.add_argument("--mode", default="gpu")
-    parser.add_argument("--deadline", type=float, required=True)
-    args = parser.parse_args(argv)
-    scale = scale_for(args.mode)
-    if scale.device == "cpu":
+def main(argv: list[str]) -> int:
+    """`python -m kvserve.gpu_check.stage STAGE OUT_DIR WORK_DIR WHEELS_DIR SIZES BUDGET_S` (run_stages starts it)."""
+    stage, out_dir, work_dir, wheels_dir, sizes_name, budget_s = argv
+    sizes = sizes_for(sizes_name)
+    if sizes.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # the kernels run through the interpreter
     from kvserve.log_config import configure_logging
 
-    configure_logging(json=True, process=f"gpu_check-{args.stage}")
-    ctx = CheckContext(args.out, args.work, args.wheels, args.mode, scale, args.stage, args.deadline)
-    poisoned: list[str] = []
-    try:
-        results = [run_check(spec, ctx, poisoned) for spec in checks_of(args.stage)]
-    finally:
-        ctx.close()
-    return 0 if all(r.status == PASS for r in results) else 1
+    configure_logging(json=True, process=f"gpu_check-{stage}")
+    ctx = StageContext(Path(out_dir), Path(work_dir), Path(wheels_dir), sizes, stage, float(budget_s))
+    faults: list[str] = []
+    with ctx.closing:
+        results = [run_check(check, ctx, faults) for check in checks_of(stage)]
+    return 0 if all(r.status != report.FAIL for r in results) else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

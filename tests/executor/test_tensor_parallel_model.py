@@ -118,6 +118,7 @@ def test_default_model_at_three_ranks_answers_the_france_prompt_as_one(default_m
 
 
 @pytest.mark.cuda
+@pytest.mark.multi_gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs (nccl between two ranks)")
 def test_two_gpus_with_nccl_match_one(tmp_path) -> None:
     """The same workload on `cuda:0` + `cuda:1` over nccl against one GPU, in float32."""

@@ -1,0 +1,94 @@
+"""The GPU check's one table: its stages in order, each with a time budget, and the checks they run.
+
+A stage is one subprocess, so a CUDA fault or a hang costs that stage only; its checks share what
+is expensive to load. The CPU rehearsal multiplies the budgets by `Sizes.budget_factor`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CHECK = "check"
+MEASUREMENT = "measurement"
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    name: str
+    budget_s: float
+    beside_next: bool = False
+    """Runs beside the next stage (CPU-bound kernel compiles) and is waited for before the one after."""
+    env: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    name: str
+    kind: str
+    stage: str
+    target: str | None
+    """`module:function` under kvserve.gpu_check, called with the stage's context; None: not implemented."""
+    about: str
+
+
+STAGES = (
+    Stage("env", 60),  # ~10 s
+    Stage("kernels", 300, beside_next=True),  # ~60-120 s, mostly Triton compiling
+    # ~95 s; fp32 dots at full precision, so fp32 greedy tokens can equal transformers'
+    Stage("models", 300, env=(("TRITON_F32_DEFAULT", "ieee"),)),
+    Stage("measure", 240),  # ~85 s
+    Stage("serve", 300),  # ~160 s: HF static batches, a server start, the restarted executor reloading 15 GB
+)
+
+CHECKS = (
+    Check(
+        "environment", CHECK, "env", "environment:check_environment", "CUDA, versions, imports, grpc/protobuf, glibc"
+    ),
+    Check(
+        "cuda_graphs_compile", MEASUREMENT, "env", None, "not implemented: no CUDA graphs or torch.compile in kvserve"
+    ),
+    Check(
+        "pytest_cuda", CHECK, "kernels", "pytest_check:run_pytest_cuda", "`pytest -m cuda`: kernels vs torch on CUDA"
+    ),
+    Check(
+        "build_models", CHECK, "models", "random_models:build_models", "random SmolLM2-135M and 8B-shaped checkpoints"
+    ),
+    Check(
+        "runner_vs_hf_tiny", CHECK, "models", "runner_vs_hf:check_tiny_models", "tiny models' fp32 greedy tokens = HF's"
+    ),
+    Check(
+        "runner_vs_hf_8b_logits",
+        CHECK,
+        "models",
+        "runner_vs_hf:check_8b_logits",
+        "8B bf16 logits vs HF fp32, as HF bf16's",
+    ),
+    Check(
+        "device_peaks", MEASUREMENT, "measure", "device_peaks:measure_device_peaks", "copy bandwidth, bf16 matmul peak"
+    ),
+    Check(
+        "decode_attention_bandwidth",
+        MEASUREMENT,
+        "measure",
+        "decode_attention:measure_decode_attention",
+        "paged decode K/V bytes/s vs copy BW",
+    ),
+    Check("kv_sizing", CHECK, "measure", "kv_sizing:check_kv_sizing", "KV pool fills the budget; stress steps fit"),
+    Check("decode_throughput", MEASUREMENT, "measure", "model_throughput:measure_decode", "8B decode tok/s vs copy BW"),
+    Check(
+        "prefill_throughput",
+        MEASUREMENT,
+        "measure",
+        "model_throughput:measure_prefill",
+        "8B prefill tok/s vs bf16 peak",
+    ),
+    Check(
+        "bench_serve_vs_hf", MEASUREMENT, "serve", "serve_bench:measure_bench_serve", "bench serve mixed vs HF generate"
+    ),
+    Check("serve_64_streams", CHECK, "serve", "serve_checks:check_64_streams", "64 concurrent streams all complete"),
+    Check("serve_kill9", CHECK, "serve", "serve_checks:check_kill9", "kill -9 of the executor under 64 streams"),
+)
+
+
+def checks_of(stage: str) -> list[Check]:
+    return [c for c in CHECKS if c.stage == stage]
