@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 
 from kvserve.config import defaults
 from kvserve.config.flags import HelpFormatter, add_flags, config_from_args, flag
+from kvserve.executor.config_error import ExecutorConfigError
 from kvserve.executor.fake.executor import FakeExecutorConfig
-from kvserve.executor.link_worker import LinkWorkerConfig
+from kvserve.executor.link_worker import ExitReason, LinkWorkerConfig
 from kvserve.executor.runner_config import RunnerConfig
 from kvserve.executor.tensor_parallel.config import TensorParallelConfig
 
@@ -122,18 +123,23 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-        return run_executor("fake", link, fake=fake_config_from_args(args))
-    if parallel.tensor_parallel_size == 1:
-        return run_executor("torch", link, runner=runner_config_from_args(args))
+        try:
+            return run_executor("fake", link, fake=fake_config_from_args(args))
+        except ExecutorConfigError as exc:
+            print(f"{PROG}: {exc}", file=sys.stderr)
+            return int(ExitReason.REFUSED)
     from kvserve.executor.process import run_tensor_parallel
     from kvserve.executor.tensor_parallel.config import TensorParallelSetupError
     from kvserve.executor.tensor_parallel.layout import TensorParallelFitError
 
     try:
-        return run_tensor_parallel(link, runner_config_from_args(args), parallel, link.parent_pid)
-    except (TensorParallelFitError, TensorParallelSetupError) as exc:
+        runner = runner_config_from_args(args)
+        if parallel.tensor_parallel_size == 1:
+            return run_executor("torch", link, runner=runner)
+        return run_tensor_parallel(link, runner, parallel, link.parent_pid)
+    except (ExecutorConfigError, TensorParallelFitError, TensorParallelSetupError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
-        return 2
+        return int(ExitReason.REFUSED)
 
 
 def parent_pid_from_env() -> int | None:

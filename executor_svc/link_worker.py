@@ -54,6 +54,8 @@ class ExitReason(IntEnum):
     """Process exit codes of `kvserve executor`."""
 
     SHUTDOWN = 0
+    REFUSED = defaults.EXECUTOR_REFUSED_EXIT
+    """The configuration names something this executor cannot load or run (`ExecutorConfigError`)."""
     SCHEDULER_LOST = 3
     NEVER_CONNECTED = 4
     RANK_LOST = 5

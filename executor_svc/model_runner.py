@@ -292,11 +292,13 @@ class ModelRunner:
         return max(0.0, budget)
 
     def _native_linears(self) -> list[dict[str, Int4Linear]]:
-        from kvserve.executor.weights.gguf_weights import native_layer_linears
+        from kvserve.executor.weights.gguf_weights import NativeWeightsUnavailable, native_layer_linears
 
         source = model_store.resolve_source(self.config.model)
         if source.gguf_file is None:
-            raise ValueError(f"--weights native needs a GGUF model; {source.path} is a safetensors directory")
+            raise NativeWeightsUnavailable(
+                f"--weights native needs a GGUF model; {source.path} is a safetensors directory"
+            )
         return native_layer_linears(source.path / source.gguf_file, self.model_config, self.layout)
 
     def _model_id(self) -> str:

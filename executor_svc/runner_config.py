@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from kvserve.config import defaults
 from kvserve.config.flags import flag
+from kvserve.executor.config_error import ExecutorConfigError
 from kvserve.executor.cpu_features import has_native_bf16
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -110,7 +111,7 @@ def check_block_size(block_size: int) -> None:
     """Refuse a block size the kernels and backends are not tested at (`kvserve.config.defaults.BLOCK_SIZES`)."""
     if block_size not in defaults.BLOCK_SIZES:
         allowed = ", ".join(map(str, defaults.BLOCK_SIZES))
-        raise ValueError(f"--block-size must be one of {allowed}, got {block_size!r}")
+        raise ExecutorConfigError(f"--block-size must be one of {allowed}, got {block_size!r}")
 
 
 def resolve_device(config: RunnerConfig, local_rank: int | None = None) -> str:
@@ -159,7 +160,7 @@ def resolve_kv_cache_dtype(config: RunnerConfig, dtype: str, attention_backend: 
     if config.kv_cache_dtype == "auto":
         return dtype
     if config.kv_cache_dtype != dtype and attention_backend == "triton":
-        raise ValueError(
+        raise ExecutorConfigError(
             f"--kv-cache-dtype {config.kv_cache_dtype} with --dtype {dtype} needs --attention-backend cpu or torch, "
             f"not {attention_backend}"
         )
@@ -175,7 +176,7 @@ def resolve_weights(config: RunnerConfig, device: str, dtype: str) -> str:
     if config.weights != "native":
         return "dequantized"
     if device != "cpu" or dtype != "float32":
-        raise ValueError(f"--weights native runs on cpu with --dtype float32, not {device} / {dtype}")
+        raise ExecutorConfigError(f"--weights native runs on cpu with --dtype float32, not {device} / {dtype}")
     return "native"
 
 
@@ -193,4 +194,4 @@ def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
     """Refuse a value that is neither auto nor one of `allowed`, naming the field and the choices."""
     if value != "auto" and value not in allowed:
         choices = ", ".join(allowed[:-1]) + f" or {allowed[-1]}"
-        raise ValueError(f"{name} must be auto, {choices}, got {value!r}")
+        raise ExecutorConfigError(f"{name} must be auto, {choices}, got {value!r}")

@@ -20,6 +20,7 @@ import structlog
 import torch
 from gguf import GGMLQuantizationType, GGUFReader
 
+from kvserve.executor.config_error import ExecutorConfigError
 from kvserve.executor.model_config import ModelConfig
 from kvserve.executor.tensor_parallel.layout import TensorParallelLayout, check_fits, plan_layout
 from kvserve.executor.weights.gguf_q4_1 import GROUP, Q4_1Weight, concat_rows, parse_q4_1, select_columns, select_rows
@@ -30,7 +31,7 @@ log = structlog.get_logger(__name__)
 _LAYER_TENSORS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
-class NativeWeightsUnavailable(ValueError):
+class NativeWeightsUnavailable(ExecutorConfigError):
     """The model has no Q4_1 linear layers to serve natively (not a GGUF, or another format)."""
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import structlog
 
 from kvserve.config import defaults
+from kvserve.executor.config_error import ExecutorConfigError
 from kvserve.executor.disk_cache import cache_dir
 
 log = structlog.get_logger(__name__)
@@ -28,7 +29,7 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DONE_MARKER = ".kvserve-complete"
 
 
-class ModelNotFoundError(RuntimeError):
+class ModelNotFoundError(ExecutorConfigError):
     """The model spec names nothing kvserve can load."""
 
 

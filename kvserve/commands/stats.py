@@ -17,8 +17,8 @@ EXIT_NOT_SERVING = 3
 
 _STATS_LAYOUT: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("KV blocks", ("num_blocks", "blocks_free", "blocks_cached", "blocks_referenced", "kv_usage")),
-    ("requests", ("requests_waiting", "requests_running", "requests_swapped", "num_preemptions")),
-    ("prefix cache", ("prefix_queried_tokens", "prefix_hit_tokens")),
+    ("requests", ("requests_waiting", "requests_running", "requests_swapped", "num_preemptions", "num_swap_outs")),
+    ("prefix cache", ("prefix_queried_tokens", "prefix_hit_tokens", "num_evicted_blocks")),
     ("executor", ("executor_state", "executor_restarts", "steps")),
 )
 

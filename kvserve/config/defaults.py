@@ -94,6 +94,9 @@ EXECUTOR_CONNECT_TIMEOUT_S = 120.0
 STEP_TIMEOUT_S = 300.0
 """A step still unanswered after this long (heartbeats alive, compute stuck) loses the executor."""
 EXECUTOR_PARENT_PID_ENV = "KVSERVE_EXECUTOR_PARENT_PID"
+EXECUTOR_REFUSED_EXIT = 2
+"""`kvserve executor`'s exit code when it refuses its configuration (a model it cannot load, a
+refused flag combination): the scheduler then reports a refusal, not a crash, and exits 2 too."""
 """Set by `kvserve serve` in its executor child's environment: the pid whose death ends that
 executor (`LinkWorkerConfig.parent_pid`). A contract between supervisor and child, not a flag,
 so it holds for whatever command line the child runs."""

@@ -39,6 +39,7 @@ class BlockPool:
         "_is_cached",
         "num_allocated_total",
         "num_blocks",
+        "num_evicted_total",
         "num_released_total",
         "num_reserved",
         "num_shared_total",
@@ -58,8 +59,10 @@ class BlockPool:
         # Free or cached blocks promised to admitted sequences (kv_reservation); others cannot allocate them.
         self.num_reserved = 0
         # Monotonic since the pool was built: blocks handed out by allocate/allocate_one, references
-        # added by ref (prefix hits, forks, copy pins) and references dropped by release.
+        # added by ref (prefix hits, forks, copy pins), references dropped by release, and cached
+        # blocks evicted (taken back from the prefix tree to be handed out).
         self.num_allocated_total = 0
+        self.num_evicted_total = 0
         self.num_shared_total = 0
         self.num_released_total = 0
 
@@ -104,6 +107,7 @@ class BlockPool:
             blocks = free[:]
             free.clear()
             cached, is_cached, hook = self._cached, self._is_cached, self._evict_hook
+            self.num_evicted_total += count - len(blocks)
             for _ in range(count - len(blocks)):
                 block, _unused = cached.popitem(last=False)
                 is_cached[block] = False
@@ -123,6 +127,7 @@ class BlockPool:
             block, _unused = self._cached.popitem(last=False)
             self._is_cached[block] = False
             self._evict_hook(block)
+            self.num_evicted_total += 1
         else:
             return None
         self.ref_counts[block] = 1

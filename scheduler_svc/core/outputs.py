@@ -77,6 +77,10 @@ class SchedulerStats:
     prefix_queried_tokens: int
     prefix_hit_tokens: int
     num_preemptions: int
+    num_swap_outs: int = 0
+    """Preemptions that swapped to CPU; `num_preemptions - num_swap_outs` recomputed."""
+    num_evicted_blocks: int = 0
+    """Cached blocks taken back from the prefix tree, in total."""
     num_cpu_blocks: int = 0
     cpu_blocks_used: int = 0
     num_steps: int = 0

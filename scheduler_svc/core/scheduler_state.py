@@ -59,6 +59,8 @@ class SchedulerState:
     num_steps: int = 0
     """Results applied."""
     num_preemptions: int = 0
+    num_swap_outs: int = 0
+    """Preemptions that swapped the sequence's KV to CPU (the rest recompute)."""
 
     @classmethod
     def fresh(cls, config: SchedulerConfig, clock: Callable[[], float]) -> SchedulerState:

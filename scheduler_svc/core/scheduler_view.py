@@ -85,6 +85,8 @@ def stats_of(state: SchedulerState) -> SchedulerStats:
         prefix_queried_tokens=tree.queried_tokens,
         prefix_hit_tokens=tree.hit_tokens,
         num_preemptions=state.num_preemptions,
+        num_swap_outs=state.num_swap_outs,
+        num_evicted_blocks=pool.num_evicted_total,
         num_cpu_blocks=cpu.num_blocks,
         cpu_blocks_used=cpu.num_blocks - cpu.num_free,
         num_steps=state.num_steps,

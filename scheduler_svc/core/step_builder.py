@@ -228,6 +228,7 @@ class StepBuilder:
         seq.sent_tokens = seq.sent_blocks = 0
         if st.config.preemption_mode == "swap" and st.kv.swap_out(seq, plan):
             seq.status = SequenceStatus.SWAPPED
+            st.num_swap_outs += 1
             bisect.insort(st.swapped, seq, key=QUEUE_ORDER)
             log.debug("preempted", seq_id=seq.seq_id, mode="swap", blocks=len(seq.cpu_table))
             return

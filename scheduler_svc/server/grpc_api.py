@@ -177,6 +177,8 @@ class KVServeServicer(api_pb2_grpc.KVServeServicer):
             prefix_queried_tokens=s.prefix_queried_tokens,
             prefix_hit_tokens=s.prefix_hit_tokens,
             num_preemptions=s.num_preemptions,
+            num_swap_outs=s.num_swap_outs,
+            num_evicted_blocks=s.num_evicted_blocks,
             executor_state=_EXECUTOR_STATES[stats.executor_state],
             executor_restarts=self._restarts(),
             steps=stats.steps,

@@ -129,6 +129,14 @@ class ServerMetrics:
             PREFIX + "prefix_cache_hits", "Prompt tokens served from the prefix cache.", registry=r
         )
         self.num_preemptions = Counter(PREFIX + "num_preemptions", "Sequences preempted.", registry=r)
+        self.num_swap_outs = Counter(
+            PREFIX + "num_swap_outs",
+            "Preemptions that swapped a sequence's KV to CPU (the rest recompute).",
+            registry=r,
+        )
+        self.prefix_cache_evictions = Counter(
+            PREFIX + "prefix_cache_evictions", "Cached blocks taken back from the prefix tree.", registry=r
+        )
         self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prompt tokens computed (prefill).", registry=r)
         self.generation_tokens = Counter(PREFIX + "generation_tokens", "Tokens generated.", registry=r)
         self.request_success = Counter(
@@ -154,7 +162,7 @@ class ServerMetrics:
         )
         self.executor_up = Gauge(PREFIX + "executor_up", "1 when an executor is connected and ready.", registry=r)
         self.executor_restarts = Counter(PREFIX + "executor_restarts", "Executors replaced after a loss.", registry=r)
-        self._seen = {"queried": 0, "hits": 0, "preemptions": 0}
+        self._seen = {"queried": 0, "hits": 0, "preemptions": 0, "swap_outs": 0, "evictions": 0}
         self._lock = threading.Lock()
         self._http_server: Any = None
 
@@ -177,6 +185,8 @@ class ServerMetrics:
             self._advance(self.prefix_cache_queries, "queried", stats.prefix_queried_tokens)
             self._advance(self.prefix_cache_hits, "hits", stats.prefix_hit_tokens)
             self._advance(self.num_preemptions, "preemptions", stats.num_preemptions)
+            self._advance(self.num_swap_outs, "swap_outs", stats.num_swap_outs)
+            self._advance(self.prefix_cache_evictions, "evictions", stats.num_evicted_blocks)
         self.stats_logger.observe_step(stats, prompt_tokens, generation_tokens)
 
     def observe_first_token(self, ttft_s: float) -> None:

@@ -48,7 +48,11 @@ log = structlog.get_logger(__name__)
 
 
 class ExecutorStartError(RuntimeError):
-    """The supervised executor exited before it ever registered."""
+    """The supervised executor exited before it ever registered; `refused`: because of its configuration."""
+
+    def __init__(self, message: str, *, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 class LinkKeyError(ValueError):
@@ -143,7 +147,8 @@ def grammar_compiler(tokenizer: Tokenizer, info: ExecutorInfo) -> GrammarCompile
 async def run_service(
     config: ServerConfig, *, endpoint: str | None = None, supervisor: ExecutorSupervisor | None = None
 ) -> int:
-    """Serve until SIGTERM/SIGINT; returns the process exit code (2: bad security options)."""
+    """Serve until SIGTERM/SIGINT; returns the process exit code (2: bad security options, or an executor that
+    refused its configuration)."""
     try:
         security = load_api_security(config)
     except (TokenFileError, TlsConfigError, InsecureBindError, BrowserPolicyError, LinkKeyError) as exc:
@@ -249,7 +254,7 @@ async def run_service(
     except ExecutorStartError as exc:
         log.error("executor_start_failed", error=str(exc))
         print(f"kvserve: {exc}", file=sys.stderr, flush=True)
-        return 1
+        return 2 if exc.refused else 1
     except HttpListenError as exc:
         print(
             f"kvserve: HTTP API: {exc} (--http-port picks another port, 0 turns HTTP off)", file=sys.stderr, flush=True
@@ -301,8 +306,11 @@ async def _first_executor(
             )
             return info
         if kind == "exited":
+            code = first.result()
+            if code == defaults.EXECUTOR_REFUSED_EXIT:
+                raise ExecutorStartError("the executor refused its configuration; its reason is above", refused=True)
             raise ExecutorStartError(
-                f"the executor exited with code {first.result()} before registering; see its log lines above"
+                f"the executor exited with code {code} before registering; see its log lines above"
             )
         return None
     finally:

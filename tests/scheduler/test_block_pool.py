@@ -61,6 +61,20 @@ def test_cached_blocks_are_evicted_least_recently_released_first() -> None:
     assert evicted == [blocks[2], blocks[0], blocks[3]]
 
 
+def test_evictions_are_counted_on_both_allocation_paths() -> None:
+    pool = BlockPool(4)
+    blocks = pool.allocate(4)
+    assert blocks is not None
+    for block in blocks:
+        pool.mark_cached(block)
+    pool.release_table(blocks)
+    assert pool.num_cached == 4 and pool.num_evicted_total == 0
+    assert pool.allocate(3) is not None  # no free block: three cached ones are taken back
+    assert pool.num_evicted_total == 3
+    assert pool.allocate_one() is not None
+    assert pool.num_evicted_total == 4 and pool.num_cached == 0
+
+
 def test_misuse_is_refused() -> None:
     pool = BlockPool(2)
     with pytest.raises(ValueError):

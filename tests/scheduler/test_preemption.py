@@ -80,6 +80,9 @@ def test_swap_moves_kv_to_cpu_and_back() -> None:
     (resumed,) = [s for s in in_plan.new_seqs if s.seq_id == ids["second"]]
     assert resumed.num_computed_tokens == len(resumed.token_ids) - 1  # everything came back, nothing recomputed
     assert resumed.block_table[: len(in_plan.swap_in)] == [dev for _cpu, dev in in_plan.swap_in]
+    stats = h.scheduler.stats()
+    assert stats.num_swap_outs == sum(1 for p in h.plans if p.swap_out) >= 1
+    assert stats.num_swap_outs == stats.num_preemptions  # room on CPU: none fell back to recompute
     assert_complete(h)
 
 
@@ -88,7 +91,8 @@ def test_swap_without_cpu_room_falls_back_to_recompute() -> None:
     add_both(h)
     h.run()
     assert not any(p.swap_out for p in h.plans)
-    assert h.scheduler.stats().num_preemptions >= 1
+    stats = h.scheduler.stats()
+    assert stats.num_preemptions >= 1 and stats.num_swap_outs == 0  # the counter tells recompute from swap
     assert_complete(h)
 
 

@@ -11,12 +11,17 @@ processes, and every way of serving them must give the tokens of the first:
 - all 16 at once with the executor killed (-9) once every stream is under way: recomputed
   on a new executor;
 - all 16 at once on a server with a 24-token step budget (every prompt chunked, cold);
-- all 16 at once in a KV pool too small for them, preempted by recompute, and by swap to CPU.
+- all 16 at once in a KV pool too small for them, preempted by recompute, and by swap to CPU
+  (the swap counter tells the two apart);
+- one at a time in that small pool, which evicts earlier prompts from the prefix cache.
+
+And JSON-schema requests swapped to CPU and back give the tokens they give alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 from collections.abc import Iterator
@@ -77,23 +82,25 @@ async def _tokens(
     return ids
 
 
-def _alone(server: ServeProcess) -> list[list[int]]:
+def _alone(server: ServeProcess, requests: list[api_pb2.GenerateRequest] = REQUESTS) -> list[list[int]]:
     async def run() -> list[list[int]]:
         async with server.aio_channel() as channel:
             stub = api_pb2_grpc.KVServeStub(channel)
-            return [await _tokens(stub, r, asyncio.Event()) for r in REQUESTS]
+            return [await _tokens(stub, r, asyncio.Event()) for r in requests]
 
     return asyncio.run(run())
 
 
-def _together(server: ServeProcess, kill_executor: bool = False) -> list[list[int]]:
+def _together(
+    server: ServeProcess, kill_executor: bool = False, requests: list[api_pb2.GenerateRequest] = REQUESTS
+) -> list[list[int]]:
     """All requests at once; `kill_executor`: kill -9 the executor once every stream has a token."""
 
     async def run() -> list[list[int]]:
         async with server.aio_channel() as channel:
             stub = api_pb2_grpc.KVServeStub(channel)
-            started = [asyncio.Event() for _ in REQUESTS]
-            tasks = [asyncio.create_task(_tokens(stub, r, e)) for r, e in zip(REQUESTS, started, strict=True)]
+            started = [asyncio.Event() for _ in requests]
+            tasks = [asyncio.create_task(_tokens(stub, r, e)) for r, e in zip(requests, started, strict=True)]
             if kill_executor:
                 await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), timeout=600)
                 os.kill(server.executor_pids()[-1], signal.SIGKILL)
@@ -114,9 +121,18 @@ def config(request) -> Iterator[tuple[str, list[str], list[list[int]]]]:
     with serving(BASE + extra, name=f"reference-{name}") as server:
         ready = _chosen(server)
         if name == "auto":
-            # bf16 is what auto picks on a CPU with native bf16 (its GEMMs probe invariant there).
-            assert ready["dtype"] == ("bfloat16" if has_native_bf16() else "float32"), ready
+            # On a CPU with native bf16, auto picks bf16 where its GEMMs probe batch-invariant at an
+            # affordable padding, and says why it fell back to fp32 where not (AMX's bf16 kernels).
+            (chose,) = server.log_events("chose dtype and weights")
+            if not has_native_bf16():
+                assert ready["dtype"] == "float32", chose
+            elif ready["dtype"] == "float32":
+                assert "batch-invariant on this CPU only from" in chose["why"], chose
+            else:
+                assert ready["dtype"] == "bfloat16" and "batch-invariant from" in chose["why"], chose
         assert ready["attention"] == "cpu", ready
+        if name == "native-int4":
+            assert ready["weights"] == "native", ready  # the int4 kernels, through `kvserve serve`
         reference = _alone(server)
         assert all(len(ids) > 0 for ids in reference)
         assert reference[0::2] != reference[1::2], "seeded sampling gave the greedy tokens: it was not exercised"
@@ -147,4 +163,51 @@ def test_preempted_requests_give_the_same_tokens(config, mode) -> None:
         assert _together(server) == reference
         stats = server.wait_idle(timeout_s=120)
         assert stats.num_preemptions > 0, "the pool never ran short: nothing was preempted"
+        # Swap and recompute are told apart by the swap counter: every swap preemption really swapped.
+        assert stats.num_swap_outs == (stats.num_preemptions if mode == "swap" else 0), stats
         assert stats.blocks_referenced == 0
+
+
+def test_prompts_evicted_from_the_prefix_cache_give_the_same_tokens(config) -> None:
+    """One request at a time in a pool of ~17 blocks: later prompts evict the cached blocks of
+    earlier ones, and a seeded twin finds its prompt cached or evicted; tokens stay a fresh server's."""
+    name, extra, reference = config
+    with serving(TINY_POOL + extra, name=f"evict-{name}") as server:
+        assert _alone(server) == reference
+        stats = server.wait_idle(timeout_s=120)
+        assert stats.num_evicted_blocks > 0 and stats.prefix_hit_tokens > 0, stats
+        assert stats.num_preemptions == 0, stats  # alone, each fits: the cache alone made room
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "string", "maxLength": 40}, "confidence": {"type": "integer"}},
+    "required": ["answer", "confidence"],
+    "additionalProperties": False,
+}
+
+
+def _structured_requests() -> list[api_pb2.GenerateRequest]:
+    structured = api_pb2.StructuredOutput(json_schema=json.dumps(SCHEMA))
+    requests = []
+    for request in REQUESTS:
+        copy = api_pb2.GenerateRequest()
+        copy.CopyFrom(request)
+        copy.structured.CopyFrom(structured)
+        copy.sampling.max_tokens = 40
+        requests.append(copy)
+    return requests
+
+
+def test_structured_output_across_a_swap_gives_the_same_tokens() -> None:
+    """JSON-schema requests (greedy and seeded) swapped to CPU and back: each matcher resumes where
+    its sequence stopped, so the tokens are those of each request alone on a roomy server."""
+    requests = _structured_requests()
+    with serving(BASE, name="structured-reference") as server:
+        reference = _alone(server, requests)
+    assert all(reference), reference
+    args = [*TINY_POOL, "--preemption-mode", "swap", "--executor-args", "--swap-space-gb 1"]
+    with serving(args, name="structured-swap") as server:
+        assert _together(server, requests=requests) == reference
+        stats = server.wait_idle(timeout_s=120)
+        assert stats.num_swap_outs > 0, stats

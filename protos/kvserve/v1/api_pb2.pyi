@@ -242,7 +242,7 @@ class ServerStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServerStatsResponse(_message.Message):
-    __slots__ = ("num_blocks", "blocks_free", "blocks_cached", "blocks_referenced", "kv_usage", "requests_waiting", "requests_running", "requests_swapped", "prefix_queried_tokens", "prefix_hit_tokens", "num_preemptions", "executor_state", "executor_restarts", "steps")
+    __slots__ = ("num_blocks", "blocks_free", "blocks_cached", "blocks_referenced", "kv_usage", "requests_waiting", "requests_running", "requests_swapped", "prefix_queried_tokens", "prefix_hit_tokens", "num_preemptions", "executor_state", "executor_restarts", "steps", "num_swap_outs", "num_evicted_blocks")
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FREE_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_CACHED_FIELD_NUMBER: _ClassVar[int]
@@ -257,6 +257,8 @@ class ServerStatsResponse(_message.Message):
     EXECUTOR_STATE_FIELD_NUMBER: _ClassVar[int]
     EXECUTOR_RESTARTS_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SWAP_OUTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_EVICTED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     num_blocks: int
     blocks_free: int
     blocks_cached: int
@@ -271,4 +273,6 @@ class ServerStatsResponse(_message.Message):
     executor_state: ExecutorState
     executor_restarts: int
     steps: int
-    def __init__(self, num_blocks: _Optional[int] = ..., blocks_free: _Optional[int] = ..., blocks_cached: _Optional[int] = ..., blocks_referenced: _Optional[int] = ..., kv_usage: _Optional[float] = ..., requests_waiting: _Optional[int] = ..., requests_running: _Optional[int] = ..., requests_swapped: _Optional[int] = ..., prefix_queried_tokens: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., executor_state: _Optional[_Union[ExecutorState, str]] = ..., executor_restarts: _Optional[int] = ..., steps: _Optional[int] = ...) -> None: ...
+    num_swap_outs: int
+    num_evicted_blocks: int
+    def __init__(self, num_blocks: _Optional[int] = ..., blocks_free: _Optional[int] = ..., blocks_cached: _Optional[int] = ..., blocks_referenced: _Optional[int] = ..., kv_usage: _Optional[float] = ..., requests_waiting: _Optional[int] = ..., requests_running: _Optional[int] = ..., requests_swapped: _Optional[int] = ..., prefix_queried_tokens: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., executor_state: _Optional[_Union[ExecutorState, str]] = ..., executor_restarts: _Optional[int] = ..., steps: _Optional[int] = ..., num_swap_outs: _Optional[int] = ..., num_evicted_blocks: _Optional[int] = ...) -> None: ...
