@@ -15,10 +15,12 @@ from __future__ import annotations
 import argparse
 import random
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from kvserve.config.flags import HelpFormatter, add_flags, config_from_args, flag
 from kvserve.executor.model_runner import ModelRunner
 from kvserve.executor.runner_config import DTYPES, WEIGHTS, RunnerConfig
 from kvserve.log_config import configure_logging
@@ -29,6 +31,22 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "batch-variant": {"batch_invariant": False},
     "invariant GEMMs, torch attention": {"attention_backend": "torch"},
 }
+
+
+@dataclass(frozen=True, slots=True)
+class InvarianceCostConfig:
+    """The flags of `python -m kvserve.bench.invariance_cost`."""
+
+    model: str | None = field(default=None, metadata=flag("as `kvserve executor --model` (default: the default model)"))
+    dtype: str = field(default="auto", metadata=flag("as `kvserve executor --dtype`", choices=("auto", *DTYPES)))
+    weights: str = field(default="auto", metadata=flag("as `kvserve executor --weights`", choices=("auto", *WEIGHTS)))
+    batches: tuple[int, ...] = field(default=(1, 8, 32, 64), metadata=flag("decode batch sizes", nargs="+"))
+    prompt_len: int = field(default=128, metadata=flag("context of each decoding sequence"))
+    steps: int = field(default=24, metadata=flag("timed decode steps per batch and variant"))
+    prefill_len: int = field(default=128, metadata=flag("tokens per prefill prompt"))
+    prefill_batch: int = field(default=8, metadata=flag("prompts in the prefill step"))
+    repeats: int = field(default=5, metadata=flag("timed prefill steps per variant"))
+    split: bool = field(default=False, metadata=flag("also run invariant GEMMs with torch's attention"))
 
 
 def _median(times: list[float]) -> float:
@@ -88,18 +106,13 @@ def prefill(runners: dict[str, ModelRunner], batch: int, prompt_len: int, repeat
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvserve.bench.invariance_cost", description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default=None, help="as `kvserve executor --model` (default: the default model)")
-    parser.add_argument("--dtype", default="auto", choices=("auto", *DTYPES))
-    parser.add_argument("--weights", default="auto", choices=("auto", *WEIGHTS))
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
-    parser.add_argument("--prompt-len", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=24, help="timed decode steps per batch and variant")
-    parser.add_argument("--prefill-len", type=int, default=128)
-    parser.add_argument("--prefill-batch", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=5, help="timed prefill steps per variant")
-    parser.add_argument("--split", action="store_true", help="also run invariant GEMMs with torch's attention")
-    args = parser.parse_args(argv)
+    parser = argparse.ArgumentParser(
+        prog="python -m kvserve.bench.invariance_cost",
+        description=__doc__.split("\n")[0],
+        formatter_class=HelpFormatter,
+    )
+    add_flags(parser, InvarianceCostConfig)
+    args = config_from_args(InvarianceCostConfig, parser.parse_args(argv))
     configure_logging(level="WARNING")
     names = list(VARIANTS) if args.split else list(VARIANTS)[:2]
     runners = {
