@@ -47,7 +47,7 @@ def measure_point(batch: int, context: int, heads: tuple[int, int, int], device:
     return {"batch": batch, "context": context, "seconds": seconds, "kv_bytes_per_s": kv_bytes / seconds}
 
 
-def measure_decode_attention(ctx: StageContext) -> Outcome:
+def measure(ctx: StageContext) -> Outcome:
     import torch
 
     sizes, copy = ctx.sizes, ctx.state.get(COPY_KEY)

@@ -54,51 +54,35 @@ def measure_decode(ctx: StageContext) -> Outcome:
     if full := ctx.state.get("full_pool_decode"):  # kv_sizing's decode over the whole pool: the KV-heavy end
         timed.append((full["sequences"], full["context"] - 1, " (whole KV pool)"))
         steps.append(full["step_s"])
-    points, rows = [], []
+    points: list[dict[str, Any]] = []
+    rows = []
     for (batch, context, note), step_s in zip(timed, steps):
         fraction = decode_bytes(runner, batch, context) / step_s / copy if copy else None
-        points.append(
-            dict(batch=batch, context=context, tokens_per_s=batch / step_s, step_s=step_s, fraction_of_copy=fraction)
-        )
+        points.append(dict(batch=batch, context=context, tokens_per_s=batch / step_s, step_s=step_s))
+        points[-1]["fraction_of_copy"] = fraction
         speed = f"{batch / step_s:,.0f} tok/s ({step_s * 1e3:.2f} ms/step)"
-        rows.append(
-            (
-                f"decode, {sizes.big_model}",
-                f"batch {batch}, context {context:,}{note}",
-                speed,
-                _fraction(fraction, "copy BW"),
-                "-",
-            )
-        )
+        setting = f"batch {batch}, context {context:,}{note}"
+        rows.append((f"decode, {sizes.big_model}", setting, speed, _fraction(fraction, "copy BW"), "-"))
     summary = "; ".join(
         f"B={p['batch']}: {p['tokens_per_s']:,.0f} tok/s ({_fraction(p['fraction_of_copy'], 'copy')})" for p in points
     )
-    error = None if copy else "no copy bandwidth measured"
-    return Outcome(
-        copy is not None, summary, {COPY_KEY: copy, "decode_steps": sizes.decode_steps, "points": points}, rows, error
-    )
+    figures = {COPY_KEY: copy, "decode_steps": sizes.decode_steps, "points": points}
+    return Outcome(copy is not None, summary, figures, rows, None if copy else "no copy bandwidth measured")
 
 
 def measure_prefill(ctx: StageContext) -> Outcome:
     from kvserve.bench.executor import bench_prefill
 
     runner, gemm = big_runner(ctx), ctx.state.get(GEMM_KEY)
-    points, rows = [], []
+    points: list[dict[str, Any]] = []
+    rows = []
     for i, (seqs, prompt_len) in enumerate(ctx.sizes.prefill_shapes):
         tokens_per_s = bench_prefill(runner, seqs, prompt_len, repeats=2, seq_base=(60 + i) * 100_000)
         fraction = prefill_flops(runner, seqs, prompt_len) * tokens_per_s / (seqs * prompt_len) / gemm if gemm else None
-        points.append(
-            dict(sequences=seqs, prompt_len=prompt_len, tokens_per_s=tokens_per_s, fraction_of_matmul_peak=fraction)
-        )
-        rows.append(
-            (
-                f"prefill, {ctx.sizes.big_model}",
-                f"{seqs} x {prompt_len:,} tokens",
-                f"{tokens_per_s:,.0f} tok/s",
-                _fraction(fraction, "bf16 matmul peak"),
-                "-",
-            )
-        )
+        points.append(dict(sequences=seqs, prompt_len=prompt_len, tokens_per_s=tokens_per_s))
+        points[-1]["fraction_of_matmul_peak"] = fraction
+        value, shown = f"{tokens_per_s:,.0f} tok/s", _fraction(fraction, "bf16 matmul peak")
+        rows.append((f"prefill, {ctx.sizes.big_model}", f"{seqs} x {prompt_len:,} tokens", value, shown, "-"))
     summary = "; ".join(f"{r[1]}: {r[2]} ({r[3]})" for r in rows)
     error = None if gemm else "no matmul peak measured"
     return Outcome(gemm is not None, summary, {GEMM_KEY: gemm, "points": points}, rows, error)

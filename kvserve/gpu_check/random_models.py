@@ -69,6 +69,8 @@ def build_checkpoint(key: str, spec: dict[str, Any], target: Path, tokenizer: Pa
     model.save_pretrained(partial)
     params = sum(p.numel() for p in model.parameters())
     del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
     for path in tokenizer.iterdir():
         if path.is_file() and path.name != "config.json" and not path.name.endswith(".safetensors"):
             shutil.copy2(path, partial / path.name)
@@ -81,22 +83,14 @@ def build_checkpoint(key: str, spec: dict[str, Any], target: Path, tokenizer: Pa
 
 
 def build_models(ctx: StageContext) -> Outcome:
-    """The check: both models of the run's sizes, with the tokenizer."""
-    import torch
-
-    tokenizer = tokenizer_dir(ctx)
+    """The check: the run's big model, with the tokenizer (the small shapes are test_tiny_models.py's)."""
+    tokenizer, key = tokenizer_dir(ctx), ctx.sizes.big_model
     if not (tokenizer / "tokenizer.json").is_file():
         return Outcome(False, f"no tokenizer in {tokenizer} (scripts/gpu_wheels.sh copies it)")
-    shapes, keys = load_shapes(), [ctx.sizes.small_model, ctx.sizes.big_model]
     roomy = SHM_ROOT.parent.is_dir() and shutil.disk_usage(SHM_ROOT.parent).free > SHM_MIN_FREE
     root = SHM_ROOT if roomy else ctx.work_dir / "models"
     root.mkdir(parents=True, exist_ok=True)
-    figures: dict[str, Any] = {"root": str(root), "tokenizer": str(tokenizer)}
-    for key in keys:
-        figures[key] = build_checkpoint(key, shapes[key], root / key, tokenizer, ctx.sizes.device)
-        if ctx.sizes.device == "cuda":
-            torch.cuda.empty_cache()
-    big = figures[ctx.sizes.big_model]
+    big = build_checkpoint(key, load_shapes()[key], root / key, tokenizer, ctx.sizes.device)
     how = "reused" if big["reused"] else f"built {big['build_s']:.1f}s, saved {big['save_s']:.1f}s"
-    summary = f"{ctx.sizes.big_model}: {big['params'] / 1e9:.2f}B params, {big['weight_bytes'] / 1e9:.1f} GB ({how})"
-    return Outcome(True, summary, figures)
+    summary = f"{key}: {big['params'] / 1e9:.2f}B params, {big['weight_bytes'] / 1e9:.1f} GB ({how})"
+    return Outcome(True, summary, {"root": str(root), "tokenizer": str(tokenizer), key: big})

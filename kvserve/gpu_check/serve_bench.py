@@ -6,13 +6,12 @@ HF runs first, in bf16 on the GPU, before the stage's server claims 90% of the d
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 from typing import TYPE_CHECKING, Any
 
-from kvserve.gpu_check.hf_reference import load_hf_model
 from kvserve.gpu_check.random_models import model_dir
 from kvserve.gpu_check.report import Outcome
+from kvserve.gpu_check.runner_vs_hf import free_memory, load_hf_model
 from kvserve.gpu_check.serve_checks import serve_server
 
 if TYPE_CHECKING:
@@ -36,9 +35,7 @@ def _hf_run(ctx: StageContext, workload: Any) -> tuple[Any, int]:
         return run_hf_baseline(model, requests, batch_size=ctx.sizes.hf_batch_size, progress=False, device=device)
     finally:
         del model
-        gc.collect()
-        if device == "cuda":
-            torch.cuda.empty_cache()
+        free_memory()
 
 
 def measure_bench_serve(ctx: StageContext) -> Outcome:
@@ -46,10 +43,9 @@ def measure_bench_serve(ctx: StageContext) -> Outcome:
     from kvserve.bench.report import GOALS, compute_ratios, render_table, summarize_run
     from kvserve.bench.serve import BenchConfig, run_serve_benchmark
 
-    sizes = ctx.sizes
+    sizes, errors = ctx.sizes, []
     vocab = json.loads((model_dir(ctx.work_dir, sizes.big_model) / "config.json").read_text())["vocab_size"]
     (mixed,) = wl.build(WORKLOAD, sizes.bench_requests, vocab, SEED, sizes.bench_max_tokens)
-    errors: list[str] = []
     try:
         hf = _hf_run(ctx, mixed)
     except Exception as exc:
@@ -62,7 +58,6 @@ def measure_bench_serve(ctx: StageContext) -> Outcome:
         concurrency=sizes.bench_concurrency,
         seed=SEED,
         max_tokens_cap=sizes.bench_max_tokens,
-        start_server=False,
         host=server.target_host,
         port=server.port,
         baselines=(),
@@ -89,16 +84,11 @@ def measure_bench_serve(ctx: StageContext) -> Outcome:
         kvserve_ttft_mean_s=ours and ours["ttft"]["mean"], report=str(ctx.out_dir / "bench_serve_mixed.json")
     )
     shown = "-" if ratio is None else f"{ratio:.2f}x"
+    met = "-" if ratio is None else "met" if ratio >= goal else "not met"
     setting = f"{sizes.bench_requests} requests, concurrency {sizes.bench_concurrency}, "
     setting += f"max_tokens <= {sizes.bench_max_tokens}, HF batch {sizes.hf_batch_size}"
-    met = "-" if ratio is None else "met" if ratio >= goal else "not met"
-    row = (
-        "bench serve mixed: kvserve vs HF generate",
-        setting,
-        f"{kv_tps:,.0f} vs {hf_tps:,.0f} output tok/s",
-        shown,
-        f">= {goal:g}x: {met}",
-    )
+    value = f"{kv_tps:,.0f} vs {hf_tps:,.0f} output tok/s"
+    row = ("bench serve mixed: kvserve vs HF generate", setting, value, shown, f">= {goal:g}x: {met}")
     summary = f"vs_hf_throughput {shown} (goal >= {goal:g}): kvserve {kv_tps:,.0f}, HF {hf_tps:,.0f} tok/s"
     summary += f"; {errors[0]}" if errors else ""
     return Outcome(not errors and ratio is not None, summary, figures, [row], error="\n".join(errors) or None)

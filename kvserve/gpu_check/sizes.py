@@ -16,8 +16,7 @@ class Sizes:
     budget_factor: float = 1.0
     """Every stage's budget is multiplied by this (CPU steps are slower than the GPU's)."""
     big_model: str = "llama-3.1-8b-shaped"
-    """Keys of model_shapes.json: the model the measurements and serve checks use, and the small one."""
-    small_model: str = "smollm2-135m"
+    """The key in model_shapes.json of the model the measurements and serve checks use."""
     logits_prompt_len: int = 96
     logits_decode_steps: int = 32
     copy_bytes: int = 4 * GIB
@@ -50,7 +49,6 @@ CPU_REHEARSAL = replace(
     budget_s=1500.0,
     budget_factor=5.0,
     big_model="toy-8b-shaped",
-    small_model="toy-smollm2",
     logits_prompt_len=24,
     logits_decode_steps=4,
     copy_bytes=64 * 2**20,

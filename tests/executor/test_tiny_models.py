@@ -2,12 +2,15 @@
 
 The checkpoints are written with `save_pretrained` into a tmp dir (no real weights, fast).
 Logits are compared for every prompt position, over a two-step run (prefill, then an
-extend over the cached context) so the paged cache is exercised too.
+extend over the cached context) so the paged cache is exercised too. The same comparisons
+run on CUDA under `pytest -m cuda` (scripts/gpu_check.sh), against transformers on CPU.
 """
 
 from __future__ import annotations
 
 import json
+import os
+from typing import Any
 
 import pytest
 import torch
@@ -20,35 +23,65 @@ from kvserve.protos.sampling import SamplingParams
 from kvserve.testing.plan_driver import PlanDriver, run_prompts
 from kvserve.testing.tiny_checkpoints import CASES, PROMPTS, tiny_checkpoint
 
+CUDA = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+IEEE_F32 = pytest.mark.skipif(
+    os.environ.get("TRITON_F32_DEFAULT") != "ieee",
+    reason="Triton's float32 dots are TF32 on CUDA unless TRITON_F32_DEFAULT=ieee (scripts/gpu_check.sh sets it)",
+)
+CUDA_BACKENDS = [pytest.param("torch", marks=CUDA), pytest.param("triton", marks=[*CUDA, IEEE_F32])]
+DEVICE_BACKENDS = [
+    *[pytest.param("cpu", b, id=b) for b in ("cpu", "torch", "triton")],
+    pytest.param("cuda", "torch", id="cuda-torch", marks=CUDA),
+    pytest.param("cuda", "triton", id="cuda-triton", marks=[*CUDA, IEEE_F32]),
+]
+SMOLLM2_135M = dict(
+    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+    num_key_value_heads=3, head_dim=64, max_position_embeddings=8192, rope_theta=100000.0, tie_word_embeddings=True,
+)  # fmt: skip
+"""SmolLM2-135M's shape (the default model's config.json): 9 heads over 3 of width 64, 30 layers, 49152 tokens."""
 
-@pytest.mark.parametrize("backend", ["cpu", "torch", "triton"])
+
+@pytest.mark.parametrize(("device", "backend"), DEVICE_BACKENDS)
 @pytest.mark.parametrize("case", list(CASES))
-def test_logits_match_transformers(tmp_path, case, backend):
-    _check_logits(tmp_path, case, backend)
+def test_logits_match_transformers(tmp_path, case, device, backend):
+    info = _check_logits(tmp_path, *CASES[case], backend, device)
+    assert info.vocab_size == 256 and info.max_model_len == 256
 
 
 @pytest.mark.parametrize("block_size", [8, 64])
 def test_triton_logits_match_transformers_at_other_block_sizes(tmp_path, block_size):
     """The extend kernel through the whole runner; 8-token blocks take its two-blocks-per-tile path."""
-    _check_logits(tmp_path, "llama-linear-rope", "triton", block_size)
+    _check_logits(tmp_path, *CASES["llama-linear-rope"], "triton", block_size=block_size)
 
 
-def _check_logits(tmp_path, case: str, backend: str, block_size: int = 16) -> None:
-    arch, overrides = CASES[case]
+@pytest.mark.parametrize("backend", CUDA_BACKENDS)
+def test_a_real_model_shape_matches_transformers_on_cuda(tmp_path, backend):
+    info = _check_logits(tmp_path, "llama", SMOLLM2_135M, backend, "cuda", kv_cache_gb=0.01)
+    assert info.vocab_size == SMOLLM2_135M["vocab_size"]
+
+
+def _check_logits(
+    tmp_path, arch: str, overrides: dict, backend: str, device: str = "cpu", block_size: int = 16, kv_cache_gb=0.001
+) -> Any:
     model, path = tiny_checkpoint(tmp_path, arch, **overrides)
     config = RunnerConfig(
-        model=str(path), dtype="float32", kv_cache_gb=0.001, attention_backend=backend, block_size=block_size
+        model=str(path),
+        device=device,
+        dtype="float32",
+        kv_cache_gb=kv_cache_gb,
+        attention_backend=backend,
+        block_size=block_size,
     )
     runner = ModelRunner(config)
     tokens = torch.randint(0, 256, (37,), generator=torch.Generator().manual_seed(1)).tolist()
     with torch.inference_mode():
         expected = model(torch.tensor([tokens])).logits[0]
-    got = every_position_logits(runner, tokens, split=20)
+    got = every_position_logits(runner, tokens, split=20).cpu()
     torch.testing.assert_close(got, expected, atol=2e-4, rtol=1e-4)
     info = runner.info()
-    assert info.vocab_size == 256 and info.max_model_len == 256 and info.attention_backend == backend
-    assert info.block_size == block_size
+    assert info.attention_backend == backend and info.block_size == block_size
     assert info.model_id.startswith(f"{arch}@")
+    return info
 
 
 def test_unsupported_architecture_is_named(tmp_path):
@@ -62,18 +95,22 @@ def tiny_llama(tmp_path_factory):
     return tiny_checkpoint(tmp_path_factory.mktemp("tiny"), "llama")[1]
 
 
-def test_triton_backend_generates_the_same_tokens_as_torch(tiny_llama):
-    torch_out = run_prompts(
-        ModelRunner(RunnerConfig(model=str(tiny_llama), dtype="float32", kv_cache_gb=0.001)), PROMPTS, chunk_size=9
-    )
-    triton_out = run_prompts(
-        ModelRunner(
-            RunnerConfig(model=str(tiny_llama), dtype="float32", kv_cache_gb=0.001, attention_backend="triton")
-        ),
-        PROMPTS,
-        chunk_size=9,
-    )
-    assert torch_out == triton_out
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[*CUDA, IEEE_F32])])
+def test_triton_backend_generates_the_same_tokens_as_torch(tiny_llama, device):
+    """Chunked prefills, then decode steps (the paged decode kernel) with sampled tokens fed back."""
+    by_backend = [
+        run_prompts(
+            ModelRunner(
+                RunnerConfig(
+                    model=str(tiny_llama), device=device, dtype="float32", kv_cache_gb=0.001, attention_backend=backend
+                )
+            ),
+            PROMPTS,
+            chunk_size=9,
+        )
+        for backend in ("torch", "triton")
+    ]
+    assert by_backend[0] == by_backend[1]
 
 
 BLOCK_PROMPTS = [*PROMPTS, [(3 * j + 1) % 256 for j in range(77)]]
