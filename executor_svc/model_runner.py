@@ -249,11 +249,12 @@ class ModelRunner:
         padding = gemm_padding(
             self.shard_config, self.vocab_rows, torch.bfloat16, self.config.max_num_seqs, self.probes
         )
+        cost = f"{padding.min_rows} rows up ({padding.shape}; padding costs {padding.float32_rows:.0f} float32 rows)"
         if padding.affordable:
-            return dtype, f"{why}; its GEMMs are batch-invariant from {padding.min_rows} rows up"
+            return dtype, f"{why}; its GEMMs are batch-invariant from {cost}"
         return "float32", (
-            f"bfloat16 GEMMs are batch-invariant on this CPU only from {padding.min_rows} rows up ({padding.shape}), "
-            "too costly to pad a decode step to: float32 instead"
+            f"bfloat16 GEMMs are batch-invariant on this CPU only from {cost}, too costly to pad a decode "
+            "step to: float32 instead"
         )
 
     def _max_model_len(self) -> int:

@@ -34,6 +34,8 @@ from kvserve.executor.weights.row_invariance import (
     ProbeCache,
     RowFixedLinear,
     RowKernel,
+    matmul_gflops,
+    matmul_key,
     probe,
     probe_key,
 )
@@ -91,12 +93,14 @@ def model_gemms(
     return shapes
 
 
-def min_rows(shapes: list[GemmShape], cache: ProbeCache) -> dict[str, int]:
-    """Each shape's `min_rows` by key: from the cache, or probed in a child process (once per machine)."""
+def min_rows(shapes: list[GemmShape], cache: ProbeCache, rates: tuple[torch.dtype, ...] = ()) -> dict[str, int]:
+    """Each shape's `min_rows` by key, and each of `rates`' `matmul_gflops` by `matmul_key`: from the
+    cache, or measured in a child process (once per machine)."""
     missing = list({s.key: s for s in shapes if cache.get(s.key) is None}.values())
-    if missing:
+    missing_rates = [str(d).removeprefix("torch.") for d in rates if cache.get(matmul_key(d)) is None]
+    if missing or missing_rates:
         log.info("probing GEMM call sizes for batch invariance (once per machine, then cached)", kernels=len(missing))
-        request = json.dumps({"threads": cache.threads, "shapes": [asdict(s) for s in missing]})
+        request = json.dumps({"threads": cache.threads, "shapes": [asdict(s) for s in missing], "rates": missing_rates})
         child = subprocess.run(
             [sys.executable, "-m", "kvserve.executor.weights.invariance"],
             input=request,
@@ -108,25 +112,28 @@ def min_rows(shapes: list[GemmShape], cache: ProbeCache) -> dict[str, int]:
             raise RuntimeError(f"the GEMM probe failed (exit {child.returncode}): {child.stderr.strip()[-2000:]}")
         cache.store(json.loads(child.stdout))
     found = {}
-    for shape in shapes:
-        value = cache.get(shape.key)
+    for key in [shape.key for shape in shapes] + [matmul_key(d) for d in rates]:
+        value = cache.get(key)
         if value is None:
-            raise RuntimeError(f"the GEMM probe returned no result for {shape.key}")
-        found[shape.key] = value
+            raise RuntimeError(f"the GEMM probe returned no result for {key}")
+        found[key] = value
     return found
 
 
 @dataclass(frozen=True, slots=True)
 class Padding:
-    """The GEMM padding a dtype needs on this machine: the largest `min_rows` over the model's shapes."""
+    """The GEMM padding a dtype needs on this machine: the largest `min_rows` over the model's shapes,
+    and what it costs in float32 rows (`AFFORDABLE_MIN_ROWS`)."""
 
     min_rows: int
     shape: str
     """The matrix needing it."""
+    float32_rows: float
+    """`min_rows` × float32's matmul rate / this dtype's: the padded call's cost in float32 rows."""
 
     @property
     def affordable(self) -> bool:
-        return self.min_rows <= AFFORDABLE_MIN_ROWS
+        return self.float32_rows <= AFFORDABLE_MIN_ROWS
 
 
 def gemm_padding(
@@ -136,9 +143,11 @@ def gemm_padding(
     kind = linear_kind("cpu", dtype)
     names = (*LINEAR_NAMES, "lm_head")
     shapes = model_gemms(config, vocab_rows, dict.fromkeys(names, (kind, dtype)), max_num_seqs)
-    found = min_rows(list(shapes.values()), cache)
+    found = min_rows(list(shapes.values()), cache, rates=(dtype, torch.float32))
     worst = max(names, key=lambda name: found[shapes[name].key])
-    return Padding(found[shapes[worst].key], worst)
+    padded = found[shapes[worst].key]
+    rate = found[matmul_key(dtype)] / found[matmul_key(torch.float32)]
+    return Padding(padded, worst, padded / rate)
 
 
 def fix_model_rows(
@@ -191,10 +200,14 @@ def random_layer(shape: GemmShape) -> RowKernel:
 
 
 def _probe_main() -> int:
-    """The child: {"threads", "shapes": [GemmShape fields]} on stdin, {key: min_rows} on stdout."""
+    """The child: {"threads", "shapes": [GemmShape fields], "rates": [dtype names]} on stdin,
+    {key: min_rows or GFLOP/s} on stdout."""
     request = json.load(sys.stdin)
     torch.set_num_threads(request["threads"])
     results = {}
+    for name in request.get("rates", ()):
+        dtype = getattr(torch, name)
+        results[matmul_key(dtype)] = matmul_gflops(dtype)
     for fields in request["shapes"]:
         shape = GemmShape(**fields)
         results[shape.key] = probe(random_layer(shape), shape.n_in, getattr(torch, shape.dtype), shape.max_rows)

@@ -46,7 +46,10 @@ change blocking (multiples of 16, 32 and 64, and one row either side)."""
 PROBE_ELEMENTS = 1 << 20
 """Output elements compared per probed call size (see the module docstring)."""
 AFFORDABLE_MIN_ROWS = 64
-"""A kernel that needs more padding than this at a decode step is not worth it: `auto` avoids it."""
+"""Padding worth paying at a decode step, in float32 rows: a dtype whose GEMMs need `min_rows` rows
+is affordable when `min_rows` × (float32's matmul rate / its own) is at most this. So bfloat16 on
+AMX, whose products run ~6× faster than float32's, may pad a call to 256 rows for the price of ~41
+float32 rows; a CPU whose bfloat16 is no faster than float32 may pad to 64 at most."""
 
 
 class RowKernel(Protocol):
@@ -125,6 +128,31 @@ class ProbeCache:
         with os.fdopen(fd, "w") as f:
             json.dump(self._entries, f, indent=1, sort_keys=True)
         os.replace(tmp, self.path)
+
+
+RATE_MATMUL_SIZE = 2048
+"""The matmul whose rate prices a padded row: as large as `bench executor`'s roofline, since at 1024
+AMX's bfloat16 reached only 4× float32's rate against 6.5× at 2048 (its tiles stay busy longer)."""
+
+
+def matmul_gflops(dtype: torch.dtype, size: int = RATE_MATMUL_SIZE, repeats: int = 5) -> int:
+    """The best of `repeats` size×size matmuls in `dtype`, in GFLOP/s: what a padded row costs."""
+    import time
+
+    a = torch.randn(size, size).to(dtype)
+    b = torch.randn(size, size).to(dtype)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - started)
+    return max(1, round(2 * size**3 / best / 1e9))
+
+
+def matmul_key(dtype: torch.dtype) -> str:
+    """The cache key of `matmul_gflops(dtype)`."""
+    return f"matmul-gflops:{str(dtype).removeprefix('torch.')}:{RATE_MATMUL_SIZE}"
 
 
 def probe_key(kind: str, in_features: int, out_features: int, dtype: torch.dtype, max_rows: int) -> str:

@@ -13,9 +13,17 @@ import torch
 from kvserve.executor.cpu_features import has_native_bf16
 from kvserve.executor.weights.gguf_q4_1 import GROUP, Q4_1Weight
 from kvserve.executor.weights.int4_linear import make_int4_linear
-from kvserve.executor.weights.invariance import GemmShape, min_rows, random_layer
+from kvserve.executor.weights.invariance import GemmShape, Padding, min_rows, random_layer
 from kvserve.executor.weights.linear import PACKED, WIDENED, Linear, make_linear
-from kvserve.executor.weights.row_invariance import MAX_ROWS, PROBE_ROWS, ProbeCache, RowFixedLinear, probe
+from kvserve.executor.weights.row_invariance import (
+    AFFORDABLE_MIN_ROWS,
+    MAX_ROWS,
+    PROBE_ROWS,
+    ProbeCache,
+    RowFixedLinear,
+    matmul_key,
+    probe,
+)
 
 ROWS = [1, 7, 16, 64, 300]
 
@@ -77,6 +85,20 @@ def test_the_child_process_probes_random_layers_of_each_shape_and_caches_them(tm
     assert set(found) == {s.key for s in shapes} and all(1 <= v <= 64 for v in found.values())
     assert found[shapes[0].key] == probe(random_layer(shapes[0]), 1536, torch.float32, 64)  # the same in-process
     assert ProbeCache(tmp_path, "test", torch.get_num_threads()).get(shapes[1].key) == found[shapes[1].key]
+
+
+def test_the_child_also_measures_matmul_rates_which_price_padding(tmp_path):
+    """A padded call costs `min_rows` rows at its dtype's rate: in float32 rows, min_rows × fp32 / bf16."""
+    cache = ProbeCache(tmp_path, "test", torch.get_num_threads())
+    found = min_rows([], cache, rates=(torch.float32, torch.bfloat16))
+    rates = {d: found[matmul_key(d)] for d in (torch.float32, torch.bfloat16)}
+    assert all(rate > 0 for rate in rates.values())
+    assert (
+        ProbeCache(tmp_path, "test", torch.get_num_threads()).get(matmul_key(torch.bfloat16)) == rates[torch.bfloat16]
+    )
+    # AMX: bf16 products ~6.5x float32's, so 256 rows cost ~39 float32 rows; without it, 256 rows are 256.
+    assert Padding(256, "down", 256 / 6.5).affordable and not Padding(256, "down", 256.0).affordable
+    assert Padding(2, "down", 2.0).affordable and not Padding(65, "down", AFFORDABLE_MIN_ROWS + 1).affordable
 
 
 def _paths() -> list[tuple[str, object, int, torch.dtype]]:
