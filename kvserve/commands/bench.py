@@ -12,6 +12,7 @@ BENCHES = (
     "kvserve.bench.quality",
     "kvserve.bench.serve",
     "kvserve.bench.baseline_hf",
+    "kvserve.bench.overload",
 )
 
 
@@ -20,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     parser = subparsers.add_parser(
         "bench",
-        help="run a benchmark (scheduler, executor, structured, quality, serve, baseline-hf)",
+        help="run a benchmark (scheduler, executor, structured, quality, serve, baseline-hf, overload)",
         description="Benchmarks. Each reports ratios against a baseline measured in the same run.",
         formatter_class=HelpFormatter,
     )
