@@ -72,5 +72,5 @@ def test_an_unknown_configuration_is_refused_before_any_model_loads() -> None:
         timeout=120,
     )
     assert done.returncode == 2
-    assert "argument --configs: 'fp8/native': expected DTYPE/WEIGHTS" in done.stderr
+    assert "kvserve bench quality: --configs 'fp8/native': expected DTYPE/WEIGHTS" in done.stderr
     assert "loading" not in done.stdout
