@@ -21,9 +21,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
+from kvserve.config.flags import HelpFormatter, add_flags, config_from_args, config_to_argv, flag
 from kvserve.executor.tensor_parallel.config import RankPlace
 from kvserve.executor.tensor_parallel.group import TensorParallelGroup
 from kvserve.executor.tensor_parallel.launcher import local_leader_place
@@ -45,12 +47,22 @@ def decode_plan(sequences: int, step: int, block_size: int = 16) -> StepPlan:
     return StepPlan(step_id=step, known_seqs=known)
 
 
-def _leader(args: argparse.Namespace) -> dict:
+@dataclass(frozen=True, slots=True)
+class PlanBroadcastConfig:
+    """The flags of `python -m kvserve.bench.plan_broadcast` (rank 0 hands them to the other ranks)."""
+
+    ranks: int = field(default=2, metadata=flag("ranks in the group, this process being rank 0"))
+    sequences: int = field(default=256, metadata=flag("decode sequences in each plan"))
+    rounds: int = field(default=200, metadata=flag("timed rounds of each kind (medians count)"))
+
+
+def _leader(args: PlanBroadcastConfig) -> dict:
     place = local_leader_place(args.ranks)
     env = {**os.environ, "MASTER_PORT": str(place.master_port)}
     followers = [
         subprocess.Popen(
-            [sys.executable, "-m", "kvserve.bench.plan_broadcast", "--follower", str(rank), *_shared(args)], env=env
+            [sys.executable, "-m", "kvserve.bench.plan_broadcast", "--follower", str(rank), *config_to_argv(args)],
+            env=env,
         )
         for rank in range(1, args.ranks)
     ]
@@ -98,10 +110,8 @@ def decode_times(encoded: Sequence[bytes]) -> list[float]:
     return times
 
 
-def _follower(args: argparse.Namespace) -> None:
-    place = RankPlace(
-        args.follower, args.ranks, args.follower, args.ranks, "127.0.0.1", int(os.environ["MASTER_PORT"]), True
-    )
+def _follower(rank: int, args: PlanBroadcastConfig) -> None:
+    place = RankPlace(rank, args.ranks, rank, args.ranks, "127.0.0.1", int(os.environ["MASTER_PORT"]), True)
     group = TensorParallelGroup(place, "gloo", "cpu", timeout_s=60)
     channel = PlanChannel(group)
     token = torch.zeros(1)
@@ -115,26 +125,21 @@ def _follower(args: argparse.Namespace) -> None:
     group.destroy()
 
 
-def _shared(args: argparse.Namespace) -> list[str]:
-    return ["--ranks", str(args.ranks), "--sequences", str(args.sequences), "--rounds", str(args.rounds)]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m kvserve.bench.plan_broadcast",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
-    parser.add_argument("--ranks", type=int, default=2, help="ranks in the group, this process being rank 0")
-    parser.add_argument("--sequences", type=int, default=256, help="decode sequences in each plan")
-    parser.add_argument("--rounds", type=int, default=200, help="timed rounds of each kind (medians count)")
-    parser.add_argument("--follower", type=int, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    add_flags(parser, PlanBroadcastConfig)
+    parser.add_argument("--follower", type=int, default=None, help=argparse.SUPPRESS)  # set by rank 0 only
+    parsed = parser.parse_args(argv)
+    config = config_from_args(PlanBroadcastConfig, parsed)
     torch.set_num_threads(1)
-    if args.follower is not None:
-        _follower(args)
+    if parsed.follower is not None:
+        _follower(parsed.follower, config)
         return 0
-    report = _leader(args)
+    report = _leader(config)
     print(json.dumps(report))
     print(
         f"{report['sequences']} sequences, {report['plan_bytes']} bytes, {report['ranks']} ranks: plan cost "
