@@ -114,8 +114,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         parallel = config_from_args(TensorParallelConfig, args)
     except ValueError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return 2
+        return _refused(exc)
     if options.executor == "fake":
         if parallel.tensor_parallel_size > 1:
             print(
@@ -126,8 +125,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             return run_executor("fake", link, fake=fake_config_from_args(args))
         except ExecutorConfigError as exc:
-            print(f"{PROG}: {exc}", file=sys.stderr)
-            return int(ExitReason.REFUSED)
+            return _refused(exc)
     from kvserve.executor.process import run_tensor_parallel
     from kvserve.executor.tensor_parallel.config import TensorParallelSetupError
     from kvserve.executor.tensor_parallel.layout import TensorParallelFitError
@@ -138,8 +136,13 @@ def run(args: argparse.Namespace) -> int:
             return run_executor("torch", link, runner=runner)
         return run_tensor_parallel(link, runner, parallel, link.parent_pid)
     except (ExecutorConfigError, TensorParallelFitError, TensorParallelSetupError) as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return int(ExitReason.REFUSED)
+        return _refused(exc)
+
+
+def _refused(exc: Exception) -> int:
+    """A configuration this executor refuses: one line, no traceback, the exit code the scheduler reads."""
+    print(f"{PROG}: {exc}", file=sys.stderr)
+    return int(ExitReason.REFUSED)
 
 
 def parent_pid_from_env() -> int | None:

@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -137,8 +138,6 @@ AMX's bfloat16 reached only 4× float32's rate against 6.5× at 2048 (its tiles 
 
 def matmul_gflops(dtype: torch.dtype, size: int = RATE_MATMUL_SIZE, repeats: int = 5) -> int:
     """The best of `repeats` size×size matmuls in `dtype`, in GFLOP/s: what a padded row costs."""
-    import time
-
     a = torch.randn(size, size).to(dtype)
     b = torch.randn(size, size).to(dtype)
     torch.mm(a, b)

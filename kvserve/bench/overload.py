@@ -12,14 +12,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 
+from kvserve.bench.latency_stats import percentile
 from kvserve.config.flags import HelpFormatter, add_flags, config_from_args, flag
 from kvserve.testing.server_launcher import ServeProcess, serving
 from kvserve.testing.stream_requests import greedy_request
+from kvserve.testing.waiting import wait_until_async
+
+QUEUE_FULL_WITHIN_S = 60.0
+"""Bounds only a stuck server: the wait returns once the queue is full."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,21 +71,23 @@ async def _flood(server: ServeProcess, config: OverloadBenchConfig) -> OverloadR
         for call in running:
             await call.read()
         queued = [stub.Generate(greedy_request(10_000 + i, 10), timeout=600) for i in range(config.max_queued_requests)]
-        while server.stats().requests_waiting < config.max_queued_requests:
-            await asyncio.sleep(0.01)  # until the queue is full: what is measured starts after
+        await wait_until_async(  # the queue is full: what is measured starts after
+            lambda: server.stats().requests_waiting >= config.max_queued_requests,
+            QUEUE_FULL_WITHIN_S,
+            f"{config.max_queued_requests} queued requests",
+        )
         calls = [stub.Generate(greedy_request(20_000 + i, 10), timeout=600) for i in range(config.flood)]
         latencies = [ms for ms in await asyncio.gather(*(_rejection_ms(c) for c in calls)) if ms is not None]
         waiting = server.stats().requests_waiting
         for call in running + queued:
             call.cancel()
-    ordered = sorted(latencies) or [float("nan")]
     return OverloadResult(
         flood=config.flood,
         rejected=len(latencies),
         queued_after=waiting,
-        median_ms=statistics.median(ordered),
-        p99_ms=ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))],
-        max_ms=ordered[-1],
+        median_ms=percentile(latencies, 50),
+        p99_ms=percentile(latencies, 99),
+        max_ms=percentile(latencies, 100),
     )
 
 

@@ -63,6 +63,8 @@ class LinkKeyError(ValueError):
 class ApiSecurity:
     tokens: TokenTable | None
     credentials: grpc.ServerCredentials | None
+    browser: BrowserPolicy
+    """What web pages may do with the HTTP API, checked once at start."""
     curve_keys: CurveKeys | None = None
     tls: TlsFiles | None = None
     """The same PEM files, for the HTTP API's TLS."""
@@ -83,13 +85,15 @@ def load_api_security(config: ServerConfig) -> ApiSecurity:
                 allow_insecure_remote=config.allow_insecure_remote,
             )
         )
-    browser_policy(config).check()
+    browser = browser_policy(config)
+    browser.check()
     tokens = load_token_file(config.auth_token_file) if config.auth_token_file is not None else None
     return ApiSecurity(
         tokens=tokens,
         credentials=server_credentials(files) if files is not None else None,
         curve_keys=link_curve_keys(config),
         tls=files,
+        browser=browser,
     )
 
 
@@ -197,7 +201,7 @@ async def run_service(
     )
     http: HttpServer | None = None
     if config.http_listen_host is not None:
-        app = create_app(http_context, browser_policy(config))
+        app = create_app(http_context, security.browser)
         http = HttpServer(app, config.http_listen_host, config.http_port, tls=security.tls)
     try:
         port = await api.start()
