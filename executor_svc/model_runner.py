@@ -86,11 +86,11 @@ class ModelRunner:
         self.max_model_len = self._max_model_len()
         self.vocab_rows = self.layout.vocab_shard if self.layout.sharded else self.model_config.vocab_size
         self.probes = probe_cache() if self.invariant else None
-        if self.invariant or self.backend_name == "cpu":
-            ensure_kernels()
         self.dtype_name, why = self._resolve_dtype()
         self.dtype = getattr(torch, self.dtype_name)
         self.weights_mode = resolve_weights(config, self.device, self.dtype_name)
+        if self.invariant or self.backend_name == "cpu" or self.weights_mode == "native":
+            ensure_kernels()  # native: the Q8_0 lm_head's kernel
         if "auto" in (config.dtype, config.weights):
             log.info(
                 "chose dtype and weights",
@@ -108,7 +108,9 @@ class ModelRunner:
                 attention=self.backend_name,
             )
         native = self._native_linears() if self.weights_mode == "native" else None
-        weights = load_weights(self.model_dir, self.model_config, self.device, self.dtype, native, self.layout)
+        weights = load_weights(
+            self.model_dir, self.model_config, self.device, self.dtype, native, self.layout, q8_lm_head=bool(native)
+        )
         if self.probes is not None:
             fix_model_rows(weights, self.shard_config, self.vocab_rows, self.dtype, config.max_num_seqs, self.probes)
         if self.group is not None:
@@ -173,6 +175,7 @@ class ModelRunner:
             device=self.device,
             dtype=self.dtype_name,
             attention_backend=self.backend_name,
+            num_threads=torch.get_num_threads() if self.device == "cpu" else 0,
         )
 
     def execute(self, plan: StepPlan) -> StepResult:

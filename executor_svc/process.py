@@ -56,6 +56,8 @@ def serve_link(executor: Executor, link: LinkWorkerConfig, kind: str) -> int:
         model_id=info.model_id,
         num_blocks=info.num_blocks,
         block_size=info.block_size,
+        device=info.device,
+        num_threads=info.num_threads or None,
         endpoint=link.endpoint,
     )
     server = LinkWorker(executor, link)

@@ -97,7 +97,8 @@ class RunnerConfig:
     num_threads: int | None = field(
         default=None,
         metadata=flag(
-            "torch intra-op threads on cpu; None: every usable core, less one for the scheduler above 4 cores"
+            "torch intra-op threads on cpu; None: every usable core but one, which is left to the scheduler "
+            "process (on a single core: that core)"
         ),
     )
     # One core is left to the scheduler process and the link: oversubscribed OpenMP threads
@@ -133,9 +134,13 @@ def resolve_num_threads(config: RunnerConfig, ranks_on_host: int = 1) -> int:
     if config.num_threads:
         return config.num_threads
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    # With cores to spare, leave one to the scheduler process. On a small machine the
-    # scheduler mostly idles while a step computes, so the executor takes every core.
-    usable = usable - 1 if usable > 4 else usable
+    # One core is left to the scheduler process (HTTP, gRPC, tokenizers, the step loop) and to
+    # whatever else runs on the host. Measured on 2 cores (docs/benchmarks.md, "Threads that
+    # coexist"): with both cores a B=1 step took 38 ms alone and 240 ms beside one busy process,
+    # OpenMP's threads waiting at every op for the one that lost its core; with one thread, 43 ms
+    # alone and 44 ms beside it. Serving at concurrency 1 ran as fast with one thread and twice as
+    # steady (ITL p99 60 ms against 129); at 16 and 64 it gave up 4% and 10% of throughput.
+    usable = usable - 1 if usable > 1 else usable
     return max(1, usable // ranks_on_host)
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 SOURCE_DIR = Path(__file__).with_name("cpu")
-SOURCES = ("paged_attention.cpp", "silu_mul.cpp")
+SOURCES = ("paged_attention.cpp", "silu_mul.cpp", "q8_linear.cpp")
 HEADERS = ("vec8.h",)
 CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno")
 """-ffp-contract=off: only the explicit fused multiply-adds fuse, so vector and scalar code agree bit for bit."""
@@ -115,6 +115,13 @@ def paged_attention(
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up of a fused [tokens, 2 * width] gate/up product (gate columns first), [tokens, width]."""
     return torch.ops.kvserve_cpu.silu_mul(gate_up)
+
+
+def q8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """`x` [rows, in] (float32 or bfloat16) times Q8_0 weights: int8 `codes` [out, in] and `scales`
+    [out, in / 32] (fp16 values held in float32), one per group of 32 inputs. float32 [rows, out], each
+    row summed in one fixed order."""
+    return torch.ops.kvserve_cpu.q8_linear(x, codes, scales)
 
 
 def _put_ninja_on_path() -> None:

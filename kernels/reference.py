@@ -61,3 +61,9 @@ def paged_attention_reference(
         scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
         out[start:end] = (scores.softmax(-1) @ v).transpose(0, 1).to(query.dtype)
     return out
+
+
+def q8_linear_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """`x` [rows, in] times Q8_0 weights (int8 `codes` [out, in], `scales` [out, in / 32]), in float64."""
+    weight = codes.double().reshape(codes.shape[0], -1, 32) * scales.double()[..., None]
+    return (x.double() @ weight.reshape(codes.shape).t()).float()

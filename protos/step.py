@@ -152,3 +152,6 @@ class ExecutorInfo:
     device: str = "cpu"
     dtype: str = "float32"
     attention_backend: str = "torch"
+    num_threads: int = 0
+    """The executor's compute threads on a CPU (torch's intra-op threads); 0 on an accelerator or
+    where no model runs (the fake executor)."""

@@ -2,13 +2,13 @@
 
 Each layer's q/k/v, o, gate/up and down matrices come from the GGUF's own 4-bit codes, and
 `load_weights` reads everything else from the converted fp32 directory without ever reading
-those matrices there (norms, embeddings and lm_head stay fp32: the default model's Q8_0
-embedding has no torch int8 kernel with per-group scales, and a log line says so).
+those matrices there (norms and the embedding's lookups stay fp32).
 
 llama.cpp's converter permutes the rows of q and k for its rotary layout; the rows are
 permuted back here (exact: a Q4_1 group runs along a row), and the converted directory's
 fp32 weights equal `dequantize` of the result, which `tests/executor/test_native_weights.py`
-checks layer by layer.
+checks layer by layer. The lm_head runs Q8_0 (`kvserve.executor.weights.q8_0`), whose codes equal
+the default GGUF's own Q8_0 embedding.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def native_layer_linears(
     log.info(
         "native Q4_1 weights: every layer's linear matrices run 4-bit (bfloat16 activations)",
         layers=len(linears),
-        kept_fp32="token embedding and lm_head (Q8_0 in the GGUF, no per-group int8 kernel), norms",
+        kept_fp32="token embedding lookups and norms (the lm_head runs Q8_0)",
     )
     return linears
 

@@ -28,6 +28,7 @@ from kvserve.executor.weights.gguf_q4_1 import GROUP, Q4_1Weight
 from kvserve.executor.weights.int4_linear import make_int4_linear
 from kvserve.executor.weights.linear import MATMUL, PACKED, WIDENED, Linear, linear_kind, make_linear
 from kvserve.executor.weights.loader import LINEAR_NAMES, ModelWeights
+from kvserve.executor.weights.q8_0 import quantize
 from kvserve.executor.weights.row_invariance import (
     AFFORDABLE_MIN_ROWS,
     MAX_ROWS,
@@ -44,6 +45,7 @@ from kvserve.kernels.cpu_ops import cpu_identity
 log = structlog.get_logger(__name__)
 
 INT4 = "int4pack"
+Q8 = "q8_0"
 
 
 def probe_cache() -> ProbeCache:
@@ -171,9 +173,10 @@ def fix_model_rows(
 
 
 def _kind_and_dtype(linear: RowKernel, dtype: torch.dtype) -> tuple[str, torch.dtype]:
-    """A matrix's kernel and the dtype it is called with: `dtype`, but float32 for int4 layers (`--weights native`)."""
+    """A matrix's kernel and the dtype it is called with: `dtype`, but float32 for the int4 and Q8_0
+    layers of `--weights native`."""
     kind = linear.kind.removesuffix("+bias")
-    return kind, torch.float32 if kind == INT4 else dtype
+    return kind, torch.float32 if kind in (INT4, Q8) else dtype
 
 
 def random_layer(shape: GemmShape) -> RowKernel:
@@ -188,6 +191,8 @@ def random_layer(shape: GemmShape) -> RowKernel:
         )
         return make_int4_linear(q4)
     weight = (torch.randn(shape.n_out, shape.n_in, generator=generator) * 0.05).to(dtype)
+    if shape.kind == Q8:
+        return quantize(weight)
     bias = torch.randn(shape.n_out, generator=generator).to(dtype) if shape.bias else None
     if shape.kind == PACKED:
         layer = make_linear(weight, bias)
@@ -204,6 +209,10 @@ def _probe_main() -> int:
     {key: min_rows or GFLOP/s} on stdout."""
     request = json.load(sys.stdin)
     torch.set_num_threads(request["threads"])
+    if any(fields["kind"] == Q8 for fields in request["shapes"]):
+        from kvserve.executor.attention.cpu_backend import ensure_kernels
+
+        ensure_kernels()
     results = {}
     for name in request.get("rates", ()):
         dtype = getattr(torch, name)

@@ -4,7 +4,8 @@ q/k/v projections are concatenated into one matrix and gate/up into another at l
 time, so each layer runs 4 matmuls instead of 7: fewer kernel launches and better
 GEMM shapes, which matters most for small-batch decode. Each matrix becomes a `Linear`
 (one copy, in the layout its device multiplies fastest; see `kvserve.executor.weights.linear`), or, with
-`--weights native`, an `Int4Linear` on a GGUF's own 4-bit codes (`kvserve.executor.weights.gguf_weights`).
+`--weights native`, an `Int4Linear` on a GGUF's own 4-bit codes (`kvserve.executor.weights.gguf_weights`)
+and a Q8_0 lm_head (`kvserve.executor.weights.q8_0`).
 
 Every tensor kept is copied out of the file, so the file's mapping (and every page of it the
 load touched) is released when loading ends; on CPU the token embedding alone stays mapped,
@@ -30,6 +31,7 @@ from kvserve.executor.model_config import ModelConfig
 from kvserve.executor.tensor_parallel.layout import TensorParallelLayout, plan_layout
 from kvserve.executor.weights.int4_linear import Int4Linear
 from kvserve.executor.weights.linear import Linear, make_linear
+from kvserve.executor.weights.q8_0 import Q8Linear, quantize
 from kvserve.executor.weights.row_invariance import RowFixedLinear
 from kvserve.executor.weights.token_embedding import TokenEmbedding, mapped_table
 
@@ -57,7 +59,7 @@ class ModelWeights:
     embed: TokenEmbedding
     layers: list[LayerWeights]
     final_norm: torch.Tensor
-    lm_head: Linear | RowFixedLinear
+    lm_head: Linear | Q8Linear | RowFixedLinear
     """hidden -> vocab; built from the embedding matrix when the model ties them."""
 
 
@@ -84,12 +86,13 @@ def load_weights(
     dtype: torch.dtype,
     layer_linears: list[dict[str, Int4Linear]] | None = None,
     layout: TensorParallelLayout | None = None,
+    q8_lm_head: bool = False,
 ) -> ModelWeights:
     """Read each tensor once, when it is needed, fuse per layer, and move to `device` in `dtype`.
 
     `layer_linears` (per layer, by `LINEAR_NAMES`) replaces those matrices: the file's copies are
     then never read, so they never occupy memory the allocator would keep. `layout`: this rank's
-    share under tensor parallelism (default: the whole model).
+    share under tensor parallelism (default: the whole model). `q8_lm_head`: the lm_head in Q8_0.
     """
     layout = layout or plan_layout(config, 0, 1)
     with ExitStack() as files:
@@ -101,7 +104,8 @@ def load_weights(
             raw.update(dict.fromkeys(names, handle))
             paths.update(dict.fromkeys(names, path))
         mapped = mapped_table(paths[_EMBED], _EMBED) if device == "cpu" and _EMBED in paths else None
-        return _build(raw, model_dir, config, device, dtype, layer_linears, mapped, layout)
+        head = quantize if q8_lm_head else make_linear
+        return _build(raw, model_dir, config, device, dtype, layer_linears, mapped, layout, head)
 
 
 def _build(
@@ -113,8 +117,10 @@ def _build(
     layer_linears: list[dict[str, Int4Linear]] | None,
     mapped_embed: torch.Tensor | None,
     layout: TensorParallelLayout,
+    head: Callable[[torch.Tensor], Linear | Q8Linear],
 ) -> ModelWeights:
-    """`mapped_embed`: the embedding as a view of the file, which the lookup reads instead of a loaded table."""
+    """`mapped_embed`: the embedding as a view of the file, which the lookup reads instead of a loaded table.
+    `head`: makes the lm_head of its weight (`make_linear`, or Q8_0's `quantize`)."""
 
     def take(name: str, keep: bool = False, rows: slice | None = None, cols: slice | None = None) -> torch.Tensor:
         """`keep`: the tensor is stored as it is. Only then is it copied out of the file's mapping, which it
@@ -155,11 +161,11 @@ def _build(
         mapped_embed = mapped_embed[vocab]  # still a view of the file
     if untied and mapped_embed is not None:
         raw.pop(_EMBED)  # looked up from the file's mapping: never loaded
-        table, lm_head = mapped_embed, make_linear(_pad_rows(take("lm_head.weight", rows=vocab), layout))
+        table, lm_head = mapped_embed, head(_pad_rows(take("lm_head.weight", rows=vocab), layout))
     else:
         # A tied lm_head needs the whole matrix; it is kept as the lookup table only when none is mapped.
         embed = take(_EMBED, keep=mapped_embed is None, rows=vocab)
-        lm_head = make_linear(_pad_rows(take("lm_head.weight", rows=vocab) if untied else embed, layout))
+        lm_head = head(_pad_rows(take("lm_head.weight", rows=vocab) if untied else embed, layout))
         table = embed if mapped_embed is None else mapped_embed
     weights = ModelWeights(
         embed=TokenEmbedding(table, dtype, first_row=vocab.start if vocab is not None else None),

@@ -30,6 +30,7 @@ inline float to_float(Bf16 v) {
   return f;
 }
 inline float to_float(c10::Half v) { return static_cast<float>(v); }
+inline float to_float(int8_t v) { return static_cast<float>(v); }
 
 // fp32 to an element type, rounding to nearest even.
 inline void store_as(float v, float* dst) { *dst = v; }
@@ -49,6 +50,9 @@ struct Vec8 {
   }
   static Vec8 load(const c10::Half* p) {
     return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))};
+  }
+  static Vec8 load(const int8_t* p) {  // exact: every int8 is a float
+    return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))))};
   }
   // A mask of the lanes whose index, counted from `first`, is below `n`.
   static Vec8 iota_below(int64_t first, int64_t n) {

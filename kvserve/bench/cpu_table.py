@@ -4,8 +4,9 @@
 
 reads what the script left in OUT_DIR (llama.cpp's batched-bench JSON lines, one
 `kvserve bench executor --json` per configuration, `bench serve --json` reports, RSS
-files) and prints the markdown: tokens/s per batch size, prefill, serving `mixed`, RSS,
-then each goal ratio against llama.cpp with met or missed. Every figure in one table comes
+files, the bytes a llama.cpp step reads) and prints the markdown: tokens/s per batch size,
+prefill, serving `mixed`, RSS, B=1 against the physical limit, single-stream serving, then
+each goal ratio against llama.cpp with met or missed. Every figure in one table comes
 from the same run on the same machine, so the ratios compare like with like.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,8 +23,12 @@ DECODE_BATCHES = (1, 8, 32, 64)
 PREFILL_BATCH = 8
 """Prefill is compared at 8 prompts of 128 tokens in one batch (llama.cpp: pp 128, npl 8)."""
 CONFIGS = ("float32-dequantized", "float32-native", "bfloat16-dequantized")
-GOALS = {"decode B=1": 1.0, "decode B=8": 1.5, "decode B=32": 2.0, "decode B=64": 2.0, "prefill": 2.0, "serving": 2.0}
-"""kvserve ÷ llama.cpp, issue 12's goals (serving also needs a lower mean TTFT)."""
+GOALS = {
+    "decode B=1": 1.0, "decode B=8": 1.5, "decode B=32": 2.0, "decode B=64": 2.0, "prefill": 2.0, "serving": 2.0,
+    "single stream": 1.0,
+}  # fmt: skip
+"""kvserve ÷ llama.cpp (serving also needs a lower mean TTFT; a single stream an ITL p99 ≤ 1.5× its p50)."""
+SINGLE_STREAM_ITL_SPREAD = 1.5
 
 
 @dataclass(slots=True)
@@ -35,6 +41,18 @@ class Row:
     serving: float | None = None
     ttft_mean: float | None = None
     rss_mib: float | None = None
+    limit_b1: float | None = None
+    """Decode B=1 as a fraction of its physical limit (`kvserve.bench.physical_limit`)."""
+
+
+@dataclass(slots=True)
+class SingleStream:
+    """One server's `bench serve --concurrency 1` figures."""
+
+    name: str
+    output_tokens_per_s: float
+    itl_p50: float
+    itl_p99: float
 
 
 def llama_row(out: Path) -> Row:
@@ -66,7 +84,37 @@ def kvserve_row(out: Path, config: str) -> Row | None:
         prefill=prefill[PREFILL_BATCH]["tokens_per_s"] if PREFILL_BATCH in prefill else None,
         roofline=roofline,
         rss_mib=report.get("rss_mib"),
+        limit_b1=decode[1].get("limit_fraction") if 1 in decode else None,
     )
+
+
+def llama_limit_b1(out: Path, llama: Row) -> float | None:
+    """llama.cpp's B=1 against the same limit: the bytes its step reads of the GGUF
+    (`llama-bytes.json`) at the copy bandwidth the first kvserve run measured."""
+    from kvserve.bench.physical_limit import limit_tokens_per_s
+
+    path = out / "llama-bytes.json"
+    reports = [out / f"executor-{c}.json" for c in CONFIGS if (out / f"executor-{c}.json").exists()]
+    if not path.exists() or not reports or 1 not in llama.decode:
+        return None
+    read = json.loads(path.read_text())
+    bandwidth = json.loads(reports[0].read_text()).get("copy_bandwidth")
+    if not bandwidth:
+        return None
+    return llama.decode[1] / limit_tokens_per_s(bandwidth, read["weight_bytes"], read["kv_bytes_per_seq"], 1)
+
+
+def single_stream(out: Path) -> list[SingleStream]:
+    """kvserve's default configuration and llama-server with one slot, at concurrency 1 (`serve-single.json`)."""
+    path = out / "serve-single.json"
+    if not path.exists():
+        return []
+    names = {"kvserve": "kvserve (default configuration)", "llama-server": "llama-server (1 slot)"}
+    return [
+        SingleStream(names[r["configuration"]], r["output_throughput"], r["itl"]["p50"], r["itl"]["p99"])
+        for r in json.loads(path.read_text())["results"]
+        if r["configuration"] in names
+    ]
 
 
 def serving(out: Path, name: str, configuration: str) -> tuple[float, float] | None:
@@ -86,6 +134,7 @@ def build_rows(out: Path) -> list[Row]:
     if served:
         llama.serving, llama.ttft_mean = served
     llama.rss_mib = _read_float(out / "llama-server.rss_kib") / 1024 or llama.rss_mib
+    llama.limit_b1 = llama_limit_b1(out, llama)
     rows = [llama]
     for config in CONFIGS:
         row = kvserve_row(out, config)
@@ -101,7 +150,7 @@ def build_rows(out: Path) -> list[Row]:
     return rows
 
 
-def render(rows: list[Row], cpu: str) -> str:
+def render(rows: list[Row], cpu: str, single: list[SingleStream] | None = None) -> str:
     head = ["configuration", *[f"decode B={b}" for b in DECODE_BATCHES], f"prefill 128×{PREFILL_BATCH}"]
     head += ["serving `mixed` out tok/s", "mean TTFT", "RSS"]
     lines = [f"Machine: {cpu}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -111,11 +160,22 @@ def render(rows: list[Row], cpu: str) -> str:
         cells += [f"{row.ttft_mean:.2f} s" if row.ttft_mean else "–", f"{row.rss_mib:,.0f} MiB" if row.rss_mib else "–"]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Tokens/s; in brackets the fraction of the same run's GEMM peak in that row's dtype.", ""]
-    lines += ratio_lines(rows)
+    limits = [f"{r.name}: {100 * r.limit_b1:.0f}%" for r in rows if r.limit_b1 is not None]
+    if limits:
+        lines += ["Decode B=1 as a fraction of its physical limit (every weight read once at the copy bandwidth):"]
+        lines += ["; ".join(limits) + ".", ""]
+    if single:
+        lines += ["| single stream (concurrency 1) | output tok/s | ITL p50 | ITL p99 |", "|---|---|---|---|"]
+        lines += [
+            f"| {s.name} | {s.output_tokens_per_s:.1f} | {1e3 * s.itl_p50:.1f} ms | {1e3 * s.itl_p99:.1f} ms |"
+            for s in single
+        ]
+        lines.append("")
+    lines += ratio_lines(rows, single or [])
     return "\n".join(lines)
 
 
-def ratio_lines(rows: list[Row]) -> list[str]:
+def ratio_lines(rows: list[Row], single: Sequence[SingleStream] = ()) -> list[str]:
     """For each goal, the best kvserve configuration's ratio to llama.cpp."""
     llama, ours = rows[0], [r for r in rows[1:] if r.name.startswith("kvserve")]
     lines = [
@@ -123,6 +183,9 @@ def ratio_lines(rows: list[Row]) -> list[str]:
         "|---|---|---|---|---|",
     ]
     for goal, target in GOALS.items():
+        if goal == "single stream":
+            lines.append(_single_stream_line(single, target))
+            continue
         base = _goal_value(llama, goal)
         candidates = [(_goal_value(r, goal), r) for r in ours if _goal_value(r, goal) and base]
         if not candidates or base is None:
@@ -136,6 +199,19 @@ def ratio_lines(rows: list[Row]) -> list[str]:
             met = bool(row.ttft_mean and llama.ttft_mean and row.ttft_mean < llama.ttft_mean)
         lines.append(f"| {goal} | ≥ {target:g}× | {row.name} | {ratio:.2f}× | {'met' if met else '**missed**'} |")
     return lines
+
+
+def _single_stream_line(single: Sequence[SingleStream], target: float) -> str:
+    ours = next((s for s in single if s.name.startswith("kvserve")), None)
+    theirs = next((s for s in single if s.name.startswith("llama")), None)
+    if ours is None or theirs is None or not theirs.output_tokens_per_s:
+        return f"| single stream | ≥ {target:g}× | – | – | not measured |"
+    ratio = ours.output_tokens_per_s / theirs.output_tokens_per_s
+    steady = ours.itl_p99 <= SINGLE_STREAM_ITL_SPREAD * ours.itl_p50
+    met = ratio >= target and steady
+    spread = f"ITL p99 {ours.itl_p99 / ours.itl_p50:.2f}× p50" if ours.itl_p50 else "no ITL"
+    verdict = "met" if met else "**missed**"
+    return f"| single stream | ≥ {target:g}× | {ours.name} ({spread}) | {ratio:.2f}× | {verdict} |"
 
 
 def _goal_value(row: Row, goal: str) -> float | None:
@@ -175,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     out = Path(args[0])
-    print(render(build_rows(out), _cpu(out)))
+    print(render(build_rows(out), _cpu(out), single_stream(out)))
     return 0
 
 

@@ -7,6 +7,9 @@ only a prompt's last token runs. A phase's roofline fraction is tokens/s × FLOP
 GEMM FLOP/s. Decode runs B sequences whose
 `prompt_len`-token prompts were prefilled untimed; prefill runs fresh 512-token prompts.
 
+Each decode batch is also measured against the physical limit of its step (every weight and each
+sequence's KV read once, at a copy bandwidth measured in the same run: `kvserve.bench.physical_limit`).
+
 Any `Executor` can be measured; the figures take their device, dtype and model from rank 0's
 runner. For a tensor-parallel group the roofline is N × rank 0's (each rank multiplies on its own
 share of the cores, or its own device), and each decode step's plan is also priced on its way to
@@ -32,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, cast
 
+from kvserve.bench.physical_limit import copy_bandwidth, limit_tokens_per_s, weight_bytes_per_step
 from kvserve.config import defaults
 from kvserve.config.flags import HelpFormatter, add_flags, config_from_args, flag
 from kvserve.executor.runner_config import RunnerConfig
@@ -65,9 +69,10 @@ class ExecutorBenchConfig:
     json: bool = field(
         default=False,
         metadata=flag(
-            "print one JSON object: dtype, weights, tensor_parallel_size, gemm_flops, rss_mib and results "
-            "[{phase, batch, tokens_per_s, roofline_fraction, step_s, broadcast_s, decode_plan_s, plan_bytes}] "
-            "(the last three null on one rank)"
+            "print one JSON object: dtype, weights, tensor_parallel_size, gemm_flops, copy_bandwidth, "
+            "weight_bytes, kv_bytes_per_seq, rss_mib and results [{phase, batch, tokens_per_s, roofline_fraction, "
+            "step_s, broadcast_s, decode_plan_s, plan_bytes, limit_fraction}] (broadcast_s, decode_plan_s and "
+            "plan_bytes null on one rank, limit_fraction on prefill)"
         ),
     )
 
@@ -88,6 +93,21 @@ class BenchResult:
     before its forward (None on one rank)."""
     plan_bytes: int | None = None
     """Decode on N > 1 ranks: the last timed plan's encoded size (None on one rank)."""
+    limit_fraction: float | None = None
+    """Decode: tokens/s as a fraction of the physical limit, every weight and each sequence's KV read
+    once per step at the copy bandwidth measured in the same run (`kvserve.bench.physical_limit`)."""
+
+
+@dataclass(slots=True)
+class MemoryLimit:
+    """What the physical limit of a decode step is made of, as `--json` reports it."""
+
+    copy_bandwidth: float
+    """Bytes/s of a large copy, read plus written."""
+    weight_bytes: int
+    """Read once per decode step, by every rank together."""
+    kv_bytes_per_seq: int
+    """Each sequence's KV context of `prompt_len` tokens, read once per step."""
 
 
 @dataclass(slots=True)
@@ -200,9 +220,10 @@ def run_executor_bench(
     greedy: bool = True,
     progress: Callable[[tuple[str, int, float]], None] | None = None,
     runner: ModelRunner | None = None,
-) -> tuple[float, list[BenchResult]]:
-    """Returns (GEMM FLOP/s, results). `progress((phase, batch, tokens_per_s))` is called as each lands.
-    `runner`: rank 0's, when `executor` is not a ModelRunner itself (a tensor-parallel group)."""
+) -> tuple[float, MemoryLimit, list[BenchResult]]:
+    """Returns (GEMM FLOP/s, the decode step's memory limit, results). `progress((phase, batch,
+    tokens_per_s))` is called as each lands. `runner`: rank 0's, when `executor` is not a ModelRunner
+    itself (a tensor-parallel group)."""
     runner = _rank0(executor, runner)
     cfg = runner.model_config
     # A decode token runs every matrix once, lm_head included; a prefill token skips lm_head, which
@@ -227,9 +248,26 @@ def run_executor_bench(
     # The higher of two roofline measurements (before and after), so a busy moment cannot flatter us;
     # a group multiplies on every rank at once, each on its share of the cores (or its own device).
     gemm = runner.layout.size * max(gemm_before, measure_gemm_flops(runner.device, runner.dtype))
+    limit = memory_limit(runner, prompt_len)
     for r in results:
         r.roofline_fraction = r.tokens_per_s * flops_per_token[r.phase] / gemm
-    return gemm, results
+        if r.phase == "decode":
+            ceiling = limit_tokens_per_s(limit.copy_bandwidth, limit.weight_bytes, limit.kv_bytes_per_seq, r.batch)
+            r.limit_fraction = r.tokens_per_s / ceiling
+    return gemm, limit, results
+
+
+def memory_limit(runner: ModelRunner, context: int) -> MemoryLimit:
+    """The bytes a decode step reads (rank 0's weights × ranks, a sequence's KV of `context` tokens)
+    and the copy bandwidth, measured now."""
+    geometry = runner.geometry
+    kv_per_token = 2 * geometry.num_layers * geometry.num_kv_heads * geometry.head_dim * geometry.dtype.itemsize
+    ranks = runner.layout.size
+    return MemoryLimit(
+        copy_bandwidth=copy_bandwidth(runner.device),
+        weight_bytes=ranks * weight_bytes_per_step(runner.model.weights),
+        kv_bytes_per_seq=ranks * kv_per_token * context,
+    )
 
 
 def _decode_result(batch: int, step_s: float, cost: PlanCost | None) -> BenchResult:
@@ -320,7 +358,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"measured {measured[0]} batch {measured[1]}: {measured[2]:.1f} tokens/s", flush=True)
 
     try:
-        gemm, results = run_executor_bench(
+        gemm, limit, results = run_executor_bench(
             executor,
             bench.batches,
             bench.prefill_batches,
@@ -340,6 +378,7 @@ def run(args: argparse.Namespace) -> int:
                 "batch_invariant": runner.invariant,
                 "tensor_parallel_size": parallel.tensor_parallel_size,
                 "gemm_flops": gemm,
+                **asdict(limit),
                 "rss_mib": resident_bytes() / MIB,
                 "results": [asdict(r) for r in results],
             }
@@ -354,6 +393,12 @@ def run(args: argparse.Namespace) -> int:
                 f"batch-invariant {'on' if runner.invariant else 'off'}); "
                 f"model {runner.model_config.num_params / 1e6:.1f} M params; "
                 f"goal: decode batch 64 >= {100 * GOAL_DECODE64_ROOFLINE:.0f}% of the roofline"
+            )
+            ceiling = limit_tokens_per_s(limit.copy_bandwidth, limit.weight_bytes, limit.kv_bytes_per_seq, 1)
+            print(
+                f"physical limit: {limit.weight_bytes / 1e6:.1f} MB of weights and {limit.kv_bytes_per_seq / 1e6:.2f} "
+                f"MB of KV per sequence read per step, copy bandwidth {limit.copy_bandwidth / 1e9:.1f} GB/s: at most "
+                f"{ceiling:.0f} tokens/s at batch 1"
             )
             rank0 = " (rank 0)" if ranks > 1 else ""
             print(f"executor resident memory after the run{rank0}: {resident_bytes() / MIB:.0f} MiB")
@@ -381,6 +426,8 @@ def _result_line(r: BenchResult) -> str:
         f"{r.phase:7s} batch {r.batch:3d}  {r.tokens_per_s:9.1f} tokens/s  {1e3 * r.step_s:8.2f} ms/step  "
         f"{100 * r.roofline_fraction:5.1f}% of GEMM roofline"
     )
+    if r.limit_fraction is not None:
+        line += f"  {100 * r.limit_fraction:5.1f}% of the memory limit"
     if r.plan_bytes is None or r.broadcast_s is None or r.decode_plan_s is None:
         return line
     return (

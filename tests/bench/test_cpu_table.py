@@ -69,3 +69,40 @@ def test_the_table_prints_every_row_with_its_peak_fraction(tmp_path: Path, capsy
     assert "| kvserve float32 --weights dequantized | 18.0 (25%) | 100.0 (25%) | 310.0 (25%) |" in table
     assert "400.0 (70%) | 60.0 | 5.00 s | 1,100 MiB |" in table
     assert "unknown CPU" in table  # no lscpu.txt in the fixture
+
+
+def test_b1_is_measured_against_one_physical_limit_for_both_engines(tmp_path: Path) -> None:
+    """kvserve's fraction comes from its own report; llama.cpp's from the bytes its step reads of the
+    GGUF at the copy bandwidth kvserve's run measured: 90 tok/s × 100 MB / 20 GB/s = 45%."""
+    out = _fixture(tmp_path, serving_ttft=5.0)
+    report = json.loads((out / "executor-float32-dequantized.json").read_text())
+    report["copy_bandwidth"] = 20e9
+    report["results"][0]["limit_fraction"] = 0.125
+    (out / "executor-float32-dequantized.json").write_text(json.dumps(report))
+    (out / "llama-bytes.json").write_text(json.dumps({"weight_bytes": 99_000_000, "kv_bytes_per_seq": 1_000_000}))
+    rows = build_rows(out)
+    assert abs(rows[0].limit_b1 - 0.45) < 1e-9
+    assert rows[1].limit_b1 == 0.125
+
+
+def _single(out: Path, ours: tuple[float, float, float], theirs: tuple[float, float, float]) -> None:
+    rows = [
+        {"configuration": name, "workload": "mixed", "output_throughput": tps, "itl": {"p50": p50, "p99": p99}}
+        for name, (tps, p50, p99) in (("kvserve", ours), ("llama-server", theirs))
+    ]
+    (out / "serve-single.json").write_text(json.dumps({"results": rows}))
+
+
+def test_a_single_stream_needs_llama_servers_throughput_and_a_steady_itl(tmp_path: Path, capsys) -> None:
+    out = _fixture(tmp_path, serving_ttft=5.0)
+    _single(out, ours=(100.0, 0.010, 0.014), theirs=(90.0, 0.011, 0.012))
+    assert main([str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "| kvserve (default configuration) | 100.0 | 10.0 ms | 14.0 ms |" in table
+    assert "| single stream | ≥ 1× | kvserve (default configuration) (ITL p99 1.40× p50) | 1.11× | met |" in table
+    _single(out, ours=(100.0, 0.010, 0.016), theirs=(90.0, 0.011, 0.012))  # p99 1.6× p50: not steady
+    assert main([str(out)]) == 0
+    assert "1.11× | **missed**" in capsys.readouterr().out
+    (out / "serve-single.json").unlink()
+    assert main([str(out)]) == 0
+    assert "| single stream | ≥ 1× | – | – | not measured |" in capsys.readouterr().out

@@ -58,6 +58,8 @@ def test_bench_executor_tp2_reports_the_plan_broadcast_and_stops_its_ranks(tmp_p
     assert decode["batch"] == 4
     assert decode["step_s"] > 0
     assert decode["broadcast_s"] > 0 and decode["decode_plan_s"] > 0 and decode["plan_bytes"] > 0
+    assert 0 < decode["limit_fraction"] < 1 and report["copy_bandwidth"] > 0
+    assert report["weight_bytes"] > 0 and report["kv_bytes_per_seq"] > 0
     (prefill,) = [r for r in report["results"] if r["phase"] == "prefill"]
     assert prefill["broadcast_s"] is None
     assert _ranks_of(bench.pid) == []

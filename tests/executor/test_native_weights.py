@@ -1,8 +1,9 @@
 """`--weights native` on the default model: the GGUF's Q4_1 layers, served 4-bit.
 
 The codes, q/k rows un-permuted, dequantize exactly to the converted directory's fp32
-weights; the int4 kernel and its fp32 fallback agree; and the native path's greedy output
-does not depend on how a sequence is batched, chunked or prefix-shared.
+weights; the int4 kernel and its fp32 fallback agree; the lm_head runs Q8_0 on the GGUF's own
+codes; and the native path's greedy output does not depend on how a sequence is batched,
+chunked or prefix-shared.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from kvserve.executor.weights import model_store
 from kvserve.executor.weights.gguf_q4_1 import dequantize, kernel_dequantize
 from kvserve.executor.weights.gguf_weights import read_q4_1_layers
 from kvserve.executor.weights.int4_linear import Int4Linear
+from kvserve.executor.weights.q8_0 import Q8Linear
 from kvserve.executor.weights.row_invariance import RowFixedLinear
 from kvserve.scheduler.server.tokenizer import Tokenizer
 from kvserve.testing.plan_driver import PlanDriver
@@ -78,6 +80,25 @@ def test_every_layer_runs_4_bit_on_the_codes_it_shipped_with(runner) -> None:
     expected = x.float() @ kernel_dequantize(q4["attn_output"], torch.bfloat16).t()
     got = layer.o_proj(x.float())
     assert ((got - expected).abs() <= 0.01 * expected.abs().amax(dim=1, keepdim=True)).all()
+
+
+def test_the_lm_head_runs_q8_0_on_the_codes_the_gguf_shipped_with(runner) -> None:
+    """The head is quantized from the converted fp32 embedding; Q8_0's rule gives back the file's own
+    codes and scales, every one, so the head computes with the weights llama.cpp computes with."""
+    import numpy as np
+    from gguf import GGUFReader
+
+    head = runner.model.weights.lm_head
+    assert isinstance(head, RowFixedLinear) and isinstance(head.inner, Q8Linear)
+    assert head.min_rows == 1  # its own kernel sums every row alike: a decode row is never padded
+    source = model_store.default_model_source()
+    (embedding,) = [t for t in GGUFReader(str(source.path / source.gguf_file)).tensors if t.name == "token_embd.weight"]
+    assert embedding.tensor_type.name == "Q8_0"
+    blocks = np.ascontiguousarray(np.asarray(embedding.data)).reshape(embedding.data.shape[0], -1, 34)
+    codes = torch.from_numpy(blocks[:, :, 2:].copy().view(np.int8)).reshape(head.inner.codes.shape)
+    d = torch.from_numpy(blocks[:, :, 0:2].copy().view(np.float16)[..., 0]).float()
+    assert torch.equal(head.inner.codes, codes)
+    assert torch.equal(head.inner.d, d)
 
 
 def _greedy(runner, prompt_ids, **add) -> dict[int, list[int]]:

@@ -121,6 +121,7 @@ BLOCK_PROMPTS = [*PROMPTS, [(3 * j + 1) % 256 for j in range(77)]]
 def greedy_at_block_size_16(tiny_llama):
     runner = ModelRunner(RunnerConfig(model=str(tiny_llama), dtype="float32", kv_cache_gb=0.001))
     assert runner.info().block_size == 16
+    assert runner.info().num_threads == torch.get_num_threads() >= 1  # the executor's ready line shows it
     return run_prompts(runner, BLOCK_PROMPTS, chunk_size=9)
 
 

@@ -2,11 +2,12 @@
 
 Correctness: paged attention against `paged_attention_reference` over shuffled block tables,
 every block size, GQA ratios 1/3/4, head_dim 64/128, fp32/bf16/fp16 activations and a KV cache
-of another dtype; the store against `store_kv_reference`; silu_mul against torch.
+of another dtype; the store against `store_kv_reference`; silu_mul against torch; q8_linear
+against `q8_linear_reference`.
 
 Invariance, bit for bit: a token's attention output is the same alone or beside other
 sequences, as a decode or inside a prefill, whole or chunked, from any physical blocks, and the
-activation is the same at every row count.
+activation and the Q8_0 product are the same at every row count.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 from kvserve.config.defaults import BLOCK_SIZES
 from kvserve.executor.attention.cpu_backend import ensure_kernels
 from kvserve.kernels import cpu_ops
-from kvserve.kernels.reference import paged_attention_reference, store_kv_reference
+from kvserve.kernels.reference import paged_attention_reference, q8_linear_reference, store_kv_reference
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
@@ -203,3 +204,37 @@ def test_silu_mul_rounds_alike_in_its_vector_body_and_its_tail(dtype):
                     )
                 )
             assert torch.equal(rows[0], rows[1]), (g, u)
+
+
+def _q8_case(out_features: int, in_features: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    codes = torch.randint(-127, 128, (out_features, in_features), generator=gen, dtype=torch.int8)
+    scales = (torch.rand(out_features, in_features // 32, generator=gen) * 0.01).half().float()
+    return codes, scales
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_q8_linear_matches_the_reference_and_every_row_count_gives_the_same_bits(dtype):
+    """101 outputs: whole blocks of eight and a ragged last block; 1–2 rows take the kernel's
+    in-register path, 3 or more its dequantized-block path, in tiles of three rows and single-row tails."""
+    gen = torch.Generator().manual_seed(7)
+    codes, scales = _q8_case(101, 96, gen)
+    x = torch.randn(70, 96, generator=gen).to(dtype)
+    got = cpu_ops.q8_linear(x, codes, scales)
+    assert got.dtype == torch.float32 and got.shape == (70, 101)
+    torch.testing.assert_close(got, q8_linear_reference(x, codes, scales), rtol=1e-5, atol=1e-5)
+    for rows in (1, 2, 3, 4, 7, 64):
+        pieces = torch.cat([cpu_ops.q8_linear(x[start : start + rows], codes, scales) for start in range(0, 70, rows)])
+        assert torch.equal(pieces, got), rows
+
+
+def test_q8_linear_refuses_what_it_cannot_multiply():
+    gen = torch.Generator().manual_seed(8)
+    codes, scales = _q8_case(16, 64, gen)
+    with pytest.raises(RuntimeError, match="columns"):
+        cpu_ops.q8_linear(torch.randn(2, 32), codes, scales)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        cpu_ops.q8_linear(torch.randn(2, 40), codes[:, :40].contiguous(), scales[:, :1].contiguous())
+    with pytest.raises(RuntimeError, match="scales"):
+        cpu_ops.q8_linear(torch.randn(2, 64), codes, scales.half())
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        cpu_ops.q8_linear(torch.randn(2, 64).half(), codes, scales)

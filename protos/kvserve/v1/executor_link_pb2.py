@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%protos/kvserve/v1/executor_link.proto\x12\nkvserve.v1\"\x8b\x02\n\x0c\x45xecutorInfo\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x12\n\nnum_blocks\x18\x02 \x01(\x03\x12\x12\n\nblock_size\x18\x03 \x01(\x03\x12\x16\n\x0enum_cpu_blocks\x18\x04 \x01(\x03\x12\x12\n\nvocab_size\x18\x05 \x01(\x03\x12\x15\n\rmax_model_len\x18\x06 \x01(\x03\x12\x15\n\reos_token_ids\x18\x07 \x03(\x03\x12\x16\n\x0etokenizer_path\x18\x08 \x01(\t\x12\x15\n\rexecutor_kind\x18\t \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\n \x01(\t\x12\r\n\x05\x64type\x18\x0b \x01(\t\x12\x19\n\x11\x61ttention_backend\x18\x0c \x01(\t\"n\n\tHandshake\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x03\x12&\n\x04info\x18\x04 \x01(\x0b\x32\x18.kvserve.v1.ExecutorInfo\"6\n\x0cHandshakeAck\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\"\xd4\x02\n\x12StepSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_k\x18\x02 \x01(\x03\x12\r\n\x05top_p\x18\x03 \x01(\x01\x12\r\n\x05min_p\x18\x04 \x01(\x01\x12\x1a\n\x12repetition_penalty\x18\x05 \x01(\x01\x12\x18\n\x10presence_penalty\x18\x06 \x01(\x01\x12\x19\n\x11\x66requency_penalty\x18\x07 \x01(\x01\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x00\x88\x01\x01\x12\t\n\x01n\x18\t \x01(\x03\x12\x12\n\nmax_tokens\x18\n \x01(\x03\x12\x12\n\nmin_tokens\x18\x0b \x01(\x03\x12\x16\n\x0estop_token_ids\x18\x0c \x03(\x03\x12\x0c\n\x04stop\x18\r \x03(\t\x12\x12\n\nignore_eos\x18\x0e \x01(\x08\x12\x15\n\x08logprobs\x18\x0f \x01(\x03H\x01\x88\x01\x01\x42\x07\n\x05_seedB\x0b\n\t_logprobs\"\xd4\x01\n\x0bNewSequence\x12\x0e\n\x06seq_id\x18\x01 \x01(\x03\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\x12\x12\n\nprompt_len\x18\x03 \x01(\x03\x12\x1b\n\x13num_computed_tokens\x18\x04 \x01(\x03\x12\x1c\n\x14num_scheduled_tokens\x18\x05 \x01(\x03\x12\x13\n\x0b\x62lock_table\x18\x06 \x03(\x03\x12\x30\n\x08sampling\x18\x07 \x01(\x0b\x32\x1e.kvserve.v1.StepSamplingParams\x12\x0c\n\x04seed\x18\x08 \x01(\x04\"\xbe\x01\n\x0eKnownSequences\x12\x0f\n\x07seq_ids\x18\x01 \x03(\x03\x12\x1b\n\x13num_computed_tokens\x18\x02 \x03(\x03\x12\x1c\n\x14num_scheduled_tokens\x18\x03 \x03(\x03\x12\x18\n\x10new_token_counts\x18\x04 \x03(\x03\x12\x15\n\rnew_token_ids\x18\x05 \x03(\x03\x12\x18\n\x10new_block_counts\x18\x06 \x03(\x03\x12\x15\n\rnew_block_ids\x18\x07 \x03(\x03\"&\n\nBlockPairs\x12\x0b\n\x03src\x18\x01 \x03(\x03\x12\x0b\n\x03\x64st\x18\x02 \x03(\x03\"\xb2\x02\n\x08StepPlan\x12\x0f\n\x07step_id\x18\x01 \x01(\x03\x12)\n\x08new_seqs\x18\x02 \x03(\x0b\x32\x17.kvserve.v1.NewSequence\x12.\n\nknown_seqs\x18\x03 \x01(\x0b\x32\x1a.kvserve.v1.KnownSequences\x12&\n\x06\x63opies\x18\x04 \x01(\x0b\x32\x16.kvserve.v1.BlockPairs\x12(\n\x08swap_out\x18\x05 \x01(\x0b\x32\x16.kvserve.v1.BlockPairs\x12\'\n\x07swap_in\x18\x06 \x01(\x0b\x32\x16.kvserve.v1.BlockPairs\x12\x14\n\x0c\x64rop_seq_ids\x18\x07 \x03(\x03\x12\x14\n\x0cmask_seq_ids\x18\x08 \x03(\x03\x12\x13\n\x0btoken_masks\x18\t \x01(\x0c\"\xc1\x01\n\nStepResult\x12\x0f\n\x07step_id\x18\x01 \x01(\x03\x12\x16\n\x0e\x65xecute_time_s\x18\x02 \x01(\x01\x12\x0f\n\x07seq_ids\x18\x03 \x03(\x03\x12\x11\n\ttoken_ids\x18\x04 \x03(\x03\x12\x13\n\x0bhas_logprob\x18\x05 \x03(\x08\x12\x10\n\x08logprobs\x18\x06 \x03(\x01\x12\x12\n\ntop_counts\x18\x07 \x03(\x03\x12\x15\n\rtop_token_ids\x18\x08 \x03(\x03\x12\x14\n\x0ctop_logprobs\x18\t \x03(\x01\"\x1c\n\tHeartbeat\x12\x0f\n\x07sent_at\x18\x01 \x01(\x01\"A\n\tStepError\x12\x0f\n\x07step_id\x18\x01 \x01(\x03\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x12\n\nerror_type\x18\x03 \x01(\t\"\x19\n\x05Reset\x12\x10\n\x08reset_id\x18\x01 \x01(\x03\"\x1d\n\tResetDone\x12\x10\n\x08reset_id\x18\x01 \x01(\x03\"\x1a\n\x08Shutdown\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\t\n\x07Goodbye\"\xed\x01\n\x10SchedulerMessage\x12\x31\n\rhandshake_ack\x18\x01 \x01(\x0b\x32\x18.kvserve.v1.HandshakeAckH\x00\x12$\n\x04plan\x18\x02 \x01(\x0b\x32\x14.kvserve.v1.StepPlanH\x00\x12*\n\theartbeat\x18\x03 \x01(\x0b\x32\x15.kvserve.v1.HeartbeatH\x00\x12\"\n\x05reset\x18\x04 \x01(\x0b\x32\x11.kvserve.v1.ResetH\x00\x12(\n\x08shutdown\x18\x05 \x01(\x0b\x32\x14.kvserve.v1.ShutdownH\x00\x42\x06\n\x04kind\"\x98\x02\n\x0f\x45xecutorMessage\x12*\n\thandshake\x18\x01 \x01(\x0b\x32\x15.kvserve.v1.HandshakeH\x00\x12(\n\x06result\x18\x02 \x01(\x0b\x32\x16.kvserve.v1.StepResultH\x00\x12*\n\theartbeat\x18\x03 \x01(\x0b\x32\x15.kvserve.v1.HeartbeatH\x00\x12&\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x15.kvserve.v1.StepErrorH\x00\x12+\n\nreset_done\x18\x05 \x01(\x0b\x32\x15.kvserve.v1.ResetDoneH\x00\x12&\n\x07goodbye\x18\x06 \x01(\x0b\x32\x13.kvserve.v1.GoodbyeH\x00\x42\x06\n\x04kindb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%protos/kvserve/v1/executor_link.proto\x12\nkvserve.v1\"\xa0\x02\n\x0c\x45xecutorInfo\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x12\n\nnum_blocks\x18\x02 \x01(\x03\x12\x12\n\nblock_size\x18\x03 \x01(\x03\x12\x16\n\x0enum_cpu_blocks\x18\x04 \x01(\x03\x12\x12\n\nvocab_size\x18\x05 \x01(\x03\x12\x15\n\rmax_model_len\x18\x06 \x01(\x03\x12\x15\n\reos_token_ids\x18\x07 \x03(\x03\x12\x16\n\x0etokenizer_path\x18\x08 \x01(\t\x12\x15\n\rexecutor_kind\x18\t \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\n \x01(\t\x12\r\n\x05\x64type\x18\x0b \x01(\t\x12\x19\n\x11\x61ttention_backend\x18\x0c \x01(\t\x12\x13\n\x0bnum_threads\x18\r \x01(\x03\"n\n\tHandshake\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x03\x12&\n\x04info\x18\x04 \x01(\x0b\x32\x18.kvserve.v1.ExecutorInfo\"6\n\x0cHandshakeAck\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\"\xd4\x02\n\x12StepSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_k\x18\x02 \x01(\x03\x12\r\n\x05top_p\x18\x03 \x01(\x01\x12\r\n\x05min_p\x18\x04 \x01(\x01\x12\x1a\n\x12repetition_penalty\x18\x05 \x01(\x01\x12\x18\n\x10presence_penalty\x18\x06 \x01(\x01\x12\x19\n\x11\x66requency_penalty\x18\x07 \x01(\x01\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x00\x88\x01\x01\x12\t\n\x01n\x18\t \x01(\x03\x12\x12\n\nmax_tokens\x18\n \x01(\x03\x12\x12\n\nmin_tokens\x18\x0b \x01(\x03\x12\x16\n\x0estop_token_ids\x18\x0c \x03(\x03\x12\x0c\n\x04stop\x18\r \x03(\t\x12\x12\n\nignore_eos\x18\x0e \x01(\x08\x12\x15\n\x08logprobs\x18\x0f \x01(\x03H\x01\x88\x01\x01\x42\x07\n\x05_seedB\x0b\n\t_logprobs\"\xd4\x01\n\x0bNewSequence\x12\x0e\n\x06seq_id\x18\x01 \x01(\x03\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\x12\x12\n\nprompt_len\x18\x03 \x01(\x03\x12\x1b\n\x13num_computed_tokens\x18\x04 \x01(\x03\x12\x1c\n\x14num_scheduled_tokens\x18\x05 \x01(\x03\x12\x13\n\x0b\x62lock_table\x18\x06 \x03(\x03\x12\x30\n\x08sampling\x18\x07 \x01(\x0b\x32\x1e.kvserve.v1.StepSamplingParams\x12\x0c\n\x04seed\x18\x08 \x01(\x04\"\xbe\x01\n\x0eKnownSequences\x12\x0f\n\x07seq_ids\x18\x01 \x03(\x03\x12\x1b\n\x13num_computed_tokens\x18\x02 \x03(\x03\x12\x1c\n\x14num_scheduled_tokens\x18\x03 \x03(\x03\x12\x18\n\x10new_token_counts\x18\x04 \x03(\x03\x12\x15\n\rnew_token_ids\x18\x05 \x03(\x03\x12\x18\n\x10new_block_counts\x18\x06 \x03(\x03\x12\x15\n\rnew_block_ids\x18\x07 \x03(\x03\"&\n\nBlockPairs\x12\x0b\n\x03src\x18\x01 \x03(\x03\x12\x0b\n\x03\x64st\x18\x02 \x03(\x03\"\xb2\x02\n\x08StepPlan\x12\x0f\n\x07step_id\x18\x01 \x01(\x03\x12)\n\x08new_seqs\x18\x02 \x03(\x0b\x32\x17.kvserve.v1.NewSequence\x12.\n\nknown_seqs\x18\x03 \x01(\x0b\x32\x1a.kvserve.v1.KnownSequences\x12&\n\x06\x63opies\x18\x04 \x01(\x0b\x32\x16.kvserve.v1.BlockPairs\x12(\n\x08swap_out\x18\x05 \x01(\x0b\x32\x16.kvserve.v1.BlockPairs\x12\'\n\x07swap_in\x18\x06 \x01(\x0b\x32\x16.kvserve.v1.BlockPairs\x12\x14\n\x0c\x64rop_seq_ids\x18\x07 \x03(\x03\x12\x14\n\x0cmask_seq_ids\x18\x08 \x03(\x03\x12\x13\n\x0btoken_masks\x18\t \x01(\x0c\"\xc1\x01\n\nStepResult\x12\x0f\n\x07step_id\x18\x01 \x01(\x03\x12\x16\n\x0e\x65xecute_time_s\x18\x02 \x01(\x01\x12\x0f\n\x07seq_ids\x18\x03 \x03(\x03\x12\x11\n\ttoken_ids\x18\x04 \x03(\x03\x12\x13\n\x0bhas_logprob\x18\x05 \x03(\x08\x12\x10\n\x08logprobs\x18\x06 \x03(\x01\x12\x12\n\ntop_counts\x18\x07 \x03(\x03\x12\x15\n\rtop_token_ids\x18\x08 \x03(\x03\x12\x14\n\x0ctop_logprobs\x18\t \x03(\x01\"\x1c\n\tHeartbeat\x12\x0f\n\x07sent_at\x18\x01 \x01(\x01\"A\n\tStepError\x12\x0f\n\x07step_id\x18\x01 \x01(\x03\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x12\n\nerror_type\x18\x03 \x01(\t\"\x19\n\x05Reset\x12\x10\n\x08reset_id\x18\x01 \x01(\x03\"\x1d\n\tResetDone\x12\x10\n\x08reset_id\x18\x01 \x01(\x03\"\x1a\n\x08Shutdown\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\t\n\x07Goodbye\"\xed\x01\n\x10SchedulerMessage\x12\x31\n\rhandshake_ack\x18\x01 \x01(\x0b\x32\x18.kvserve.v1.HandshakeAckH\x00\x12$\n\x04plan\x18\x02 \x01(\x0b\x32\x14.kvserve.v1.StepPlanH\x00\x12*\n\theartbeat\x18\x03 \x01(\x0b\x32\x15.kvserve.v1.HeartbeatH\x00\x12\"\n\x05reset\x18\x04 \x01(\x0b\x32\x11.kvserve.v1.ResetH\x00\x12(\n\x08shutdown\x18\x05 \x01(\x0b\x32\x14.kvserve.v1.ShutdownH\x00\x42\x06\n\x04kind\"\x98\x02\n\x0f\x45xecutorMessage\x12*\n\thandshake\x18\x01 \x01(\x0b\x32\x15.kvserve.v1.HandshakeH\x00\x12(\n\x06result\x18\x02 \x01(\x0b\x32\x16.kvserve.v1.StepResultH\x00\x12*\n\theartbeat\x18\x03 \x01(\x0b\x32\x15.kvserve.v1.HeartbeatH\x00\x12&\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x15.kvserve.v1.StepErrorH\x00\x12+\n\nreset_done\x18\x05 \x01(\x0b\x32\x15.kvserve.v1.ResetDoneH\x00\x12&\n\x07goodbye\x18\x06 \x01(\x0b\x32\x13.kvserve.v1.GoodbyeH\x00\x42\x06\n\x04kindb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,37 +32,37 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.kvserve.v1.executor_
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_EXECUTORINFO']._serialized_start=54
-  _globals['_EXECUTORINFO']._serialized_end=321
-  _globals['_HANDSHAKE']._serialized_start=323
-  _globals['_HANDSHAKE']._serialized_end=433
-  _globals['_HANDSHAKEACK']._serialized_start=435
-  _globals['_HANDSHAKEACK']._serialized_end=489
-  _globals['_STEPSAMPLINGPARAMS']._serialized_start=492
-  _globals['_STEPSAMPLINGPARAMS']._serialized_end=832
-  _globals['_NEWSEQUENCE']._serialized_start=835
-  _globals['_NEWSEQUENCE']._serialized_end=1047
-  _globals['_KNOWNSEQUENCES']._serialized_start=1050
-  _globals['_KNOWNSEQUENCES']._serialized_end=1240
-  _globals['_BLOCKPAIRS']._serialized_start=1242
-  _globals['_BLOCKPAIRS']._serialized_end=1280
-  _globals['_STEPPLAN']._serialized_start=1283
-  _globals['_STEPPLAN']._serialized_end=1589
-  _globals['_STEPRESULT']._serialized_start=1592
-  _globals['_STEPRESULT']._serialized_end=1785
-  _globals['_HEARTBEAT']._serialized_start=1787
-  _globals['_HEARTBEAT']._serialized_end=1815
-  _globals['_STEPERROR']._serialized_start=1817
-  _globals['_STEPERROR']._serialized_end=1882
-  _globals['_RESET']._serialized_start=1884
-  _globals['_RESET']._serialized_end=1909
-  _globals['_RESETDONE']._serialized_start=1911
-  _globals['_RESETDONE']._serialized_end=1940
-  _globals['_SHUTDOWN']._serialized_start=1942
-  _globals['_SHUTDOWN']._serialized_end=1968
-  _globals['_GOODBYE']._serialized_start=1970
-  _globals['_GOODBYE']._serialized_end=1979
-  _globals['_SCHEDULERMESSAGE']._serialized_start=1982
-  _globals['_SCHEDULERMESSAGE']._serialized_end=2219
-  _globals['_EXECUTORMESSAGE']._serialized_start=2222
-  _globals['_EXECUTORMESSAGE']._serialized_end=2502
+  _globals['_EXECUTORINFO']._serialized_end=342
+  _globals['_HANDSHAKE']._serialized_start=344
+  _globals['_HANDSHAKE']._serialized_end=454
+  _globals['_HANDSHAKEACK']._serialized_start=456
+  _globals['_HANDSHAKEACK']._serialized_end=510
+  _globals['_STEPSAMPLINGPARAMS']._serialized_start=513
+  _globals['_STEPSAMPLINGPARAMS']._serialized_end=853
+  _globals['_NEWSEQUENCE']._serialized_start=856
+  _globals['_NEWSEQUENCE']._serialized_end=1068
+  _globals['_KNOWNSEQUENCES']._serialized_start=1071
+  _globals['_KNOWNSEQUENCES']._serialized_end=1261
+  _globals['_BLOCKPAIRS']._serialized_start=1263
+  _globals['_BLOCKPAIRS']._serialized_end=1301
+  _globals['_STEPPLAN']._serialized_start=1304
+  _globals['_STEPPLAN']._serialized_end=1610
+  _globals['_STEPRESULT']._serialized_start=1613
+  _globals['_STEPRESULT']._serialized_end=1806
+  _globals['_HEARTBEAT']._serialized_start=1808
+  _globals['_HEARTBEAT']._serialized_end=1836
+  _globals['_STEPERROR']._serialized_start=1838
+  _globals['_STEPERROR']._serialized_end=1903
+  _globals['_RESET']._serialized_start=1905
+  _globals['_RESET']._serialized_end=1930
+  _globals['_RESETDONE']._serialized_start=1932
+  _globals['_RESETDONE']._serialized_end=1961
+  _globals['_SHUTDOWN']._serialized_start=1963
+  _globals['_SHUTDOWN']._serialized_end=1989
+  _globals['_GOODBYE']._serialized_start=1991
+  _globals['_GOODBYE']._serialized_end=2000
+  _globals['_SCHEDULERMESSAGE']._serialized_start=2003
+  _globals['_SCHEDULERMESSAGE']._serialized_end=2240
+  _globals['_EXECUTORMESSAGE']._serialized_start=2243
+  _globals['_EXECUTORMESSAGE']._serialized_end=2523
 # @@protoc_insertion_point(module_scope)

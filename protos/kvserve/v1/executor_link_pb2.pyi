@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ExecutorInfo(_message.Message):
-    __slots__ = ("model_id", "num_blocks", "block_size", "num_cpu_blocks", "vocab_size", "max_model_len", "eos_token_ids", "tokenizer_path", "executor_kind", "device", "dtype", "attention_backend")
+    __slots__ = ("model_id", "num_blocks", "block_size", "num_cpu_blocks", "vocab_size", "max_model_len", "eos_token_ids", "tokenizer_path", "executor_kind", "device", "dtype", "attention_backend", "num_threads")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -20,6 +20,7 @@ class ExecutorInfo(_message.Message):
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     ATTENTION_BACKEND_FIELD_NUMBER: _ClassVar[int]
+    NUM_THREADS_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     num_blocks: int
     block_size: int
@@ -32,7 +33,8 @@ class ExecutorInfo(_message.Message):
     device: str
     dtype: str
     attention_backend: str
-    def __init__(self, model_id: _Optional[str] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tokenizer_path: _Optional[str] = ..., executor_kind: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., attention_backend: _Optional[str] = ...) -> None: ...
+    num_threads: int
+    def __init__(self, model_id: _Optional[str] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tokenizer_path: _Optional[str] = ..., executor_kind: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., attention_backend: _Optional[str] = ..., num_threads: _Optional[int] = ...) -> None: ...
 
 class Handshake(_message.Message):
     __slots__ = ("protocol_version", "session_id", "pid", "info")

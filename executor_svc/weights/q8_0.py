@@ -1,0 +1,62 @@
+"""Q8_0 weights (GGUF's 8-bit format) and the linear layer that multiplies them on the CPU.
+
+Q8_0 stores each run of 32 weights along a row as an fp16 scale `d` and 32 int8 codes: w = d·q,
+with d = amax / 127 and q = round(w / d), llama.cpp's rule. The layer runs kvserve's own kernel
+(`kvserve.kernels.cpu_ops.q8_linear`): float32 logits from exactly dequantized weights, each row
+summed in one fixed order, so its rows do not depend on the batch.
+
+Why for the lm_head: at batch 1 a decode step reads every weight once, and the lm_head is the
+largest matrix of a small model. SmolLM2's 49152 × 576 head is 113 MB in float32 and 30 MB in Q8_0
+(`--weights native`: measured 5.2 ms of a 14 ms step in float32, docs/benchmarks.md). The default
+GGUF ships its tied embedding in Q8_0 already, and `quantize` of its dequantized values gives the
+file's own codes back, every one of them (`tests/executor/test_q8_0.py`): the head computes with
+the weights llama.cpp computes with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvserve.kernels import cpu_ops
+
+GROUP = 32
+CODE_MAX = 127
+
+
+@dataclass(slots=True)
+class Q8Linear:
+    """hidden -> out through Q8_0 codes; satisfies `row_invariance.RowKernel`."""
+
+    codes: torch.Tensor
+    """[out, in] int8."""
+    d: torch.Tensor
+    """[out, in / 32] float32 holding fp16 values (Q8_0's scales, widened once: the kernel reads them
+    with no conversion per group)."""
+
+    @property
+    def kind(self) -> str:
+        return "q8_0"
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return cpu_ops.q8_linear(x.contiguous(), self.codes, self.d)
+
+
+def quantize(weight: torch.Tensor) -> Q8Linear:
+    """A float [out, in] matrix (in a multiple of 32) in Q8_0, by llama.cpp's rule."""
+    out_features, in_features = weight.shape
+    if in_features % GROUP:
+        raise ValueError(f"Q8_0 needs an input width that is a multiple of {GROUP}, got {in_features}")
+    groups = weight.float().reshape(out_features, in_features // GROUP, GROUP)
+    d = (groups.abs().amax(-1) / CODE_MAX).half()
+    inverse = torch.where(d != 0, 1.0 / d.float(), torch.zeros((), dtype=torch.float32))
+    codes = torch.round(groups * inverse[..., None]).clamp_(-CODE_MAX, CODE_MAX).to(torch.int8)
+    return Q8Linear(codes.reshape(out_features, in_features).contiguous(), d.float().contiguous())
+
+
+def dequantize(layer: Q8Linear) -> torch.Tensor:
+    """[out, in] float32, d·q exactly (every product fits a float32)."""
+    out_features, in_features = layer.codes.shape
+    groups = layer.codes.reshape(out_features, in_features // GROUP, GROUP).float()
+    return (groups * layer.d[..., None]).reshape(out_features, in_features)
