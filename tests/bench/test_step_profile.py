@@ -1,0 +1,37 @@
+"""`python -m kvserve.bench.step_profile`: the step, its ops and a neighbour on a tiny random Llama; the
+compiled forward on the default model."""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+
+from kvserve.bench.step_profile import main
+from kvserve.testing.tiny_checkpoints import TINY, write_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(write_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "llama", "llama", **TINY))
+
+
+def test_it_reports_the_step_its_busiest_ops_and_the_step_beside_a_busy_neighbour(tiny_llama, capsys) -> None:
+    argv = ["--model", tiny_llama, "--dtype", "float32", "--batch", "3", "--steps", "3", "--profile-steps", "2"]
+    assert main([*argv, "--neighbours", "1", "--top", "4"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("float32, weights dequantized,") and "batch 3: median decode step" in out[0]
+    assert out[1].startswith("beside 1 busy process(es): median decode step")
+    assert len(out) == 2 + 4 + 1 and out[-1].startswith("all ops")
+    assert any("kvserve_cpu::paged_attention" in line for line in out)  # the batch-invariant CPU kernels ran
+    spinning = [p for p in psutil.process_iter(["cmdline"]) if "while True: pass" in (p.info["cmdline"] or [])]
+    assert not spinning  # the neighbour is gone
+
+
+@pytest.mark.slow
+def test_compile_compares_the_compiled_forward_with_the_eager_one(capsys) -> None:
+    """On the native path: inductor lowers oneDNN's prepacked linears (the dequantized paths) only
+    with frozen weights, which a served model does not have. About a minute, the compile included."""
+    argv = ["--weights", "native", "--steps", "2", "--profile-steps", "1", "--top", "1", "--compile"]
+    assert main(argv) == 0
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("torch.compile")]
+    assert "ms compiled; logits" in line
