@@ -1,16 +1,16 @@
 // A linear layer on Q8_0 weights (GGUF's 8-bit format: per group of 32 inputs one fp16 scale d,
-// here widened to float32 once at load, and 32 int8 codes), float32 out: registered as torch.ops.kvserve_cpu.q8_linear.
+// here widened to float32 once at load, and 32 int8 codes), float32 out: registered as
+// torch.ops.kvserve_cpu.q8_linear.
 //
 // Why: the lm_head is the largest matrix of a small model (49152 x 576 for SmolLM2), and at batch 1
 // a decode step reads it whole. In float32 that is 113 MB a token; in Q8_0 30 MB. torch's int8
-// kernels (_weight_int8pack_mm) round their result to bfloat16, a step of 1/16 at a logit of 16,
+// kernels (_weight_int8pack_mm) round their result to bfloat16, a step of 1/8 at a logit of 16,
 // which greedy decoding and sampling would feel. Here each weight is dequantized exactly (an int8
 // code times an fp16 scale fits a float32's mantissa) and each logit summed in float32, in one
 // fixed order for every row whatever the batch (see `tile`).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <c10/util/Half.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -98,7 +98,7 @@ void q8_rows(const T* x, int64_t m, const int8_t* codes, const float* scales, in
   for (int64_t block = first_block; block < last_block; ++block) {
     const int64_t row = block * kRows, rows = std::min(kRows, n - row);
     // The block after next: the hardware prefetcher alone left a cold call at float32's speed.
-    for (int64_t ahead = 0; ahead < kRows * k && row + 2 * kRows < n; ahead += 64)
+    for (int64_t ahead = 0; ahead < kRows * k && row + 3 * kRows <= n; ahead += 64)
       __builtin_prefetch(codes + (row + 2 * kRows) * k + ahead);
     if (rows == kRows && m <= 2) {
       for (int64_t t = 0; t < m; ++t) tile_codes(codes + row * k, scales + row * groups, k, x + t * k, out + t * n + row);
