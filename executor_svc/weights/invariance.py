@@ -28,6 +28,7 @@ from kvserve.executor.weights.gguf_q4_1 import GROUP, Q4_1Weight
 from kvserve.executor.weights.int4_linear import make_int4_linear
 from kvserve.executor.weights.linear import MATMUL, PACKED, WIDENED, Linear, linear_kind, make_linear
 from kvserve.executor.weights.loader import LINEAR_NAMES, ModelWeights
+from kvserve.executor.weights.q8_0 import KIND as Q8
 from kvserve.executor.weights.q8_0 import quantize
 from kvserve.executor.weights.row_invariance import (
     AFFORDABLE_MIN_ROWS,
@@ -45,7 +46,6 @@ from kvserve.kernels.cpu_ops import cpu_identity
 log = structlog.get_logger(__name__)
 
 INT4 = "int4pack"
-Q8 = "q8_0"
 
 
 def probe_cache() -> ProbeCache:

@@ -9,7 +9,7 @@ Why for the lm_head: at batch 1 a decode step reads every weight once, and the l
 largest matrix of a small model. SmolLM2's 49152 × 576 head is 113 MB in float32 and 30 MB in Q8_0
 (`--weights native`: measured 5.2 ms of a 14 ms step in float32, docs/benchmarks.md). The default
 GGUF ships its tied embedding in Q8_0 already, and `quantize` of its dequantized values gives the
-file's own codes back, every one of them (`tests/executor/test_q8_0.py`): the head computes with
+file's own codes back, every one of them (`tests/executor/test_native_weights.py`): the head computes with
 the weights llama.cpp computes with.
 """
 
@@ -23,6 +23,8 @@ from kvserve.kernels import cpu_ops
 
 GROUP = 32
 CODE_MAX = 127
+KIND = "q8_0"
+"""`Q8Linear.kind`: how the GEMM probe and its cache name this kernel."""
 
 
 @dataclass(slots=True)
@@ -37,7 +39,7 @@ class Q8Linear:
 
     @property
     def kind(self) -> str:
-        return "q8_0"
+        return KIND
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return cpu_ops.q8_linear(x.contiguous(), self.codes, self.d)
