@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, cast
 
-from kvserve.bench.physical_limit import copy_bandwidth, limit_tokens_per_s, weight_bytes_per_step
+from kvserve.bench.physical_limit import MemoryLimit, limit_tokens_per_s, memory_limit
 from kvserve.config import defaults
 from kvserve.config.flags import HelpFormatter, add_flags, config_from_args, flag
 from kvserve.executor.runner_config import RunnerConfig
@@ -96,18 +96,6 @@ class BenchResult:
     limit_fraction: float | None = None
     """Decode: tokens/s as a fraction of the physical limit, every weight and each sequence's KV read
     once per step at the copy bandwidth measured in the same run (`kvserve.bench.physical_limit`)."""
-
-
-@dataclass(slots=True)
-class MemoryLimit:
-    """What the physical limit of a decode step is made of, as `--json` reports it."""
-
-    copy_bandwidth: float
-    """Bytes/s of a large copy, read plus written."""
-    weight_bytes: int
-    """Read once per decode step, by every rank together."""
-    kv_bytes_per_seq: int
-    """Each sequence's KV context of `prompt_len` tokens, read once per step."""
 
 
 @dataclass(slots=True)
@@ -255,19 +243,6 @@ def run_executor_bench(
             ceiling = limit_tokens_per_s(limit.copy_bandwidth, limit.weight_bytes, limit.kv_bytes_per_seq, r.batch)
             r.limit_fraction = r.tokens_per_s / ceiling
     return gemm, limit, results
-
-
-def memory_limit(runner: ModelRunner, context: int) -> MemoryLimit:
-    """The bytes a decode step reads (rank 0's weights × ranks, a sequence's KV of `context` tokens)
-    and the copy bandwidth, measured now."""
-    geometry = runner.geometry
-    kv_per_token = 2 * geometry.num_layers * geometry.num_kv_heads * geometry.head_dim * geometry.dtype.itemsize
-    ranks = runner.layout.size
-    return MemoryLimit(
-        copy_bandwidth=copy_bandwidth(runner.device),
-        weight_bytes=ranks * weight_bytes_per_step(runner.model.weights),
-        kv_bytes_per_seq=ranks * kv_per_token * context,
-    )
 
 
 def _decode_result(batch: int, step_s: float, cost: PlanCost | None) -> BenchResult:

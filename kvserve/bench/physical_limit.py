@@ -20,10 +20,12 @@ import dataclasses
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from kvserve.executor.model_runner import ModelRunner
     from kvserve.executor.weights.loader import ModelWeights
 
 COPY_MIB = 512
@@ -66,6 +68,31 @@ def weight_bytes_per_step(weights: ModelWeights) -> int:
     table = weights.embed.table
     embedding_row = table.shape[1] * weights.embed.dtype.itemsize
     return layers + stored_bytes(weights.final_norm) + stored_bytes(weights.lm_head) + embedding_row
+
+
+@dataclass(slots=True)
+class MemoryLimit:
+    """What the physical limit of a decode step is made of, as `kvserve bench executor --json` reports it."""
+
+    copy_bandwidth: float
+    """Bytes/s of a large copy, read plus written."""
+    weight_bytes: int
+    """Read once per decode step, by every rank together."""
+    kv_bytes_per_seq: int
+    """Each sequence's KV context, read once per step."""
+
+
+def memory_limit(runner: ModelRunner, context: int) -> MemoryLimit:
+    """The bytes a decode step of `runner` reads (rank 0's weights × ranks, a sequence's KV of
+    `context` tokens) and the copy bandwidth, measured now."""
+    geometry = runner.geometry
+    kv_per_token = 2 * geometry.num_layers * geometry.num_kv_heads * geometry.head_dim * geometry.dtype.itemsize
+    ranks = runner.layout.size
+    return MemoryLimit(
+        copy_bandwidth=copy_bandwidth(runner.device),
+        weight_bytes=ranks * weight_bytes_per_step(runner.model.weights),
+        kv_bytes_per_seq=ranks * kv_per_token * context,
+    )
 
 
 def limit_tokens_per_s(bandwidth: float, weight_bytes: int, kv_bytes_per_seq: int, batch: int) -> float:
