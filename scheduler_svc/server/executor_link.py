@@ -31,12 +31,16 @@ from kvserve.link.endpoint import check_endpoint
 from kvserve.protos import step_codec
 from kvserve.protos.kvserve.v1 import executor_link_pb2 as pb
 from kvserve.protos.step import ExecutorInfo, StepPlan, StepResult
-from kvserve.scheduler.server.link_socket import RouterSocket, Sent
+from kvserve.scheduler.server.link_socket import LinkSocketError, RouterSocket, Sent
 
 log = structlog.get_logger(__name__)
 
 SHUTDOWN_WAIT_S = 1.0
 """close() waits this long at most for the executor to acknowledge a Shutdown."""
+RECEIVE_RETRY_S = 0.05
+"""After a failed poll or receive, the receive loop tries again this much later."""
+RECEIVE_ERRORS_LOGGED_EVERY = 100
+"""A failure that repeats is logged at its first and every hundredth occurrence."""
 
 
 class ExecutorLost(RuntimeError):
@@ -124,6 +128,8 @@ class ExecutorLink:
             asyncio.create_task(self._receive_loop(), name="executor-link-receive"),
             asyncio.create_task(self._heartbeat_loop(), name="executor-link-heartbeat"),
         ]
+        for task in self._tasks:
+            task.add_done_callback(self._on_task_done)
         log.info("executor link listening", endpoint=self.endpoint, curve=self._curve_keys is not None)
 
     async def wait_for_executor(self, timeout_s: float | None = None) -> ExecutorInfo:
@@ -201,17 +207,35 @@ class ExecutorLink:
     # --- receiving -------------------------------------------------------------
 
     async def _receive_loop(self) -> None:
+        """Receive and check liveness until close(). An error of the socket itself is logged and the
+        loop goes on: a loop that ended would leave the link deaf, taking no handshake and never
+        noticing a dead executor, which is worse than any single failed poll."""
         sock = self._socket
         assert sock.is_open
+        errors = 0
         while True:
-            if await sock.poll(self._poll_timeout_ms()):
-                while await sock.poll(0):
-                    frames = await sock.recv()
-                    try:
-                        self._handle_frames(frames)
-                    except Exception:
-                        log.exception("failed to handle a link message")
+            try:
+                if await sock.poll(self._poll_timeout_ms()):
+                    while await sock.poll(0):
+                        frames = await sock.recv()
+                        try:
+                            self._handle_frames(frames)
+                        except Exception:
+                            log.exception("failed to handle a link message")
+            except LinkSocketError as exc:
+                if self._closed or not sock.is_open:
+                    raise
+                errors += 1
+                if errors == 1 or errors % RECEIVE_ERRORS_LOGGED_EVERY == 0:
+                    log.error("executor link receive failed; receiving on", error=repr(exc), errors=errors)
+                await asyncio.sleep(RECEIVE_RETRY_S)
             self._check_deadlines()
+
+    def _on_task_done(self, task: asyncio.Task) -> None:
+        """A link task ends only at close(); one that ends before says why (it would be lost in close()'s gather)."""
+        if task.cancelled() or self._closed:
+            return
+        log.error("executor link task ended before close", task=task.get_name(), error=repr(task.exception()))
 
     def _poll_timeout_ms(self) -> int:
         """Sleep until the earliest moment the current executor could be declared lost."""

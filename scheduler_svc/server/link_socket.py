@@ -39,6 +39,10 @@ class Sent(enum.Enum):
     """ZeroMQ knows no connection to this identity any more (ROUTER_MANDATORY)."""
 
 
+class LinkSocketError(OSError):
+    """A poll or receive of the link socket failed (zmq's error, so that callers need not import zmq)."""
+
+
 class RouterSocket:
     """A bound ROUTER socket with its context and, with CURVE keys, its authenticator."""
 
@@ -69,12 +73,18 @@ class RouterSocket:
     async def poll(self, timeout_ms: int) -> bool:
         """Whether a message is waiting, after at most `timeout_ms`."""
         assert self._sock is not None
-        return bool(await self._sock.poll(timeout_ms, zmq.POLLIN))  # type: ignore[call-arg]  # zmq's stub lacks `flags`
+        try:
+            return bool(await self._sock.poll(timeout_ms, zmq.POLLIN))  # type: ignore[call-arg]  # zmq's stub lacks `flags`
+        except zmq.ZMQError as exc:
+            raise LinkSocketError(exc.errno, str(exc)) from exc
 
     async def recv(self) -> list:
         """The next message's frames (zero-copy `zmq.Frame`s)."""
         assert self._sock is not None
-        return await self._sock.recv_multipart(copy=False)
+        try:
+            return await self._sock.recv_multipart(copy=False)
+        except zmq.ZMQError as exc:
+            raise LinkSocketError(exc.errno, str(exc)) from exc
 
     def send_nowait(self, identity: bytes, data: bytes) -> Sent:
         """Send one message to `identity` without waiting; errors other than full/unreachable raise."""

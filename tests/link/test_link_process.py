@@ -7,6 +7,7 @@ private temp dir, and the `executors` fixture kills every child it started.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import re
 import signal
@@ -20,6 +21,7 @@ from kvserve.executor.fake.executor import FakeExecutor, FakeExecutorConfig
 from kvserve.protos.sampling import SamplingParams
 from kvserve.protos.step import KnownSequence, NewSequence, StepPlan
 from kvserve.scheduler.server.executor_link import ExecutorLink, ExecutorLost, ExecutorStepError
+from kvserve.scheduler.server.link_socket import LinkSocketError
 from kvserve.testing.waiting import wait_until_async
 
 pytestmark = pytest.mark.timeout(90)
@@ -113,6 +115,42 @@ def test_step_error_is_reported_and_the_executor_survives(link_endpoint, executo
             await link.close()
 
     run(scenario())
+
+
+def test_the_link_outlives_failed_polls_of_its_socket(link_endpoint, executors) -> None:
+    """A poll that fails (three times, before any executor came) is logged once and the link receives
+    on: the handshake is taken and a dead executor is still noticed. A receive loop that ended
+    instead would leave the link deaf, and every later step would wait for a lost executor."""
+
+    async def scenario():
+        link = ExecutorLink(link_endpoint, dead_after_s=DEAD_AFTER_S)
+        poll = link._socket.poll
+        failures = []
+
+        async def failing_poll(timeout_ms: int) -> bool:
+            if len(failures) < 3:
+                failures.append(timeout_ms)
+                raise LinkSocketError(errno.EINTR, "Interrupted system call")
+            return await poll(timeout_ms)
+
+        link._socket.poll = failing_poll  # type: ignore[method-assign]
+        with capture_logs() as logs:
+            await link.start()
+            proc = executors.start(link_endpoint)
+            try:
+                await link.wait_for_executor(timeout_s=EVENT_TIMEOUT_S)
+                assert len(await decode(link, 2)) == 2
+                proc.kill()
+                await wait_until_async(lambda: not link.connected, EVENT_TIMEOUT_S, "the link to lose the executor")
+            finally:
+                await link.close()
+        return failures, logs
+
+    failures, logs = run(scenario())
+    assert len(failures) == 3
+    errors = [e for e in logs if e["event"].startswith("executor link receive failed")]
+    assert len(errors) == 1 and "Interrupted" in errors[0]["error"], errors
+    assert not [e for e in logs if e["event"] == "executor link task ended before close"]
 
 
 def test_two_steps_in_flight_complete_in_order(link_endpoint, executors) -> None:
