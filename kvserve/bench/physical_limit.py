@@ -86,7 +86,7 @@ def memory_limit(runner: ModelRunner, context: int) -> MemoryLimit:
     """The bytes a decode step of `runner` reads (rank 0's weights × ranks, a sequence's KV of
     `context` tokens) and the copy bandwidth, measured now."""
     geometry = runner.geometry
-    kv_per_token = 2 * geometry.num_layers * geometry.num_kv_heads * geometry.head_dim * geometry.dtype.itemsize
+    kv_per_token = geometry.bytes_per_block // geometry.block_size  # the cache's own formula
     ranks = runner.layout.size
     return MemoryLimit(
         copy_bandwidth=copy_bandwidth(runner.device),
