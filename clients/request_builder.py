@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 
 from kvserve.clients.errors import KVServeError
-from kvserve.clients.types import Chunk, Completion, TokenLogprobs, Usage
+from kvserve.clients.types import Chunk, Completion, TokenLogprobs, ToolCall, Usage
 from kvserve.protos.kvserve.v1 import api_pb2
 
 SAMPLING_FIELDS: tuple[str, ...] = tuple(f.name for f in api_pb2.SamplingParams.DESCRIPTOR.fields)
@@ -25,17 +25,22 @@ def build_generate_request(
     prompt: str | None = None,
     *,
     token_ids: Iterable[int] | None = None,
-    messages: Iterable[Mapping[str, str]] | None = None,
+    messages: Iterable[Mapping[str, Any]] | None = None,
     request_id: str | None = None,
     priority: int = 0,
     cache_salt: str = "",
     structured: Mapping[str, Any] | None = None,
+    tools: Iterable[Mapping[str, Any]] | None = None,
+    tool_choice: str | Mapping[str, str] | None = None,
+    parallel_tool_calls: bool | None = None,
     **sampling: Any,
 ) -> api_pb2.GenerateRequest:
     """Build a GenerateRequest from exactly one prompt form plus sampling keyword arguments.
 
     Sampling values of None are left unset, so the server default applies. `structured`
-    constrains the output (see `structured_output`), e.g. `{"json_schema": {...}}`.
+    constrains the output (see `structured_output`), e.g. `{"json_schema": {...}}`. With
+    `messages`, `tools` (see `add_tool`), `tool_choice` ("none", "auto", "required" or
+    `{"function": NAME}`) and `parallel_tool_calls` let the model call functions.
     """
     request = api_pb2.GenerateRequest(request_id=request_id or "", priority=priority, cache_salt=cache_salt)
     given = [
@@ -51,6 +56,15 @@ def build_generate_request(
         request.token_ids.ids.extend(int(t) for t in token_ids)
     else:
         request.chat.CopyFrom(chat_prompt(messages or ()))
+    if tools is not None or tool_choice is not None or parallel_tool_calls is not None:
+        if messages is None:
+            raise ValueError("tools, tool_choice and parallel_tool_calls need messages")
+        for tool in tools or ():
+            add_tool(request.chat, tool)
+        if tool_choice is not None:
+            request.chat.tool_choice.CopyFrom(tool_choice_message(tool_choice))
+        if parallel_tool_calls is not None:
+            request.chat.parallel_tool_calls = parallel_tool_calls
     fill_sampling(request.sampling, sampling)
     if structured is not None:
         request.structured.CopyFrom(structured_output(structured))
@@ -74,12 +88,47 @@ def structured_output(spec: Mapping[str, Any]) -> api_pb2.StructuredOutput:
     return api_pb2.StructuredOutput(**{kind: value})
 
 
-def chat_prompt(messages: Iterable[Mapping[str, str]]) -> api_pb2.ChatPrompt:
-    """Chat messages as dicts with `role` and `content` -> ChatPrompt."""
+def chat_prompt(messages: Iterable[Mapping[str, Any]]) -> api_pb2.ChatPrompt:
+    """Chat messages as dicts with `role` and `content` -> ChatPrompt. An assistant turn may carry
+    `tool_calls` (ToolCall objects or dicts with id, name, arguments); a tool turn `tool_call_id`."""
     chat = api_pb2.ChatPrompt()
     for message in messages:
-        chat.messages.add(role=message["role"], content=message["content"])
+        pb = chat.messages.add(
+            role=message["role"], content=message.get("content") or "", tool_call_id=message.get("tool_call_id", "")
+        )
+        for call in message.get("tool_calls") or ():
+            fields = (
+                call if isinstance(call, Mapping) else {"id": call.id, "name": call.name, "arguments": call.arguments}
+            )
+            arguments = fields.get("arguments", "")
+            pb.tool_calls.add(
+                id=fields.get("id", ""),
+                name=fields["name"],
+                arguments=arguments if isinstance(arguments, str) else json.dumps(arguments),
+            )
     return chat
+
+
+def add_tool(chat: api_pb2.ChatPrompt, tool: Mapping[str, Any]) -> None:
+    """A function as `{"name", "description", "parameters": JSON Schema}`, or in OpenAI's
+    `{"type": "function", "function": {...}}` wrapping."""
+    function = tool.get("function", tool)
+    parameters = function.get("parameters")
+    chat.tools.add(
+        name=function["name"],
+        description=function.get("description", ""),
+        parameters="" if parameters is None else parameters if isinstance(parameters, str) else json.dumps(parameters),
+    )
+
+
+def tool_choice_message(choice: str | Mapping[str, str]) -> api_pb2.ToolChoice:
+    if isinstance(choice, Mapping):
+        return api_pb2.ToolChoice(function=choice["function"])
+    modes = {"none": api_pb2.TOOL_CHOICE_MODE_NONE, "auto": api_pb2.TOOL_CHOICE_MODE_AUTO}
+    modes["required"] = api_pb2.TOOL_CHOICE_MODE_REQUIRED
+    if choice not in modes:
+        raise ValueError(f'tool_choice must be "none", "auto", "required" or {{"function": NAME}}, not {choice!r}')
+    return api_pb2.ToolChoice(mode=modes[choice])
 
 
 def fill_sampling(target: api_pb2.SamplingParams, sampling: Mapping[str, Any]) -> None:
@@ -132,6 +181,7 @@ def chunk_from_response(response: api_pb2.GenerateResponse) -> Chunk:
         ],
         finish_reason=finish_reason_name(response.finish_reason),
         usage=usage_from_proto(response.usage) if response.HasField("usage") else None,
+        tool_calls=[ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in response.tool_calls],
     )
 
 
@@ -149,6 +199,7 @@ class CompletionAssembler:
         part.text.append(chunk.text)
         part.token_ids.extend(chunk.token_ids)
         part.logprobs.extend(chunk.logprobs)
+        part.tool_calls.extend(chunk.tool_calls)
         if chunk.finish_reason is not None:
             part.finish_reason = chunk.finish_reason
         if chunk.usage is not None:
@@ -173,6 +224,7 @@ class CompletionAssembler:
                     logprobs=part.logprobs,
                     index=index,
                     usage=part.usage or Usage(0, len(part.token_ids), 0, 0.0, 0.0, 0.0),
+                    tool_calls=part.tool_calls,
                 )
             )
         first = choices[0]
@@ -185,11 +237,12 @@ class CompletionAssembler:
             logprobs=list(first.logprobs),
             index=0,
             choices=choices,
+            tool_calls=list(first.tool_calls),
         )
 
 
 class _Partial:
-    __slots__ = ("finish_reason", "logprobs", "text", "token_ids", "usage")
+    __slots__ = ("finish_reason", "logprobs", "text", "token_ids", "tool_calls", "usage")
 
     def __init__(self) -> None:
         self.text: list[str] = []
@@ -197,6 +250,7 @@ class _Partial:
         self.logprobs: list[TokenLogprobs] = []
         self.finish_reason: str | None = None
         self.usage: Usage | None = None
+        self.tool_calls: list[ToolCall] = []
 
 
 def enum_label(enum_type: Any, number: int) -> str:

@@ -27,6 +27,15 @@ class TokenLogprobs:
 
 
 @dataclass(slots=True)
+class ToolCall:
+    """A call the model made: `arguments` is a JSON object as text (json.loads it)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(slots=True)
 class Chunk:
     """One streamed piece of completion `index`. The last chunk of an index carries `finish_reason` and `usage`."""
 
@@ -35,8 +44,10 @@ class Chunk:
     token_ids: list[int]
     text: str
     logprobs: list[TokenLogprobs] = field(default_factory=list)
-    finish_reason: str | None = None  # "stop" | "eos" | "length" | "abort" | "error"
+    finish_reason: str | None = None  # "stop" | "eos" | "length" | "tool_calls" | "abort" | "error"
     usage: Usage | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    """Calls completed in this chunk (their markup is not in `text`)."""
 
 
 @dataclass(slots=True)
@@ -51,3 +62,4 @@ class Completion:
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     index: int = 0
     choices: list[Completion] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)

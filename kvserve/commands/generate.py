@@ -1,7 +1,8 @@
 """`kvserve generate "PROMPT"`: one request, streamed to the terminal (or one JSON object).
 
 With --chat (or --system) unset sampling flags take chat's defaults (client_options.CHAT_SAMPLING),
-as in `kvserve chat`; a plain prompt leaves them to the server.
+as in `kvserve chat`; a plain prompt leaves them to the server. `--tool FILE.json` (implies --chat)
+offers a function; the calls the model makes are printed as JSON lines after its text.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import argparse
 import json
 import sys
 from dataclasses import asdict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvserve.commands.client_options import (
@@ -50,6 +52,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="print one JSON object (text, finish_reason, usage, ...) instead of streaming",
     )
     parser.add_argument("--verbose", action="store_true", help="print finish reason and usage to stderr")
+    tools = parser.add_argument_group("tool calling (implies --chat)")
+    tools.add_argument(
+        "--tool",
+        action="append",
+        default=None,
+        metavar="FILE.json",
+        help='a function the model may call: {"name", "description", "parameters": JSON Schema} '
+        '(or OpenAI\'s {"type": "function", "function": {...}}); repeat for several',
+    )
+    tools.add_argument(
+        "--tool-choice",
+        default=None,
+        metavar="CHOICE",
+        help="auto (default with --tool), required, none, or a function's name to force that function",
+    )
+    tools.add_argument("--no-parallel-tool-calls", action="store_true", help="at most one call")
     add_connection_options(parser)
     add_sampling_options(parser, chat="with --chat")
     add_structured_options(parser)
@@ -61,11 +79,12 @@ def run(args: argparse.Namespace) -> int:
     from kvserve.clients import KVServeError
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    chat = args.chat or args.system is not None
+    chat = args.chat or args.system is not None or args.tool is not None
     kwargs: dict[str, Any] = {**sampling_from_args(args, chat=chat), **request_from_args(args)}
     try:
         structured = structured_from_args(args)
-    except OSError as error:  # an unreadable @FILE
+        kwargs.update(tool_kwargs(args))
+    except (OSError, ValueError) as error:  # an unreadable @FILE or tool file
         return report_error("generate", error)
     if structured is not None:
         kwargs["structured"] = structured
@@ -87,11 +106,36 @@ def run(args: argparse.Namespace) -> int:
                 if streamed is None:
                     return EXIT_INTERRUPTED
                 completion = streamed
+                for call in completion.tool_calls:
+                    print(json.dumps({"tool_call": asdict(call)}))
     except (KVServeError, OSError) as error:
         return report_error("generate", error)
     if args.verbose:
         print(usage_line(completion), file=sys.stderr)
     return 0
+
+
+def tool_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """--tool files and --tool-choice as the clients' keywords; ValueError names a bad file."""
+    if args.tool is None:
+        if args.tool_choice is not None or args.no_parallel_tool_calls:
+            raise ValueError("--tool-choice and --no-parallel-tool-calls need --tool")
+        return {}
+    tools = []
+    for path in args.tool:
+        try:
+            tools.append(json.loads(Path(path).read_text(encoding="utf-8")))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--tool {path}: not valid JSON: {exc}") from None
+        if not isinstance(tools[-1], dict) or "name" not in tools[-1].get("function", tools[-1]):
+            raise ValueError(f"--tool {path}: needs an object with a function name")
+    kwargs: dict[str, Any] = {"tools": tools}
+    choice = args.tool_choice
+    if choice is not None:
+        kwargs["tool_choice"] = choice if choice in ("auto", "required", "none") else {"function": choice}
+    if args.no_parallel_tool_calls:
+        kwargs["parallel_tool_calls"] = False
+    return kwargs
 
 
 def stream_to_stdout(client: Any, kwargs: dict[str, Any]) -> Completion | None:
@@ -141,6 +185,8 @@ def completion_json(completion: Completion, *, with_logprobs: bool) -> dict[str,
             "usage": asdict(c.usage),
             "token_ids": c.token_ids,
         }
+        if c.tool_calls:
+            item["tool_calls"] = [asdict(call) for call in c.tool_calls]
         if with_logprobs:
             item["logprobs"] = [
                 {"token_id": lp.token_id, "logprob": lp.logprob, "top": [list(t) for t in lp.top]} for lp in c.logprobs

@@ -42,6 +42,14 @@ MAX_SEED = 2**63 - 1
 MAX_STRUCTURED_SPEC_CHARS = 256 * 1024
 """Longest JSON schema, regex or grammar (or all choices together) of a structured-output request."""
 MAX_STRUCTURED_CHOICES = 1024
+MAX_TOOLS = 128
+"""Most functions one chat request may offer (OpenAI's own limit); their schemas together are
+bounded by MAX_STRUCTURED_SPEC_CHARS, as they become one grammar."""
+MAX_PARALLEL_TOOL_CALLS = 8
+"""Most calls a forced tool choice's grammar allows in one completion: a small model that
+loops on calls still ends, with `tool_calls`, rather than at max_tokens in a cut-off call."""
+TOOL_CALL_FORMAT = "hermes"
+"""How tool calls are written and parsed when the model's chat template does not say (`--tool-call-format`)."""
 GRAMMAR_CACHE_SIZE = 256
 """Compiled structured-output grammars the scheduler keeps (LRU), per served tokenizer."""
 

@@ -148,6 +148,7 @@ class Engine:
             arrival,
             self._clock,
             self._metrics,
+            request.tools,
         )
         self._queued_requests += 1
         self._queued_prompt_tokens += num_prompt

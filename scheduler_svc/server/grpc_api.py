@@ -36,6 +36,7 @@ from kvserve.scheduler.server.server_config import ServerConfig
 from kvserve.scheduler.server.server_reflection import enable_reflection
 from kvserve.scheduler.server.serving_model import ServingModel, scoped_request_id
 from kvserve.scheduler.server.strict_handlers import add_strict_service
+from kvserve.scheduler.server.tools.tool_use import ENDS_AFTER_CALLS, parse_tool_use
 
 log = structlog.get_logger(__name__)
 
@@ -108,9 +109,12 @@ class KVServeServicer(api_pb2_grpc.KVServeServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(_capacity_error(exc)))
         except RequestFailed as exc:
             await context.abort(_FAILURE_CODES[exc.kind], exc.message)
+        called: set[int] = set()  # completions that made tool calls: they finish TOOL_CALLS
         try:
             async for chunk in stream:
-                yield _chunk_to_proto(request_id, chunk)
+                if chunk.tool_calls:
+                    called.add(chunk.index)
+                yield _chunk_to_proto(request_id, chunk, chunk.index in called)
         except RequestFailed as exc:
             await context.abort(_FAILURE_CODES[exc.kind], exc.message)
         finally:
@@ -133,7 +137,8 @@ class KVServeServicer(api_pb2_grpc.KVServeServicer):
             if kind == "text":
                 ids = encode_text(request.text, model.tokenizer, "text")
             elif kind == "chat":
-                ids = encode_chat(request.chat, model.tokenizer, "chat")
+                tools = parse_tool_use(request.chat, "chat", model.limits.tool_call_format)
+                ids = encode_chat(request.chat, model.tokenizer, "chat", tools)
             else:
                 raise InvalidFieldError("input", "set text or chat")
         except InvalidFieldError as exc:
@@ -211,10 +216,12 @@ def _capacity_error(exc: RequestRejected) -> InvalidFieldError:
     return InvalidFieldError(_CAPACITY_FIELDS.get(exc.field, exc.field), exc.reason)
 
 
-def _chunk_to_proto(request_id: str, chunk: CompletionChunk) -> api_pb2.GenerateResponse:
+def _chunk_to_proto(request_id: str, chunk: CompletionChunk, called: bool = False) -> api_pb2.GenerateResponse:
     response = api_pb2.GenerateResponse(
         request_id=request_id, index=chunk.index, token_ids=chunk.token_ids, text=chunk.text
     )
+    for call in chunk.tool_calls:
+        response.tool_calls.add(id=call.id, name=call.name, arguments=call.arguments)
     for lp in chunk.logprobs:
         response.logprobs.append(
             api_pb2.TokenLogprobs(
@@ -225,6 +232,8 @@ def _chunk_to_proto(request_id: str, chunk: CompletionChunk) -> api_pb2.Generate
         )
     if chunk.finish_reason is not None:
         response.finish_reason = _FINISH_REASONS[chunk.finish_reason]
+        if called and chunk.finish_reason in ENDS_AFTER_CALLS:
+            response.finish_reason = api_pb2.FINISH_REASON_TOOL_CALLS
     if chunk.usage is not None:
         u = chunk.usage
         response.usage.CopyFrom(

@@ -18,6 +18,8 @@ from kvserve.scheduler.core import BlockCounts, SequenceOutput
 from kvserve.scheduler.server.detokenizer import CompletionText, Decoder
 from kvserve.scheduler.server.metrics import ServerMetrics
 from kvserve.scheduler.server.request_stream import CompletionChunk, RequestStream, Usage
+from kvserve.scheduler.server.tools.tool_formats import FORMATS, ToolCallParser
+from kvserve.scheduler.server.tools.tool_use import ToolCall, ToolUse
 
 log = structlog.get_logger(__name__)
 
@@ -30,6 +32,8 @@ class Completion:
     """One of a request's n completions, as far as its client has been told."""
 
     text: CompletionText
+    tools: ToolCallParser | None = None
+    """Takes tool calls out of the text, when the request may call."""
     finished: bool = False
     last_token_time: float | None = None
     finish_reason: FinishReason | None = None
@@ -69,8 +73,15 @@ class ActiveRequest:
         arrival: float,
         clock: Callable[[], float],
         metrics: ServerMetrics | None,
+        tools: ToolUse | None = None,
     ) -> ActiveRequest:
-        completions = [Completion(CompletionText(decoder, stop, prompt_tail)) for _ in range(n)]
+        completions = [
+            Completion(
+                CompletionText(decoder, stop, prompt_tail),
+                FORMATS[tools.format].parser(tools) if tools is not None else None,
+            )
+            for _ in range(n)
+        ]
         return cls(
             request_id=request_id,
             stream=stream,
@@ -95,7 +106,8 @@ class ActiveRequest:
         """Put one output on the stream; True if a stop string just finished its completion.
 
         A stop-string finish takes its usage now, so `completion_tokens` counts the tokens up
-        to the match and not the token the executor may already be sampling for it.
+        to the match and not the token the executor may already be sampling for it. A
+        completion that may make only one tool call ends the same way once it has made it.
         """
         completion = self.completions[output.index]
         if self.blocks is None:
@@ -106,11 +118,21 @@ class ActiveRequest:
         text_ids = token_ids[:-1] if finish in _TOKEN_FINISHES and token_ids else token_ids
         text = completion.text.push(text_ids)
         stopped = finish is None and completion.text.stopped
+        calls: list[ToolCall] = []
+        if completion.tools is not None:
+            text = self._take_calls(completion.tools, text, calls)
+            stopped = stopped or (finish is None and completion.tools.done)
         if stopped:
             finish = FinishReason.STOP
         usage = None
         if finish is not None:
-            text += completion.text.finish()
+            tail = completion.text.finish()
+            if completion.tools is not None:
+                tail = self._take_calls(completion.tools, tail, calls)
+                last = completion.tools.finish()
+                tail += last.content
+                calls.extend(last.calls)
+            text += tail
             completion.finished = True
             completion.finish_reason = finish
             usage = Usage(
@@ -138,9 +160,16 @@ class ActiveRequest:
                 logprobs=list(output.logprobs or []),
                 finish_reason=finish,
                 usage=usage,
+                tool_calls=calls,
             )
         )
         return stopped
+
+    @staticmethod
+    def _take_calls(parser: ToolCallParser, text: str, calls: list[ToolCall]) -> str:
+        parsed = parser.push(text)
+        calls.extend(parsed.calls)
+        return parsed.content
 
     def close(self, reason: FinishReason | None) -> None:
         """End the stream and write the request's one canonical log line; `reason` covers unfinished completions.

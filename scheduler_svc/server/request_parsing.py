@@ -5,7 +5,8 @@ the request as given (the core only asserts its preconditions). Every refusal ra
 `InvalidFieldError` whose `field` is the API field path (e.g. "sampling.top_p"), which
 the API maps to INVALID_ARGUMENT "field: message". The value ranges of the sampling
 fields are defined by `SamplingParams.validate`; this module adds what needs the model:
-context length, vocabulary, chat template and roles. What needs the KV pool (does it
+context length, vocabulary, chat template, roles and tools (a forced tool choice becomes the
+request's grammar). What needs the KV pool (does it
 ever fit?) is known only to the scheduler and is refused there, as capacity.
 
 Unset sampling fields take `ModelLimits.sampling_defaults` (the model's
@@ -26,6 +27,8 @@ from kvserve.protos.sampling import InvalidFieldError, SamplingParams
 from kvserve.scheduler.server.generation_defaults import SamplingDefaults
 from kvserve.scheduler.server.structured.spec import StructuredSpec, structured_spec
 from kvserve.scheduler.server.tokenizer import CHAT_ROLES, ChatMessage, ChatTemplateError, Tokenizer
+from kvserve.scheduler.server.tools.tool_formats import FORMATS
+from kvserve.scheduler.server.tools.tool_use import ToolUse, parse_call, parse_tool_use
 
 _SAMPLING_FLOATS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 _SAMPLING_INTS = ("top_k", "seed", "n", "min_tokens", "logprobs")
@@ -43,6 +46,7 @@ class ModelLimits:
     vocab_size: int
     max_request_bytes: int = defaults.MAX_REQUEST_BYTES
     sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
+    tool_call_format: str = defaults.TOOL_CALL_FORMAT
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +60,8 @@ class ValidatedRequest:
     cache_salt: str
     structured: StructuredSpec | None = None
     """Structured output, shape-checked; compiled (and refused if the engine cannot) before queueing."""
+    tools: ToolUse | None = None
+    """The calls a chat completion may make; its text is parsed for them."""
 
 
 def parse_generate(request: api_pb2.GenerateRequest, tokenizer: Tokenizer, limits: ModelLimits) -> ValidatedRequest:
@@ -73,7 +79,10 @@ def parse_generate(request: api_pb2.GenerateRequest, tokenizer: Tokenizer, limit
         raise InvalidFieldError("cache_salt", f"at most {defaults.MAX_CACHE_SALT_CHARS} characters")
     if abs(request.priority) > defaults.MAX_ABS_PRIORITY:
         raise InvalidFieldError("priority", f"must be within ±{defaults.MAX_ABS_PRIORITY}, got {request.priority}")
-    prompt = prompt_token_ids(request, tokenizer, limits)
+    tools = None
+    if request.WhichOneof("prompt") == "chat":
+        tools = parse_tool_use(request.chat, "chat", limits.tool_call_format)
+    prompt = prompt_token_ids(request, tokenizer, limits, tools)
     sampling = sampling_params(request.sampling, len(prompt), limits)
     return ValidatedRequest(
         request_id=request_id,
@@ -81,8 +90,24 @@ def parse_generate(request: api_pb2.GenerateRequest, tokenizer: Tokenizer, limit
         sampling=sampling,
         priority=int(request.priority),
         cache_salt=request.cache_salt,
-        structured=structured_spec(request),
+        structured=_constraint(request, tools),
+        tools=tools,
     )
+
+
+def _constraint(request: api_pb2.GenerateRequest, tools: ToolUse | None) -> StructuredSpec | None:
+    """The request's own structured output, or the grammar of a forced tool choice (never both)."""
+    if tools is None or not tools.forced:
+        return structured_spec(request)
+    if request.HasField("structured"):
+        raise InvalidFieldError(
+            "structured", "cannot be combined with tool_choice required or a named function, whose calls are the output"
+        )
+    grammar = FORMATS[tools.format].forced_grammar(tools)
+    if len(grammar) > defaults.MAX_STRUCTURED_SPEC_CHARS:
+        limit = defaults.MAX_STRUCTURED_SPEC_CHARS
+        raise InvalidFieldError("chat.tools", f"the tools' schemas are over {limit} characters in all")
+    return StructuredSpec("grammar", "chat.tools", text=grammar)
 
 
 def validate_request_id(request_id: str) -> str:
@@ -95,7 +120,9 @@ def validate_request_id(request_id: str) -> str:
     return request_id
 
 
-def prompt_token_ids(request: api_pb2.GenerateRequest, tokenizer: Tokenizer, limits: ModelLimits) -> list[int]:
+def prompt_token_ids(
+    request: api_pb2.GenerateRequest, tokenizer: Tokenizer, limits: ModelLimits, tools: ToolUse | None = None
+) -> list[int]:
     kind = request.WhichOneof("prompt")
     if kind == "text":
         ids = encode_text(request.text, tokenizer, "text")
@@ -105,7 +132,7 @@ def prompt_token_ids(request: api_pb2.GenerateRequest, tokenizer: Tokenizer, lim
         if bad is not None:
             raise InvalidFieldError("token_ids", f"token id {bad} is outside the vocabulary [0, {limits.vocab_size})")
     elif kind == "chat":
-        ids = encode_chat(request.chat, tokenizer, "chat")
+        ids = encode_chat(request.chat, tokenizer, "chat", tools)
     else:
         raise InvalidFieldError("prompt", "set one of text, token_ids or chat")
     if not ids:
@@ -127,25 +154,35 @@ def encode_text(text: str, tokenizer: Tokenizer, field: str) -> list[int]:
     return tokenizer.encode(text)
 
 
-def encode_chat(chat: api_pb2.ChatPrompt, tokenizer: Tokenizer, field: str) -> list[int]:
+def encode_chat(chat: api_pb2.ChatPrompt, tokenizer: Tokenizer, field: str, tools: ToolUse | None = None) -> list[int]:
+    """The chat prompt's ids; the tools are shown to the model only when it may call them."""
     messages = chat.messages
     if not messages:
         raise InvalidFieldError(f"{field}.messages", "at least one message is required")
     if len(messages) > defaults.MAX_CHAT_MESSAGES:
         raise InvalidFieldError(f"{field}.messages", f"at most {defaults.MAX_CHAT_MESSAGES} messages")
     total = 0
+    parsed = []
     for i, message in enumerate(messages):
-        if message.role not in CHAT_ROLES:
-            raise InvalidFieldError(
-                f"{field}.messages[{i}].role", f"unknown role {message.role[:32]!r}; use one of {sorted(CHAT_ROLES)}"
-            )
-        total += len(message.content)
+        parsed.append(_chat_message(message, f"{field}.messages[{i}]"))
+        total += len(message.content) + sum(len(c.arguments) for c in message.tool_calls)
     if total > defaults.MAX_PROMPT_CHARS:
         raise InvalidFieldError(f"{field}.messages", f"at most {defaults.MAX_PROMPT_CHARS} characters in all")
     try:
-        return tokenizer.encode_chat([ChatMessage(m.role, m.content) for m in messages])
+        return tokenizer.encode_chat(parsed, tools.template_tools() if tools is not None else None)
     except ChatTemplateError as exc:
-        raise InvalidFieldError(field, str(exc)) from exc
+        raise InvalidFieldError(f"{field}.tools" if tools is not None else field, str(exc)) from exc
+
+
+def _chat_message(message: api_pb2.ChatMessage, field: str) -> ChatMessage:
+    if message.role not in CHAT_ROLES:
+        raise InvalidFieldError(f"{field}.role", f"unknown role {message.role[:32]!r}; use one of {sorted(CHAT_ROLES)}")
+    if message.tool_calls and message.role != "assistant":
+        raise InvalidFieldError(f"{field}.tool_calls", "only an assistant turn makes tool calls")
+    if message.role == "tool" and not message.tool_call_id:
+        raise InvalidFieldError(f"{field}.tool_call_id", "is required in a tool turn")
+    calls = tuple(parse_call(call, f"{field}.tool_calls[{j}]") for j, call in enumerate(message.tool_calls))
+    return ChatMessage(message.role, message.content, tool_calls=calls, tool_call_id=message.tool_call_id)
 
 
 def sampling_params(pb: api_pb2.SamplingParams, prompt_len: int, limits: ModelLimits) -> SamplingParams:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from kvserve.protos.stop_rules import FinishReason
 from kvserve.scheduler.core import SampledLogprob
+from kvserve.scheduler.server.tools.tool_use import ToolCall
 
 
 class FailureKind(str, enum.Enum):
@@ -53,11 +54,14 @@ class CompletionChunk:
     logprobs: list[SampledLogprob] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    """Calls completed in this chunk (their markup is not in `text`)."""
 
     def absorb(self, later: CompletionChunk) -> None:
         self.token_ids.extend(later.token_ids)
         self.text += later.text
         self.logprobs.extend(later.logprobs)
+        self.tool_calls.extend(later.tool_calls)
         self.finish_reason = later.finish_reason
         self.usage = later.usage
 

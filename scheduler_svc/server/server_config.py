@@ -15,6 +15,7 @@ from kvserve.config import defaults
 from kvserve.config.flags import flag
 from kvserve.scheduler.core import SchedulerConfig
 from kvserve.scheduler.server.generation_defaults import SOURCE_AUTO
+from kvserve.scheduler.server.tools.tool_formats import FORMATS
 
 _API = "gRPC API"
 _HTTP = "OpenAI-compatible HTTP API"
@@ -65,6 +66,23 @@ class ServerConfig:
             "repeat for several",
             metavar="NAME",
             group=_HTTP,
+        ),
+    )
+    chat_template: str | None = field(
+        default=None,
+        metadata=flag(
+            "a Jinja chat template file that replaces the model's own (for chat prompts, tools and tool turns)",
+            metavar="FILE",
+            group=_API,
+        ),
+    )
+    tool_call_format: str = field(
+        default=defaults.TOOL_CALL_FORMAT,
+        metadata=flag(
+            "how tool calls are written, forced and parsed; its fallback template renders tools when the chat "
+            "template does not (hermes: <tool_call> JSON on ChatML turns)",
+            choices=tuple(FORMATS),
+            group=_API,
         ),
     )
     allowed_hosts: tuple[str, ...] = field(

@@ -42,7 +42,8 @@ from kvserve.scheduler.server.serving_model import ServingModel
 from kvserve.scheduler.server.structured.compiler import GrammarCompiler
 from kvserve.scheduler.server.structured.llguidance_backend import LlguidanceBackend
 from kvserve.scheduler.server.tls import TlsConfigError, TlsFiles, server_credentials, tls_files
-from kvserve.scheduler.server.tokenizer import Tokenizer
+from kvserve.scheduler.server.tokenizer import ChatTemplateError, Tokenizer, read_chat_template
+from kvserve.scheduler.server.tools.tool_formats import FORMATS
 
 log = structlog.get_logger(__name__)
 
@@ -155,7 +156,15 @@ async def run_service(
     refused its configuration)."""
     try:
         security = load_api_security(config)
-    except (TokenFileError, TlsConfigError, InsecureBindError, BrowserPolicyError, LinkKeyError) as exc:
+        chat_template = read_chat_template(config.chat_template) if config.chat_template is not None else None
+    except (
+        TokenFileError,
+        TlsConfigError,
+        InsecureBindError,
+        BrowserPolicyError,
+        LinkKeyError,
+        ChatTemplateError,
+    ) as exc:
         print(f"kvserve: {exc}", file=sys.stderr, flush=True)
         return 2
     endpoint = endpoint or resolve_link_endpoint(config)
@@ -217,7 +226,11 @@ async def run_service(
         info = await _first_executor(link, supervisor, shutdown, config.executor_start_timeout_s)
         if info is None:
             return 0
-        tokenizer = Tokenizer.from_dir(info.tokenizer_path)
+        tokenizer = Tokenizer.from_dir(
+            info.tokenizer_path,
+            chat_template=chat_template,
+            tool_format=FORMATS[config.tool_call_format],
+        )
         scheduler = build_scheduler(config, info)
         engine = Engine(scheduler, link, tokenizer, config, on_state_change=api.on_executor_state, metrics=metrics)
         limits = ModelLimits(
@@ -225,6 +238,7 @@ async def run_service(
             vocab_size=info.vocab_size,
             max_request_bytes=config.max_request_bytes,
             sampling_defaults=load_sampling_defaults(info.tokenizer_path, config.generation_config),
+            tool_call_format=config.tool_call_format,
         )
         servicer.model = ServingModel(
             engine=engine, tokenizer=tokenizer, info=info, limits=limits, grammars=grammar_compiler(tokenizer, info)
@@ -237,6 +251,7 @@ async def run_service(
             executor=info.executor_kind,
             num_blocks=info.num_blocks,
             max_model_len=limits.max_model_len,
+            tool_template=tokenizer.tool_template_source,
             auth=security.tokens is not None,
             tls=security.credentials is not None,
             link_curve=security.curve_keys is not None,

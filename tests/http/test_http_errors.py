@@ -47,7 +47,70 @@ def small_server() -> Iterator[ServeProcess]:
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
         ({"messages": []}, "messages"),
         ({"response_format": {"type": "xml"}}, "response_format.type"),
-        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "no spaces"}}]}, "tools[0].function.name"),
+        ({"tools": [{"type": "function", "function": {"description": "nameless"}}]}, "tools[0].function.name"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": 7}}]}, "tools[0].function.parameters"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]},
+            "tools[0].function.parameters",
+        ),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}] * 2}, "tools[1].function.name"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tool_choice": "maybe", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
+        (
+            {
+                "tool_choice": {"type": "function", "function": {"name": "g"}},
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+            },
+            "tool_choice.function.name",
+        ),
+        (
+            {
+                "tool_choice": "required",
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+                "response_format": {"type": "json_object"},
+            },
+            "response_format.type",
+        ),
+        (
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "f",
+                            "parameters": {"type": "object", "properties": {"x": {"type": "nonsense"}}},
+                        },
+                    }
+                ],
+                "tool_choice": "required",
+            },
+            "tools",
+        ),
+        ({"messages": [{"role": "tool", "content": "18 C"}]}, "messages[0].tool_call_id"),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": "x",
+                        "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}],
+                    }
+                ]
+            },
+            "messages[0].tool_calls",
+        ),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{oops"}}],
+                    }
+                ]
+            },
+            "messages[0].tool_calls[0].function.arguments",
+        ),
         ({"extra_body": {"top_k": -5}}, "top_k"),
         ({"extra_body": {"min_p": 2}}, "min_p"),
         ({"extra_body": {"stop_token_ids": [10**9]}}, "stop_token_ids"),

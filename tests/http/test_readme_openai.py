@@ -41,6 +41,18 @@ def test_readme_structured_output_example_prints_schema_valid_json(
     assert set(place) == {"city", "country"} and all(isinstance(v, str) and len(v) <= 30 for v in place.values())
 
 
+def test_readme_tool_calling_example_calls_and_sends_the_result_back(
+    http_server: ServeProcess, capsys: pytest.CaptureFixture
+) -> None:
+    source = openai_block("tool_choice")
+    assert EXAMPLE_URL in source
+    exec(compile(source.replace(EXAMPLE_URL, f"{http_server.http_url}/v1"), "README-tools", "exec"), {})
+    first_line = capsys.readouterr().out.splitlines()[0]
+    name, arguments = first_line.split(" ", 1)
+    place = ast.literal_eval(arguments)
+    assert name == "get_weather" and set(place) == {"city", "unit"} and place["unit"] in ("celsius", "fahrenheit")
+
+
 @pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
 def test_readme_curl_example_runs(http_server: ServeProcess) -> None:
     (block,) = [b for b in re.findall(r"```bash\n(.*?)```", README.read_text(), re.S) if b.startswith("curl")]

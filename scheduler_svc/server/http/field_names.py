@@ -12,6 +12,7 @@ placeholder for each.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 PROMPT = "<prompt>"
@@ -52,6 +53,15 @@ GRPC_TO_OPENAI: dict[str, str] = {
 }
 """Every field path the shared validation can name; `chat.messages[i]...` is mapped by prefix."""
 
+_TOOL_PATHS = (
+    (re.compile(r"^chat\.tools\[(\d+)\]\.(name|parameters|description)$"), r"tools[\1].function.\2"),
+    (re.compile(r"^chat\.(tools.*)$"), r"\1"),
+    (re.compile(r"^chat\.tool_choice\.function$"), "tool_choice.function.name"),
+    (re.compile(r"^chat\.tool_choice(\.mode)?$"), "tool_choice"),
+    (re.compile(r"^chat\.(messages\[\d+\]\.tool_calls\[\d+\])\.(name|arguments)$"), r"\1.function.\2"),
+)
+"""The tool fields' paths, whose OpenAI names nest differently (`tools[0].function.name`)."""
+
 _CAPACITY_FIELDS = {"prompt": "prompt", "max_tokens": "sampling.max_tokens"}
 """The scheduler's own names in `RequestRejected` (it alone knows whether a request can ever fit)."""
 
@@ -68,6 +78,10 @@ class ParamNames:
 
 def openai_param(grpc_field: str, names: ParamNames) -> str:
     """The OpenAI name of a gRPC field path; an unmapped path loses only its `sampling.` prefix."""
+    for pattern, replacement in _TOOL_PATHS:
+        renamed, count = pattern.subn(replacement, grpc_field)
+        if count:
+            return renamed
     if grpc_field.startswith("chat.messages["):
         return grpc_field.removeprefix("chat.")
     mapped = GRPC_TO_OPENAI.get(grpc_field, grpc_field.removeprefix("sampling."))

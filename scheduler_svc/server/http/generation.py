@@ -22,7 +22,7 @@ from kvserve.scheduler.core import RequestRejected
 from kvserve.scheduler.server.http.errors import bad_field, from_failure
 from kvserve.scheduler.server.http.field_names import capacity_param, openai_param
 from kvserve.scheduler.server.http.openai_request import OpenAiRequest
-from kvserve.scheduler.server.http.responses import FINISH_REASONS, ChoiceState
+from kvserve.scheduler.server.http.responses import ChoiceState
 from kvserve.scheduler.server.namespaces import prefix_namespace
 from kvserve.scheduler.server.request_parsing import ValidatedRequest, parse_generate
 from kvserve.scheduler.server.request_stream import CompletionChunk, FailureKind, RequestFailed, RequestStream
@@ -145,7 +145,7 @@ async def collect_choices(submission: Submission, n: int, prefixes: list[str] | 
         choice = choices[prompt * n + chunk.index]
         choice.text.append(chunk.text)
         choice.logprobs.extend(chunk.logprobs)
+        choice.tool_calls.extend(chunk.tool_calls)
         if chunk.finish_reason is not None:
-            choice.finish_reason = FINISH_REASONS[chunk.finish_reason]
-            choice.usage = chunk.usage
+            choice.finish(chunk.finish_reason, chunk.usage)
     return choices

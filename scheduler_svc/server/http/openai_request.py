@@ -21,10 +21,11 @@ from kvserve.scheduler.server.http.errors import bad_field, unsupported
 from kvserve.scheduler.server.http.field_names import ParamNames
 from kvserve.scheduler.server.http.json_fields import JsonObject, as_integer, as_list, as_object, as_string, json_type
 from kvserve.scheduler.server.http.structured_body import structured_output
+from kvserve.scheduler.server.http.tool_fields import message_content_optional, read_message_tools, read_tools
 
 _FLOATS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 _INTS = ("seed", "n", "min_tokens")
-_NO_TOOLS = "tool and function calling are not implemented"
+_LEGACY_FUNCTIONS = "the deprecated function-calling fields are not implemented; use tools and tool_choice"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +56,7 @@ def parse_chat_body(data: dict[str, Any]) -> OpenAiRequest:
     body = JsonObject(data)
     unknown: list[str] = []
     chat = api_pb2.ChatPrompt(messages=parse_messages(body, unknown))
+    read_tools(body, chat, unknown)
     _refuse_chat_only(body)
     logprobs = bool(body.boolean("logprobs"))
     top_logprobs = body.integer("top_logprobs")
@@ -201,14 +203,17 @@ def parse_messages(body: JsonObject, unknown: list[str]) -> list[api_pb2.ChatMes
             raise bad_field(message.param("role"), "is required")
         if role == "developer":
             role = "system"  # OpenAI's newer name for system instructions
-        content = _content(message.raw("content"), message.param("content"))
-        _refuse_if(message, "tool_calls", lambda v: v != [], _NO_TOOLS)
-        _refuse_if(message, "function_call", lambda v: True, _NO_TOOLS)
+        raw_content = message.raw("content")
+        optional = raw_content is None and message_content_optional(message)
+        content = "" if optional else _content(raw_content, message.param("content"))
+        _refuse_if(message, "function_call", lambda v: True, _LEGACY_FUNCTIONS)
         _refuse_if(message, "audio", lambda v: True, "audio is not supported")
         message.raw("name")  # participant names: accepted, not shown to the model (no template uses them)
         message.raw("refusal")
+        pb = api_pb2.ChatMessage(role=role, content=content)
+        read_message_tools(message, pb)
         unknown.extend(message.unread())
-        out.append(api_pb2.ChatMessage(role=role, content=content))
+        out.append(pb)
     return out
 
 
@@ -257,11 +262,8 @@ def _prompts(body: JsonObject) -> list[str | list[int]]:
 
 def _refuse_chat_only(body: JsonObject) -> None:
     """The chat fields whose behaviour kvserve does not implement: a 400 naming them, never a silent no-op."""
-    _refuse_if(body, "tools", lambda v: v != [], _NO_TOOLS)
-    _refuse_if(body, "tool_choice", lambda v: v != "none", _NO_TOOLS)
-    _refuse_if(body, "parallel_tool_calls", lambda v: True, _NO_TOOLS)
-    _refuse_if(body, "functions", lambda v: v != [], _NO_TOOLS)
-    _refuse_if(body, "function_call", lambda v: v != "none", _NO_TOOLS)
+    _refuse_if(body, "functions", lambda v: v != [], _LEGACY_FUNCTIONS)
+    _refuse_if(body, "function_call", lambda v: v != "none", _LEGACY_FUNCTIONS)
     _refuse_if(body, "logit_bias", lambda v: v != {}, "per-token biases are not implemented")
     _refuse_if(body, "modalities", lambda v: v != ["text"], "only text output is")
     _refuse_if(body, "audio", lambda v: True, "audio output is not implemented")

@@ -17,6 +17,7 @@ from kvserve.protos.stop_rules import FinishReason
 from kvserve.scheduler.core import SampledLogprob
 from kvserve.scheduler.server.request_stream import Usage
 from kvserve.scheduler.server.tokenizer import Tokenizer
+from kvserve.scheduler.server.tools.tool_use import ENDS_AFTER_CALLS, ToolCall
 
 FINISH_REASONS = {
     FinishReason.STOP: "stop",
@@ -55,6 +56,35 @@ class ChoiceState:
     usage: Usage | None = None
     text_offset: int = 0
     """Characters already streamed (completions logprobs' `text_offset`)."""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+    def finish(self, reason: FinishReason, usage: Usage | None) -> str:
+        """Record the end; OpenAI's name for it (`tool_calls` once the choice has made calls)."""
+        self.finish_reason = "tool_calls" if self.tool_calls and reason in ENDS_AFTER_CALLS else FINISH_REASONS[reason]
+        self.usage = usage
+        return self.finish_reason
+
+
+def tool_call_object(call: ToolCall) -> dict[str, Any]:
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def tool_call_deltas(call: ToolCall, index: int) -> list[dict[str, Any]]:
+    """A streamed call as OpenAI sends one: id, type and name first, then the arguments."""
+    return [
+        {"index": index, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}},
+        {"index": index, "function": {"arguments": call.arguments}},
+    ]
+
+
+def _message(choice: ChoiceState) -> dict[str, Any]:
+    content: str | None = "".join(choice.text)
+    message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+    if choice.tool_calls:
+        if not content:
+            message["content"] = None  # only calls were made
+        message["tool_calls"] = [tool_call_object(c) for c in choice.tool_calls]
+    return message
 
 
 def usage_object(choices: list[ChoiceState], n: int) -> dict[str, Any]:
@@ -131,7 +161,7 @@ def chat_completion(env: Envelope, choices: list[ChoiceState], n: int, formatter
         "choices": [
             {
                 "index": c.index,
-                "message": {"role": "assistant", "content": "".join(c.text), "refusal": None},
+                "message": _message(c),
                 "logprobs": formatter.chat(c.logprobs) if formatter is not None else None,
                 "finish_reason": c.finish_reason,
             }

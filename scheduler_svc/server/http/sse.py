@@ -2,7 +2,8 @@
 
 Every choice opens at once (chat: a delta with `role: assistant`; completions with
 `echo`: the prompt), then one event per engine chunk that carries text, logprobs or the
-finish. With `stream_options.include_usage` a last event with no choices holds the usage.
+finish, and two per tool call (its id, type and name; then its arguments), as OpenAI
+streams them. With `stream_options.include_usage` a last event with no choices holds the usage.
 A failure mid-stream (executor lost for good, drain) becomes one `{"error": ...}` event:
 the 200 status is already sent. Leaving the generator, by failure, normal end or a
 client disconnect (Starlette cancels it), aborts whatever is still running.
@@ -17,7 +18,6 @@ from typing import Any
 from kvserve.scheduler.server.http.errors import from_failure
 from kvserve.scheduler.server.http.generation import Submission
 from kvserve.scheduler.server.http.responses import (
-    FINISH_REASONS,
     SSE_DONE,
     ChoiceState,
     Envelope,
@@ -25,6 +25,7 @@ from kvserve.scheduler.server.http.responses import (
     chat_chunk,
     completion_chunk,
     sse,
+    tool_call_deltas,
     usage_object,
 )
 from kvserve.scheduler.server.request_stream import CompletionChunk, RequestFailed
@@ -51,12 +52,22 @@ async def chat_events(submission: Submission, shape: StreamShape) -> AsyncIterat
             "finish_reason": None,
         }
 
-    def event(choice: ChoiceState, chunk: CompletionChunk, finish: str | None) -> dict[str, Any]:
-        logprobs = shape.formatter.chat(chunk.logprobs) if shape.formatter and chunk.logprobs else None
-        delta = {"content": chunk.text} if chunk.text else {}
-        return {"index": choice.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+    def events(choice: ChoiceState, chunk: CompletionChunk, finish: str | None) -> list[dict[str, Any]]:
+        out = []
+        if chunk.text or chunk.logprobs or not chunk.tool_calls:
+            logprobs = shape.formatter.chat(chunk.logprobs) if shape.formatter and chunk.logprobs else None
+            delta = {"content": chunk.text} if chunk.text else {}
+            out.append({"index": choice.index, "delta": delta, "logprobs": logprobs, "finish_reason": None})
+        first = len(choice.tool_calls) - len(chunk.tool_calls)
+        for k, call in enumerate(chunk.tool_calls, start=first):
+            for part in tool_call_deltas(call, k):
+                out.append(
+                    {"index": choice.index, "delta": {"tool_calls": [part]}, "logprobs": None, "finish_reason": None}
+                )
+        out[-1]["finish_reason"] = finish
+        return out
 
-    async for data in _events(submission, shape, chat_chunk, opening, event):
+    async for data in _events(submission, shape, chat_chunk, opening, events):
         yield data
 
 
@@ -68,14 +79,14 @@ async def completion_events(submission: Submission, shape: StreamShape) -> Async
         choice.text_offset = len(text)
         return {"index": choice.index, "text": text, "logprobs": None, "finish_reason": None}
 
-    def event(choice: ChoiceState, chunk: CompletionChunk, finish: str | None) -> dict[str, Any]:
+    def events(choice: ChoiceState, chunk: CompletionChunk, finish: str | None) -> list[dict[str, Any]]:
         logprobs = None
         if shape.formatter is not None and chunk.logprobs:
             logprobs = shape.formatter.completion(chunk.logprobs, choice.text_offset)
         choice.text_offset += len(chunk.text)
-        return {"index": choice.index, "text": chunk.text, "logprobs": logprobs, "finish_reason": finish}
+        return [{"index": choice.index, "text": chunk.text, "logprobs": logprobs, "finish_reason": finish}]
 
-    async for data in _events(submission, shape, completion_chunk, opening, event):
+    async for data in _events(submission, shape, completion_chunk, opening, events):
         yield data
 
 
@@ -84,9 +95,9 @@ async def _events(
     shape: StreamShape,
     wrap: Callable[..., dict[str, Any]],
     opening: Callable[[ChoiceState], dict[str, Any] | None],
-    event: Callable[[ChoiceState, CompletionChunk, str | None], dict[str, Any]],
+    events: Callable[[ChoiceState, CompletionChunk, str | None], list[dict[str, Any]]],
 ) -> AsyncIterator[bytes]:
-    """The shared stream: openings, one event per meaningful chunk, usage, [DONE]; abort on the way out."""
+    """The shared stream: openings, events per meaningful chunk, usage, [DONE]; abort on the way out."""
     choices = [ChoiceState(index=k) for k in range(len(submission.streams) * shape.n)]
     try:
         for choice in choices:
@@ -95,12 +106,12 @@ async def _events(
                 yield sse(wrap(shape.env, first, with_usage=shape.include_usage))
         async for prompt, chunk in submission.chunks():
             choice = choices[prompt * shape.n + chunk.index]
-            finish = FINISH_REASONS[chunk.finish_reason] if chunk.finish_reason is not None else None
-            if finish is not None:
-                choice.finish_reason, choice.usage = finish, chunk.usage
-            elif not chunk.text and not chunk.logprobs:
-                continue  # text held back (a possible stop string): nothing to say yet
-            yield sse(wrap(shape.env, event(choice, chunk, finish), with_usage=shape.include_usage))
+            choice.tool_calls.extend(chunk.tool_calls)
+            finish = choice.finish(chunk.finish_reason, chunk.usage) if chunk.finish_reason is not None else None
+            if finish is None and not chunk.text and not chunk.logprobs and not chunk.tool_calls:
+                continue  # text held back (a possible stop string, a tool call's tag): nothing to say yet
+            for item in events(choice, chunk, finish):
+                yield sse(wrap(shape.env, item, with_usage=shape.include_usage))
         if shape.include_usage:
             last = wrap(shape.env, None, with_usage=False)
             last["usage"] = usage_object(choices, shape.n)

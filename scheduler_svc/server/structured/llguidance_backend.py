@@ -20,7 +20,7 @@ from kvserve.scheduler.server.structured.spec import StructuredSpec
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions  # declared in the stub only
 
-_JSON_OPTIONS: JsonCompileOptions = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
+JSON_OPTIONS: JsonCompileOptions = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
 _ANY_OBJECT = '{"type": "object"}'
 _MAX_ERROR_CHARS = 500
 """Engine messages can quote a whole grammar; the client gets the first lines."""
@@ -79,9 +79,9 @@ class LlguidanceBackend:
 def grammar_text(spec: StructuredSpec) -> str:
     """The llguidance grammar for a spec."""
     if spec.kind == "json_schema":
-        return LLMatcher.grammar_from_json_schema(spec.text, defaults=_JSON_OPTIONS)
+        return LLMatcher.grammar_from_json_schema(spec.text, defaults=JSON_OPTIONS)
     if spec.kind == "json_object":
-        return LLMatcher.grammar_from_json_schema(_ANY_OBJECT, defaults=_JSON_OPTIONS)
+        return LLMatcher.grammar_from_json_schema(_ANY_OBJECT, defaults=JSON_OPTIONS)
     if spec.kind == "regex":
         return LLMatcher.grammar_from_regex(spec.text)
     if spec.kind == "choice":

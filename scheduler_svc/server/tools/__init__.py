@@ -1,0 +1,1 @@
+"""Tool calling: the validated tool use, the call formats (template, grammar, parser)."""
