@@ -23,10 +23,15 @@ def openai_block(marker: str) -> str:
     return block
 
 
-def test_readme_openai_example_runs(http_server: ServeProcess, capsys: pytest.CaptureFixture) -> None:
-    source = openai_block("stream_options")
+def run_block(marker: str, server: ServeProcess, name: str) -> None:
+    """Run the README's openai block containing `marker` against `server` instead of :8000."""
+    source = openai_block(marker)
     assert EXAMPLE_URL in source
-    exec(compile(source.replace(EXAMPLE_URL, f"{http_server.http_url}/v1"), "README-openai", "exec"), {})
+    exec(compile(source.replace(EXAMPLE_URL, f"{server.http_url}/v1"), name, "exec"), {})
+
+
+def test_readme_openai_example_runs(http_server: ServeProcess, capsys: pytest.CaptureFixture) -> None:
+    run_block("stream_options", http_server, "README-openai")
     out = capsys.readouterr().out
     assert "cached prompt tokens" in out and out.split("\n")[0].strip()
 
@@ -34,9 +39,7 @@ def test_readme_openai_example_runs(http_server: ServeProcess, capsys: pytest.Ca
 def test_readme_structured_output_example_prints_schema_valid_json(
     http_server: ServeProcess, capsys: pytest.CaptureFixture
 ) -> None:
-    source = openai_block("response_format")
-    assert EXAMPLE_URL in source
-    exec(compile(source.replace(EXAMPLE_URL, f"{http_server.http_url}/v1"), "README-structured", "exec"), {})
+    run_block("response_format", http_server, "README-structured")
     place = ast.literal_eval(capsys.readouterr().out.strip())  # the example prints the parsed dict
     assert set(place) == {"city", "country"} and all(isinstance(v, str) and len(v) <= 30 for v in place.values())
 
@@ -44,9 +47,7 @@ def test_readme_structured_output_example_prints_schema_valid_json(
 def test_readme_tool_calling_example_calls_and_sends_the_result_back(
     http_server: ServeProcess, capsys: pytest.CaptureFixture
 ) -> None:
-    source = openai_block("tool_choice")
-    assert EXAMPLE_URL in source
-    exec(compile(source.replace(EXAMPLE_URL, f"{http_server.http_url}/v1"), "README-tools", "exec"), {})
+    run_block("tool_choice", http_server, "README-tools")
     first_line = capsys.readouterr().out.splitlines()[0]
     name, arguments = first_line.split(" ", 1)
     place = ast.literal_eval(arguments)
