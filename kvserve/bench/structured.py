@@ -4,9 +4,12 @@ One process runs the whole step path: the real `Scheduler` (which fills each con
 row's bitmask through llguidance), the plan and result through the wire codec (what
 ZeroMQ would carry), the real `ModelRunner` (which unpacks and applies the masks), and
 `Scheduler.update` (which advances each matcher). Both runs decode the same chat prompts
-at the same batch size; the constrained one follows a JSON schema long enough that every
-row is still decoding in every timed step. Only steps in which all `batch` rows decode
-are timed, so the two runs compare equal work; the two alternate `repeats` times.
+at the same batch size; the constrained one follows a grammar long enough that every row
+is still decoding in every timed step: a JSON schema (`json_schema`), or the grammar
+`tool_choice: "required"` builds from a request's tools (`tools`: the hermes format's calls
+to one of three functions, parallel calls allowed, as the HTTP API compiles them). Only
+steps in which all `batch` rows decode are timed, so the two runs compare equal work; the
+two alternate `repeats` times.
 
 The model, llguidance and the tokenizer load inside the functions that use them, so that
 registering the command (`register`) keeps `kvserve --help` free of torch.
@@ -35,6 +38,8 @@ if TYPE_CHECKING:
 
 GOAL_OVERHEAD = 0.10
 """The project's goal: a step whose rows are all constrained costs at most 10% more than a free one."""
+CONSTRAINTS = ("json_schema", "tools")
+"""What a constrained run follows: BENCH_SCHEMA, or the forced-call grammar of BENCH_TOOLS."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +52,12 @@ class StructuredBenchConfig:
     )
     device: str = field(default="auto", metadata=flag("auto, cpu or cuda"))
     batches: tuple[int, ...] = field(default=(1, 32), metadata=flag("decode batch sizes", nargs="+"))
+    constraints: tuple[str, ...] = field(
+        default=CONSTRAINTS,
+        metadata=flag(
+            "what the constrained runs follow: a JSON schema, or a required tool call", nargs="+", choices=CONSTRAINTS
+        ),
+    )
     steps: int = field(default=24, metadata=flag("timed decode steps per run (medians are reported)"))
     repeats: int = field(default=3, metadata=flag("free/constrained run pairs, interleaved; the median counts"))
     kv_cache_gb: float = field(default=0.5, metadata=flag("KV budget of the runner"))
@@ -71,6 +82,46 @@ BENCH_SCHEMA = {
     "additionalProperties": False,
 }
 """At least ~60 tokens of output, so every row decodes through the timed steps."""
+BENCH_TOOLS = (
+    ("describe_film", "Describe a film.", BENCH_SCHEMA),
+    (
+        "plan_trip",
+        "Plan a trip day by day.",
+        {
+            "type": "object",
+            "properties": {
+                "destination": {"type": "string", "maxLength": 40},
+                "travellers": {"type": "integer", "minimum": 1, "maximum": 12},
+                "days": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {"morning": {"type": "string", "minLength": 8, "maxLength": 30}},
+                        "required": ["morning"],
+                        "additionalProperties": False,
+                    },
+                    "minItems": 12,
+                    "maxItems": 12,
+                },
+            },
+            "required": ["destination", "travellers", "days"],
+            "additionalProperties": False,
+        },
+    ),
+    (
+        "file_report",
+        "File an incident report.",
+        {
+            "type": "object",
+            "properties": {
+                "severity": {"enum": ["low", "medium", "high"]},
+                "steps": {"type": "array", "items": {"type": "string", "minLength": 8}, "minItems": 12},
+            },
+            "required": ["severity", "steps"],
+        },
+    ),
+)
+"""(name, description, parameters): enums, nested objects, arrays, each call long enough to outlast the timed steps."""
 TOPICS = ["a heist", "a lighthouse", "a chess match", "a storm at sea", "a lost dog", "a space station", "a wedding"]
 
 
@@ -92,6 +143,7 @@ class StepTimes:
 
 @dataclass(slots=True)
 class StructuredBenchResult:
+    constraint: str
     batch: int
     free: StepTimes
     constrained: StepTimes
@@ -103,13 +155,22 @@ class StructuredBenchResult:
         return self.constrained.total_ms / self.free.total_ms - 1.0
 
 
-def bench_schema_factory(tokenizer: Tokenizer, runner: ModelRunner) -> MatcherFactory:
+def bench_factory(constraint: str, tokenizer: Tokenizer, runner: ModelRunner) -> MatcherFactory:
+    """The matcher factory a request with `constraint` would get: the schema, or the tools' forced-call grammar."""
     from kvserve.scheduler.server.structured.llguidance_backend import LlguidanceBackend
     from kvserve.scheduler.server.structured.spec import StructuredSpec
+    from kvserve.scheduler.server.tools.tool_formats import FORMATS
+    from kvserve.scheduler.server.tools.tool_use import ToolFunction, ToolUse
 
     info = runner.info()
     backend = LlguidanceBackend(tokenizer.to_json(), info.vocab_size, info.eos_token_ids)
-    return backend.compile(StructuredSpec("json_schema", "bench", text=json.dumps(BENCH_SCHEMA)))
+    if constraint == "json_schema":
+        return backend.compile(StructuredSpec("json_schema", "bench", text=json.dumps(BENCH_SCHEMA)))
+    if constraint != "tools":
+        raise ValueError(f"unknown constraint {constraint!r}: one of {', '.join(CONSTRAINTS)}")
+    tools = tuple(ToolFunction(name, description, parameters) for name, description, parameters in BENCH_TOOLS)
+    use = ToolUse(tools, mode="required", function=None, parallel=True, format=defaults.TOOL_CALL_FORMAT)
+    return backend.compile(StructuredSpec("grammar", "bench", text=FORMATS[use.format].forced_grammar(use)))
 
 
 def run_structured_bench(
@@ -119,24 +180,26 @@ def run_structured_bench(
     steps: int,
     repeats: int = 3,
     progress: Callable[[str], None] = lambda _line: None,
+    constraints: Sequence[str] = CONSTRAINTS,
 ) -> list[StructuredBenchResult]:
     from kvserve.scheduler.server.tokenizer import ChatMessage
 
-    factory = bench_schema_factory(tokenizer, runner)
     prompts = [
         tokenizer.encode_chat([ChatMessage("user", f"Describe a film about {TOPICS[i % len(TOPICS)]} as JSON.")])
         for i in range(max(batches))
     ]
     results = []
-    for batch in batches:
-        runs: dict[bool, list[StepTimes]] = {False: [], True: []}
-        for repeat in range(repeats):  # interleaved, so drift in the machine's speed hits both alike
-            for constrained in (False, True):
-                times = _decode_steps(runner, prompts[:batch], factory if constrained else None, steps)
-                runs[constrained].append(times)
-                kind = "constrained" if constrained else "free text"
-                progress(f"batch {batch} run {repeat + 1}/{repeats} {kind}: {times.total_ms:.2f} ms/step")
-        results.append(StructuredBenchResult(batch, _median(runs[False]), _median(runs[True]), steps))
+    for constraint in constraints:
+        factory = bench_factory(constraint, tokenizer, runner)
+        for batch in batches:
+            runs: dict[bool, list[StepTimes]] = {False: [], True: []}
+            for repeat in range(repeats):  # interleaved, so drift in the machine's speed hits both alike
+                for constrained in (False, True):
+                    times = _decode_steps(runner, prompts[:batch], factory if constrained else None, steps)
+                    runs[constrained].append(times)
+                    kind = constraint if constrained else "free text"
+                    progress(f"batch {batch} run {repeat + 1}/{repeats} {kind}: {times.total_ms:.2f} ms/step")
+            results.append(StructuredBenchResult(constraint, batch, _median(runs[False]), _median(runs[True]), steps))
     return results
 
 
@@ -181,7 +244,7 @@ def _decode_steps(
             timed.append(StepTimes(1e3 * (t1 - t0), 1e3 * (t2 - t1 + t4 - t3), 1e3 * (t3 - t2), 1e3 * (t5 - t4)))
         warmed = warmed or decoding
         if any(o.finish_reason is not None for o in outputs) and len(timed) < steps:
-            raise RuntimeError("a row finished before the timed steps ended: lengthen BENCH_SCHEMA or lower --steps")
+            raise RuntimeError("a row finished before the timed steps ended: lengthen its grammar or lower --steps")
     for request_id in [f"r{i}" for i in range(len(prompts))]:
         scheduler.abort(request_id)
     runner.reset()
@@ -228,20 +291,25 @@ def run(args: argparse.Namespace) -> int:
         config.steps,
         config.repeats,
         progress=(lambda _l: None) if config.json else print,
+        constraints=config.constraints,
     )
     if config.json:
         print(json.dumps([{**asdict(r), "overhead": r.overhead} for r in results]))
         return 0
-    print(f"{'batch':>5}  {'free ms/step':>12}  {'constrained':>11}  {'overhead':>8}   constrained split (ms)")
+    print(
+        f"{'constraint':>11}  {'batch':>5}  {'free ms/step':>12}  {'constrained':>11}  {'overhead':>8}"
+        "   constrained split (ms)"
+    )
     for r in results:
         c = r.constrained
         print(
-            f"{r.batch:5d}  {r.free.total_ms:12.2f}  {c.total_ms:11.2f}  {100 * r.overhead:7.1f}%   "
+            f"{r.constraint:>11}  {r.batch:5d}  {r.free.total_ms:12.2f}  {c.total_ms:11.2f}  "
+            f"{100 * r.overhead:7.1f}%   "
             f"schedule {c.schedule_ms:.2f} (free {r.free.schedule_ms:.2f}), wire {c.wire_ms:.2f}, "
             f"execute {c.execute_ms:.2f} (free {r.free.execute_ms:.2f}), update {c.update_ms:.2f}"
         )
         print(
-            f"       tokens/s: free {1e3 * r.batch / r.free.total_ms:.1f}, constrained {1e3 * r.batch / c.total_ms:.1f}"
+            f"{'':20}tokens/s: free {1e3 * r.batch / r.free.total_ms:.1f}, constrained {1e3 * r.batch / c.total_ms:.1f}"
         )
     print(f"goal: constrained steps cost at most {100 * GOAL_OVERHEAD:.0f}% more")
     runner.close()

@@ -11,7 +11,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+    "generation_config.json",
+)
 
 ARCHITECTURES = ("llama", "mistral", "qwen2")
 
