@@ -5,7 +5,7 @@ HOST ?= 127.0.0.1
 PORT ?= 50051
 PYTEST_ARGS ?=
 
-.PHONY: setup serve test test-fast lint format protos clean
+.PHONY: setup serve test test-fast browser lint format protos clean
 
 setup:
 	@VENV=$(VENV) scripts/setup.sh
@@ -20,12 +20,16 @@ lint: setup
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 
-test: lint
+test: lint browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The fast loop: lint and every test but the slow real-model ones.
-test-fast: lint
+test-fast: lint browser
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# Debian's Chromium for the web page's browser tests (tests/ui).
+browser:
+	@scripts/setup_browser.sh
 
 format: setup
 	$(BIN)/ruff check --fix .

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -26,8 +27,8 @@ def serve_factory() -> Iterator[Callable[..., ServeProcess]]:
     started: list[ServeProcess] = []
     tmp_dir = Path(tempfile.mkdtemp(prefix="kvserve-test-"))
 
-    def start(args: list[str], *, wait: bool = True, host: str = "127.0.0.1") -> ServeProcess:
-        server = start_serve(args, tmp_dir, host=host)
+    def start(args: list[str], *, wait: bool = True, host: str = "127.0.0.1", http: bool = False) -> ServeProcess:
+        server = start_serve(args, tmp_dir, host=host, http=http)
         started.append(server)
         if wait:
             server.wait_serving()
@@ -37,3 +38,9 @@ def serve_factory() -> Iterator[Callable[..., ServeProcess]]:
     for server in started:
         server.stop()
     shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def http_serve_factory(serve_factory) -> Callable[..., ServeProcess]:
+    """`start(args, wait=True)`: `kvserve serve ARGS` with the HTTP API on too, on a free port."""
+    return functools.partial(serve_factory, http=True)

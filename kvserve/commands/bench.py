@@ -13,6 +13,7 @@ BENCHES = (
     "kvserve.bench.serve",
     "kvserve.bench.baseline_hf",
     "kvserve.bench.overload",
+    "kvserve.bench.viewers",
 )
 
 
@@ -21,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     parser = subparsers.add_parser(
         "bench",
-        help="run a benchmark (scheduler, executor, structured, quality, serve, baseline-hf, overload)",
+        help="run a benchmark (scheduler, executor, structured, quality, serve, baseline-hf, overload, viewers)",
         description="Benchmarks. Each reports ratios against a baseline measured in the same run.",
         formatter_class=HelpFormatter,
     )

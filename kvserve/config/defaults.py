@@ -87,6 +87,33 @@ READY_RECENT_STEP_S = 10.0
 READY_PROBE_TIMEOUT_S = 10.0
 """How long the `/ready` probe may take before the server is reported not ready."""
 
+# --- The web page and its engine view (kvserve.scheduler.server.engine_view) ------------
+UI_INTERVAL_S = 0.5
+"""Seconds between engine-view updates of each viewer's stream."""
+UI_MIN_INTERVAL_S = 0.25
+"""The shortest `--ui-interval` accepted: at most 4 updates a second per viewer."""
+UI_MAX_VIEWERS = 32
+"""Engine-view streams open at once; one more gets a 429."""
+UI_MAX_EVENT_BYTES = 64 * 1024
+"""The most one engine-view update may weigh (its JSON); the limits below keep it under this."""
+UI_MAX_CELLS = 4096
+"""Pool-grid cells: past this many blocks, one cell stands for several."""
+UI_MAX_OWNERS = 64
+"""Requests named in the grid's hover text, largest first (the rest are counted)."""
+UI_MAX_OWNER_RUNS = 1024
+"""Runs of consecutive cells over all named requests' block tables."""
+UI_MAX_TREE_NODES = 48
+"""Prefix-tree edges shown: the largest subtrees, depth first."""
+UI_MAX_TREE_CHILDREN = 6
+"""Branches shown under one edge, largest first."""
+UI_EDGE_TOKENS = 48
+"""Tokens of an edge decoded for its text (which is then cut to UI_EDGE_CHARS)."""
+UI_EDGE_CHARS = 80
+UI_STEP_HISTORY = 64
+"""Steps whose composition (prefill tokens, decode rows) the view shows."""
+UI_SERIES_SECONDS = 300
+"""Seconds of output rate and prefix hit rate the view charts."""
+
 # --- Executor link (scheduler <-> executor over ZeroMQ) ------------------------
 LINK_TCP_PORT = 50052
 """Loopback tcp port of the link when the scheduler and executor are started separately."""

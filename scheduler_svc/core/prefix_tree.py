@@ -18,22 +18,32 @@ unlinks it. Namespaces never share nodes, so two tenants never share KV.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from kvserve.scheduler.core.block_pool import BlockPool
 
 
 class PrefixNode:
-    """One trie node = one cached physical block: its token ids (the key under `parent`) and its block id."""
+    """One trie node = one cached physical block: its token ids (the key under `parent`) and its block id.
 
-    __slots__ = ("block", "children", "key", "namespace", "parent")
+    `hits` and `last_used` are for people (the engine view), not for eviction, which the
+    pool's LRU drives: lookups that reused this block, and when it was made or last reused.
+    """
 
-    def __init__(self, key: tuple[int, ...], block: int, parent: PrefixNode | None, namespace: str) -> None:
+    __slots__ = ("block", "children", "hits", "key", "last_used", "namespace", "parent")
+
+    def __init__(
+        self, key: tuple[int, ...], block: int, parent: PrefixNode | None, namespace: str, now: float = 0.0
+    ) -> None:
         self.key = key
         self.block = block
         self.parent = parent
         self.children: dict[tuple[int, ...], PrefixNode] = {}
         self.namespace = namespace
+        self.hits = 0
+        self.last_used = now
+        """`time.monotonic()` seconds."""
 
     def ancestor(self, levels_up: int) -> PrefixNode:
         """The node `levels_up` blocks closer to the root."""
@@ -94,18 +104,19 @@ class PrefixTree:
         if root is None:
             return PrefixMatch()
         node = root
-        blocks: list[int] = []
+        path: list[PrefixNode] = []
         pos = 0
         children = node.children
         while pos + bs <= max_tokens and children:
             child = children.get(tuple(token_ids[pos : pos + bs]))
             if child is None:
                 break
-            blocks.append(child.block)
+            path.append(child)
             node = child
             children = child.children
             pos += bs
-        partial_block, partial_slots = None, 0
+        partial: PrefixNode | None = None
+        partial_slots = 0
         if pos < max_tokens and children:
             rest = token_ids[pos : min(pos + bs, max_tokens)]
             first = rest[0]
@@ -114,10 +125,13 @@ class PrefixTree:
                     continue
                 slots = _common_prefix_len(key, rest)
                 if slots > partial_slots:
-                    partial_block, partial_slots = child.block, slots
+                    partial, partial_slots = child, slots
         matched = pos + partial_slots
         if count:
             self.hit_tokens += matched
+            _count_hits(path if partial is None else [*path, partial])
+        blocks = [n.block for n in path]
+        partial_block = None if partial is None else partial.block
         return PrefixMatch(matched, blocks, node if blocks else None, partial_block, partial_slots)
 
     def node_of(self, block: int) -> PrefixNode | None:
@@ -138,7 +152,7 @@ class PrefixTree:
             return None
         if block in self._node_of_block:
             raise ValueError(f"block {block} is already in the prefix tree")
-        node = PrefixNode(key, block, parent, parent.namespace)
+        node = PrefixNode(key, block, parent, parent.namespace, time.monotonic())
         parent.children[key] = node
         self._node_of_block[block] = node
         self._pool.mark_cached(block)
@@ -184,6 +198,14 @@ class PrefixTree:
                 return False
             node = node.parent
         return self._roots.get(node.namespace) is node
+
+
+def _count_hits(nodes: list[PrefixNode]) -> None:
+    if nodes:
+        now = time.monotonic()
+        for node in nodes:
+            node.hits += 1
+            node.last_used = now
 
 
 def _common_prefix_len(a: tuple[int, ...], b: list[int]) -> int:

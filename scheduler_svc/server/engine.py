@@ -29,13 +29,15 @@ import structlog
 from kvserve.protos.sampling import InvalidFieldError
 from kvserve.protos.step import ExecutorInfo, StepPlan
 from kvserve.protos.stop_rules import FinishReason
-from kvserve.scheduler.core import MatcherFactory, Scheduler, SchedulerStats, SequenceOutput
+from kvserve.scheduler.core import MatcherFactory, Scheduler, SchedulerStats, SchedulerView, SequenceOutput
 from kvserve.scheduler.server.executor_link import ExecutorLink, ExecutorLost, ExecutorStepError
 from kvserve.scheduler.server.metrics import ServerMetrics
+from kvserve.scheduler.server.namespaces import NamespaceOwners, tenant_of_scoped_id
 from kvserve.scheduler.server.request_delivery import ActiveRequest
 from kvserve.scheduler.server.request_parsing import ValidatedRequest
 from kvserve.scheduler.server.request_stream import FailureKind, RequestFailed, RequestStream
 from kvserve.scheduler.server.server_config import ServerConfig
+from kvserve.scheduler.server.step_history import StepHistory
 from kvserve.scheduler.server.tokenizer import Tokenizer
 
 log = structlog.get_logger(__name__)
@@ -95,6 +97,10 @@ class Engine:
         self._draining = False
         self._unavailable_reason: str | None = None
         self._synced_generation = link.generation
+        self.history = StepHistory()
+        """The last steps and minutes, for the engine view."""
+        self.namespace_owners = NamespaceOwners()
+        """Which tenant each prefix namespace belongs to, for the engine view's tenancy."""
         self.state = ExecutorState.READY if link.connected else ExecutorState.LOST
         if metrics is not None:
             metrics.set_executor_up(self.state is ExecutorState.READY)
@@ -126,6 +132,7 @@ class Engine:
                 f"queue full: {self._queued_prompt_tokens} prompt tokens are waiting; retry later",
             )
         arrival = self._clock()
+        self.namespace_owners.note(namespace, tenant_of_scoped_id(request.request_id))
         self._scheduler.add_request(
             request.request_id,
             request.prompt_token_ids,
@@ -162,6 +169,10 @@ class Engine:
         self._pending_aborts.add(request_id)
         self._wakeup.set()
         return True
+
+    def view(self) -> SchedulerView:
+        """The scheduler's read-only view; only for use on the loop, between its awaits."""
+        return self._scheduler.view()
 
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -238,8 +249,7 @@ class Engine:
             self._steps += 1
             outputs = self._scheduler.update(result)
             self._deferred.extend(outputs)
-            if self._metrics is not None:
-                self._observe_step(plan, outputs, self._clock() - started)
+            self._observe_step(plan, outputs, self._clock() - started)
         self._flush_deferred()
         self._fail_everything(FailureKind.UNAVAILABLE, "the server is shutting down")
 
@@ -310,13 +320,20 @@ class Engine:
     # --- executor failures -----------------------------------------------------------
 
     def _observe_step(self, plan: StepPlan, outputs: list[SequenceOutput], duration_s: float) -> None:
-        """Prefill tokens: new sequences and multi-token chunks; generation tokens: what came back."""
-        prompt_tokens = sum(s.num_scheduled_tokens for s in plan.new_seqs) + sum(
-            s.num_scheduled_tokens for s in plan.known_seqs if s.num_scheduled_tokens > 1
-        )
+        """Prefill tokens: new sequences and multi-token chunks; decode rows: one-token steps; generation
+        tokens: what came back. Into the step history, and the metrics when configured."""
+        prompt_tokens = sum(s.num_scheduled_tokens for s in plan.new_seqs)
+        decode_rows = 0
+        for known in plan.known_seqs:
+            if known.num_scheduled_tokens > 1:
+                prompt_tokens += known.num_scheduled_tokens
+            else:
+                decode_rows += known.num_scheduled_tokens
         generated = sum(len(o.new_token_ids) for o in outputs if o.finish_reason is not FinishReason.ABORT)
-        assert self._metrics is not None  # only called with metrics configured
-        self._metrics.observe_step(duration_s, self._scheduler.stats(), prompt_tokens, generated)
+        stats = self._scheduler.stats()
+        self.history.record(prompt_tokens, decode_rows, generated, stats.prefix_queried_tokens, stats.prefix_hit_tokens)
+        if self._metrics is not None:
+            self._metrics.observe_step(duration_s, stats, prompt_tokens, generated)
 
     def _set_state(self, state: ExecutorState) -> None:
         if state is not self.state:

@@ -11,6 +11,7 @@ across tenants. Without `--auth-token-file` every caller is the tenant "anonymou
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
 from collections.abc import Iterable
 
 ANONYMOUS_TENANT = "anonymous"
@@ -22,6 +23,21 @@ def tenant_from_metadata(metadata: Iterable[tuple[str, str | bytes]] | None) -> 
     return ANONYMOUS_TENANT
 
 
+def scoped_request_id(tenant: str, request_id: str) -> str:
+    """The engine-wide id of a client's request: tenants may reuse ids and only abort their own."""
+    return f"{tenant}/{request_id}"
+
+
+def tenant_of_scoped_id(scoped_id: str) -> str:
+    """The tenant a `scoped_request_id` names (tenant names hold no `/`)."""
+    return scoped_id.split("/", 1)[0]
+
+
+def client_request_id(scoped_id: str) -> str:
+    """The id the client gave, as its own tenant knows it."""
+    return scoped_id.split("/", 1)[-1]
+
+
 def prefix_namespace(model_id: str, tenant: str, cache_salt: str = "") -> str:
     """A short, stable id for (model, tenant, salt); length-prefixed so no two triples collide."""
     digest = hashlib.sha256()
@@ -30,3 +46,26 @@ def prefix_namespace(model_id: str, tenant: str, cache_salt: str = "") -> str:
         digest.update(len(data).to_bytes(8, "big"))
         digest.update(data)
     return digest.hexdigest()[:32]
+
+
+class NamespaceOwners:
+    """namespace -> tenant for the namespaces recently used, newest last (`MAX_NAMESPACE_OWNERS` at most).
+
+    A namespace is a one-way hash, so the engine view cannot tell whose a cached block is
+    without this record. A namespace that fell out of it belongs to nobody the view knows,
+    and is shown to no tenant (only to an admin): forgetting fails closed.
+    """
+
+    MAX_NAMESPACE_OWNERS = 4096
+
+    def __init__(self) -> None:
+        self._owners: OrderedDict[str, str] = OrderedDict()
+
+    def note(self, namespace: str, tenant: str) -> None:
+        self._owners[namespace] = tenant
+        self._owners.move_to_end(namespace)
+        if len(self._owners) > self.MAX_NAMESPACE_OWNERS:
+            self._owners.popitem(last=False)
+
+    def tenant_of(self, namespace: str) -> str | None:
+        return self._owners.get(namespace)

@@ -105,6 +105,32 @@ class ServerConfig:
         ),
     )
 
+    ui: bool = field(
+        default=True,
+        metadata=flag(
+            "the web page at / on the HTTP port (a chat playground and a live view of the KV blocks, prefix "
+            "tree and steps) and its /ui/events stream; --no-ui: both off",
+            group=_HTTP,
+        ),
+    )
+    ui_interval_s: float = field(
+        default=defaults.UI_INTERVAL_S,
+        metadata=flag(
+            f"seconds between engine-view updates (at least {defaults.UI_MIN_INTERVAL_S})",
+            name="--ui-interval",
+            group=_HTTP,
+        ),
+    )
+    ui_admin_tenant: tuple[str, ...] = field(
+        default=(),
+        metadata=flag(
+            "a tenant of --auth-token-file whose page sees every tenant's requests and prompt text (others see "
+            "their own, and anonymous cells); repeat for several",
+            metavar="TENANT",
+            group=_HTTP,
+        ),
+    )
+
     # --- API security (kvserve.scheduler.server.auth, .tls, .bind_policy)
     auth_token_file: str | None = field(
         default=None,

@@ -35,6 +35,7 @@ from kvserve.scheduler.server.http.app import create_app
 from kvserve.scheduler.server.http.browser_policy import BrowserPolicy, BrowserPolicyError
 from kvserve.scheduler.server.http.context import HttpContext
 from kvserve.scheduler.server.http.http_server import HttpListenError, HttpServer
+from kvserve.scheduler.server.http.ui_routes import UiOptions
 from kvserve.scheduler.server.metrics import ServerMetrics
 from kvserve.scheduler.server.request_parsing import ModelLimits
 from kvserve.scheduler.server.server_config import ServerConfig
@@ -108,6 +109,17 @@ def browser_policy(config: ServerConfig) -> BrowserPolicy:
     )
 
 
+def ui_options(config: ServerConfig) -> UiOptions | None:
+    """The web page's options (None: `--no-ui`), checked at start like the browser policy."""
+    if not config.ui:
+        return None
+    if config.ui_interval_s < defaults.UI_MIN_INTERVAL_S:
+        raise BrowserPolicyError(f"--ui-interval must be at least {defaults.UI_MIN_INTERVAL_S} s")
+    if config.ui_admin_tenant and config.auth_token_file is None:
+        raise BrowserPolicyError("--ui-admin-tenant needs --auth-token-file: without tokens everyone is anonymous")
+    return UiOptions(config.ui_interval_s, frozenset(config.ui_admin_tenant))
+
+
 def link_curve_keys(config: ServerConfig) -> CurveKeys | None:
     """The scheduler's CURVE keys (and the executors it admits), None when CURVE is off."""
     if config.curve_secret_key is None:
@@ -156,6 +168,7 @@ async def run_service(
     refused its configuration)."""
     try:
         security = load_api_security(config)
+        ui = ui_options(config)
         chat_template = read_chat_template(config.chat_template) if config.chat_template is not None else None
     except (
         TokenFileError,
@@ -210,7 +223,7 @@ async def run_service(
     )
     http: HttpServer | None = None
     if config.http_listen_host is not None:
-        app = create_app(http_context, security.browser)
+        app = create_app(http_context, security.browser, ui)
         http = HttpServer(app, config.http_listen_host, config.http_port, tls=security.tls)
     try:
         port = await api.start()

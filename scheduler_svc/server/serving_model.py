@@ -24,8 +24,3 @@ class ServingModel:
     limits: ModelLimits
     grammars: GrammarCompiler
     """Structured-output specs, compiled for this model's tokenizer before their request is queued."""
-
-
-def scoped_request_id(tenant: str, request_id: str) -> str:
-    """The engine-wide id of a client's request: tenants may reuse ids and only abort their own."""
-    return f"{tenant}/{request_id}"

@@ -60,7 +60,7 @@ def test_the_cli_and_every_bench_parser_load_without_torch() -> None:
     script = (
         "import sys; from kvserve.cli import build_parser; p = build_parser(); "
         "[p.parse_args(['bench', b]) for b in ('scheduler', 'executor', 'structured', 'quality', 'serve', "
-        "'baseline-hf')]; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+        "'baseline-hf', 'viewers')]; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,22 +28,3 @@ def http_server() -> Iterator[ServeProcess]:
     finally:
         server.stop()
         shutil.rmtree(tmp_dir, ignore_errors=True)
-
-
-@pytest.fixture
-def http_serve_factory() -> Iterator[Callable[..., ServeProcess]]:
-    """`start(args, wait=True)`: `kvserve serve ARGS` with HTTP on; every server is stopped at teardown."""
-    started: list[ServeProcess] = []
-    tmp_dir = Path(tempfile.mkdtemp(prefix="kvserve-http-"))
-
-    def start(args: list[str], *, wait: bool = True) -> ServeProcess:
-        server = start_serve(args, tmp_dir, http=True)
-        started.append(server)
-        if wait:
-            server.wait_serving()
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
-    shutil.rmtree(tmp_dir, ignore_errors=True)

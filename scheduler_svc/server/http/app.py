@@ -16,12 +16,18 @@ from kvserve.scheduler.server.http.context import HttpContext
 from kvserve.scheduler.server.http.errors import install_error_handlers
 from kvserve.scheduler.server.http.openai_routes import openai_router
 from kvserve.scheduler.server.http.service_routes import kvserve_version, service_router
+from kvserve.scheduler.server.http.ui_routes import UiOptions, ui_router
+from kvserve.scheduler.server.view_hub import ViewHub
 
 
-def create_app(ctx: HttpContext, policy: BrowserPolicy) -> ASGIApp:
-    """The routes, behind the browser policy: the Host check outermost, so it also covers CORS preflights."""
+def create_app(ctx: HttpContext, policy: BrowserPolicy, ui: UiOptions | None = None) -> ASGIApp:
+    """The routes, behind the browser policy: the Host check outermost, so it also covers CORS preflights.
+
+    `ui`: the web page and its engine-view stream (None: `--no-ui`, not served)."""
     app = FastAPI(title="kvserve", version=kvserve_version(), docs_url=None, redoc_url=None, openapi_url=None)
     app.include_router(openai_router(ctx))
     app.include_router(service_router(ctx))
+    if ui is not None:
+        app.include_router(ui_router(ctx, ui, ViewHub(ctx.model_source, ui.interval_s)))
     install_error_handlers(app)
     return HostGuard(cors_middleware(app, policy.cors_origins), policy)

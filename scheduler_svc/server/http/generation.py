@@ -23,10 +23,10 @@ from kvserve.scheduler.server.http.errors import bad_field, from_failure
 from kvserve.scheduler.server.http.field_names import capacity_param, openai_param
 from kvserve.scheduler.server.http.openai_request import OpenAiRequest
 from kvserve.scheduler.server.http.responses import ChoiceState
-from kvserve.scheduler.server.namespaces import prefix_namespace
+from kvserve.scheduler.server.namespaces import prefix_namespace, scoped_request_id
 from kvserve.scheduler.server.request_parsing import ValidatedRequest, parse_generate
 from kvserve.scheduler.server.request_stream import CompletionChunk, FailureKind, RequestFailed, RequestStream
-from kvserve.scheduler.server.serving_model import ServingModel, scoped_request_id
+from kvserve.scheduler.server.serving_model import ServingModel
 
 INLINE_TOKENIZE_CHARS = 20_000
 """Longer prompts are validated (tokenized) on a worker thread, as in the gRPC API, so streams keep flowing."""

@@ -24,16 +24,21 @@ from kvserve.scheduler.server.http.errors import from_failure
 from kvserve.scheduler.server.http.generation import Submission, collect_choices, submit
 from kvserve.scheduler.server.http.openai_request import OpenAiRequest, parse_chat_body, parse_completion_body
 from kvserve.scheduler.server.http.request_body import read_json_object
-from kvserve.scheduler.server.http.responses import Envelope, LogprobFormatter, chat_completion, completion
+from kvserve.scheduler.server.http.responses import (
+    SSE_HEADERS,
+    Envelope,
+    LogprobFormatter,
+    chat_completion,
+    completion,
+)
 from kvserve.scheduler.server.http.sse import StreamShape, chat_events, completion_events
+from kvserve.scheduler.server.namespaces import scoped_request_id
 from kvserve.scheduler.server.request_stream import RequestFailed
-from kvserve.scheduler.server.serving_model import ServingModel, scoped_request_id
+from kvserve.scheduler.server.serving_model import ServingModel
 
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-"""No caching, and no buffering by a proxy in front (nginx), so each token leaves at once."""
 
 
 class ClientGone(Exception):

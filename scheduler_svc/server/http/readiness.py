@@ -22,7 +22,7 @@ from kvserve.protos.kvserve.v1 import api_pb2
 from kvserve.protos.sampling import InvalidFieldError
 from kvserve.scheduler.core import RequestRejected
 from kvserve.scheduler.server.engine import ExecutorState
-from kvserve.scheduler.server.namespaces import prefix_namespace
+from kvserve.scheduler.server.namespaces import prefix_namespace, scoped_request_id
 from kvserve.scheduler.server.request_parsing import parse_generate
 from kvserve.scheduler.server.request_stream import RequestFailed
 from kvserve.scheduler.server.serving_model import ServingModel
@@ -81,7 +81,7 @@ class ReadinessCheck:
             validated = parse_generate(request, model.tokenizer, model.limits)
         except InvalidFieldError as exc:  # pragma: no cover - a one-token prompt always fits
             return f"probe refused: {exc}"
-        scoped_id = f"{PROBE_TENANT}/{validated.request_id}"
+        scoped_id = scoped_request_id(PROBE_TENANT, validated.request_id)
         try:
             stream = model.engine.submit(
                 dataclasses.replace(validated, request_id=scoped_id),

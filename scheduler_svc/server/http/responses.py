@@ -31,6 +31,10 @@ MIN_LOGPROB = -9999.0
 """Stands in for -inf (a masked token) in logprobs: JSON has no infinities (vLLM does the same)."""
 
 
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+"""No caching, and no buffering by a proxy in front (nginx), so each event leaves at once."""
+
+
 def sse(event: dict[str, Any]) -> bytes:
     """One server-sent event: `data: {json}` and a blank line."""
     return b"data: " + json.dumps(event, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"

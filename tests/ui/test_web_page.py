@@ -1,0 +1,176 @@
+"""The web page in a real browser against a real `kvserve serve` (fake executor: only the model is replaced).
+
+Every wait is for an event on the page (Playwright's `wait_for_function`), with generous
+timeouts; nothing depends on how long a sleep lasts.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import openai
+import pytest
+from PIL import Image
+
+from kvserve.testing.server_launcher import ServeProcess
+from tests.http.http_clients import ALICE, BOB, sdk, token_file
+
+pytestmark = pytest.mark.timeout(300)
+
+WAIT_MS = 60_000
+SLOW_FAKE = ["--executor", "fake", "--num-blocks", "600", "--step-latency-ms", "25", "--ui-interval", "0.25"]
+"""Steps slow enough that a 160-token answer runs for seconds: the grid is seen busy, then idle."""
+SYSTEM = "You are the lighthouse keeper of a small island. Answer in the voice of the sea. " * 6
+
+
+def _open(page, server: ServeProcess, token: str | None = None) -> None:
+    page.goto(server.http_url + "/")
+    if token is not None:
+        page.wait_for_selector("#auth-dialog[open]", timeout=WAIT_MS)
+        page.fill("#auth-token", token)
+        page.click("#auth-submit")
+    _wait(page, "document.querySelector('#stream-status').textContent.includes('live')")
+    _wait(page, "document.querySelectorAll('#pool-grid .cell').length > 0")
+
+
+def _wait(page, condition: str) -> None:
+    """Until the JS expression `condition` holds on the page. Passed as a function: the page's CSP forbids
+    eval, which Playwright would use on a bare expression."""
+    page.wait_for_function(f"() => ({condition})", timeout=WAIT_MS)
+
+
+def _send(page, text: str, max_tokens: int) -> None:
+    page.fill("#max-tokens", str(max_tokens))
+    page.fill("#temperature", "0")
+    page.fill("#message", text)
+    page.click("#send")
+
+
+def _wait_reply_done(page, replies: int) -> dict:
+    """The stats of reply number `replies` (1-based) once it finished."""
+    _wait(page, f"document.querySelectorAll('#messages .message.assistant .reply-stats').length >= {replies}")
+    return page.evaluate(
+        f"""(() => {{
+            const s = document.querySelectorAll('#messages .message.assistant .reply-stats')[{replies - 1}];
+            return Object.assign({{}}, s.dataset);
+        }})()"""
+    )
+
+
+TOP_SUBTREES = "#prefix-tree > li.subtree"
+TOP_HITS_JS = f"Math.max(-1, ...[...document.querySelectorAll('{TOP_SUBTREES}')].map(li => Number(li.dataset.hits)))"
+"""The largest hit count among the top-level subtrees (-1: none shown)."""
+
+
+def _distinct_colours(path: Path, box: dict) -> int:
+    with Image.open(path) as image:
+        region = image.convert("RGB").crop(
+            (int(box["x"]), int(box["y"]), int(box["x"] + box["width"]), int(box["y"] + box["height"]))
+        )
+        return len(region.getcolors(maxcolors=region.width * region.height) or [])
+
+
+def test_a_chat_streams_in_while_the_pool_fills_and_empties(page, http_serve_factory, artifacts) -> None:
+    server = http_serve_factory(SLOW_FAKE)
+    _open(page, server)
+    assert page.text_content("#model-name").strip() != ""
+    page.fill("#system-prompt", SYSTEM)
+    _send(page, "Tell me about the tides.", max_tokens=160)
+    # Streaming: text is on the page before the reply has finished (no stats yet)...
+    _wait(
+        page,
+        "(() => { const r = document.querySelector('#messages .message.assistant');"
+        " return r && r.querySelector('.content').textContent.length > 0 && !r.querySelector('.reply-stats'); })()",
+    )
+    # ...and the request's blocks show in the grid while it runs.
+    _wait(page, "document.querySelectorAll('#pool-grid .cell.running, #pool-grid .cell.shared').length > 0")
+    busy = artifacts / "chat-running.png"
+    page.screenshot(path=str(busy))
+    stats = _wait_reply_done(page, 1)
+    assert int(stats["completionTokens"]) == 160 and int(stats["promptTokens"]) > 50
+    assert float(stats["ttftMs"]) > 0 and float(stats["tokensPerS"]) > 0
+    # Finished: the blocks are released (cached or free), none is held by a request any more.
+    _wait(page, "document.querySelectorAll('#pool-grid .cell.running, #pool-grid .cell.shared').length === 0")
+    assert page.evaluate("document.querySelectorAll('#pool-grid .cell.cached').length") > 0
+    _check_regions(page, busy)
+    shutil.copy(busy, artifacts / "web-page.png")
+
+
+def test_two_chats_with_one_system_prompt_share_a_subtree_whose_hits_grow(page, http_serve_factory) -> None:
+    server = http_serve_factory(SLOW_FAKE)
+    _open(page, server)
+    page.fill("#system-prompt", SYSTEM)
+    _send(page, "What is the weather like?", max_tokens=4)
+    _wait_reply_done(page, 1)
+    _wait(page, "document.querySelectorAll('#prefix-tree li.subtree').length > 0")
+    first = page.evaluate(TOP_HITS_JS)
+    page.reload()  # a new conversation: the same system prompt, another question
+    _open(page, server)
+    page.fill("#system-prompt", SYSTEM)
+    _send(page, "Which birds nest on the cliffs?", max_tokens=4)
+    _wait_reply_done(page, 1)
+    _wait(page, f"({TOP_HITS_JS}) > {first}")
+    top = page.evaluate(
+        "(() => { const li = document.querySelector('#prefix-tree li.subtree');"
+        " return {text: li.querySelector('.edge-text').textContent, tokens: Number(li.dataset.tokens),"
+        " children: li.querySelectorAll(':scope > ul > li.subtree').length}; })()"
+    )
+    assert "lighthouse keeper" in top["text"], top
+    assert top["children"] == 2, "one shared edge, then a branch per question"
+    assert page.evaluate("document.querySelectorAll('#prefix-tree > li.subtree').length") == 1
+
+
+def test_with_auth_a_tenant_sees_no_text_of_another_tenants_prompt(page, http_serve_factory, tmp_path) -> None:
+    server = http_serve_factory([*SLOW_FAKE, "--auth-token-file", str(token_file(tmp_path))])
+    secret = "Bob's secret plan: the treasure lies under the old oak. " * 5
+    bob = sdk(server, api_key=BOB)
+    bob.chat.completions.create(
+        model="fake:smollm2-135m-instruct", messages=[{"role": "system", "content": secret}], max_tokens=2
+    )
+    _open(page, server, token=ALICE)
+    assert ALICE not in page.url
+    page.fill("#system-prompt", SYSTEM)
+    _send(page, "Hello?", max_tokens=4)
+    _wait_reply_done(page, 1)
+    _wait(page, "document.querySelectorAll('#prefix-tree li.subtree').length > 0")
+    _wait(page, "document.querySelectorAll('#pool-grid .cell.other').length > 0")
+    seen = page.evaluate(
+        "document.body.innerText + [...document.querySelectorAll('[title]')].map(e => e.title).join(' ')"
+    )
+    assert "lighthouse keeper" in seen, "alice sees her own prompt's text"
+    assert "treasure" not in seen and "secret" not in seen, "and nothing of bob's"
+    with pytest.raises(openai.AuthenticationError):
+        sdk(server, api_key="not-a-token-0000000000").models.list()
+
+
+def _check_regions(page, screenshot: Path) -> None:
+    """The screenshot shows the page's main regions: each is on screen, sized, and drawn (not blank)."""
+    for selector in ("#chat", "#engine", "#pool-grid", "#prefix-tree", "#messages", "#queues"):
+        box = page.locator(selector).bounding_box()
+        assert box is not None and box["width"] > 50 and box["height"] > 20, (selector, box)
+        assert box["x"] >= 0 and box["y"] >= 0 and box["x"] + box["width"] <= 1400, (selector, box)
+    assert _distinct_colours(screenshot, page.locator("#pool-grid").bounding_box()) >= 3, "cells in several states"
+    assert _distinct_colours(screenshot, page.locator("#messages").bounding_box()) >= 3, "text in the chat"
+
+
+@pytest.mark.slow
+def test_the_default_model_answers_on_the_page(page, http_serve_factory, artifacts) -> None:
+    """What `make serve` then the browser gives: a real answer and the live view of the default model.
+
+    Its screenshot is the README's (docs/img/web-page.png is a copy of test-artifacts/ui/web-page-default-model.png)."""
+    server = http_serve_factory(["--ui-interval", "0.25"])
+    page.set_viewport_size({"width": 1400, "height": 1400})  # the whole engine view, prefix tree included
+    _open(page, server)
+    assert "smollm2" in page.text_content("#model-name").lower()
+    page.fill("#system-prompt", "You are a concise geography tutor.")
+    _send(page, "What is the capital of France? Answer in one sentence.", max_tokens=40)
+    stats = _wait_reply_done(page, 1)
+    answer = page.text_content("#messages .message.assistant .content")
+    assert "Paris" in answer, answer
+    assert int(stats["completionTokens"]) > 0
+    _wait(page, "document.querySelectorAll('#pool-grid .cell.cached').length > 0")
+    _wait(page, "document.querySelectorAll('#prefix-tree > li.subtree').length > 0")
+    shot = artifacts / "web-page-default-model.png"
+    page.screenshot(path=str(shot))
+    _check_regions(page, shot)
