@@ -5,7 +5,9 @@ moves), one fixed load: `concurrency` chat requests of `max_tokens` tokens each,
 the HTTP API. Runs alternate between no viewers and `viewers` readers of `/ui/events`
 (each what an open web page holds), `repeats` times, so drift in the machine's speed hits
 both alike. Each run reports the engine's time per step (wall time over the server's own
-step count), output tokens/s, and what the viewers received. The median run of each kind counts.
+step count), output tokens/s, what the viewers received, and the engine-loop time spent
+building their updates (the server's `kvserve:ui_view_build_seconds`, a direct figure that the
+run-to-run noise of a 2-core machine does not blur). The median run of each kind counts.
 """
 
 from __future__ import annotations
@@ -15,11 +17,14 @@ import asyncio
 import json
 import shlex
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvserve.config.flags import HelpFormatter, add_flags, config_from_args, flag
 from kvserve.testing.server_launcher import ServeProcess, serving
@@ -50,6 +55,13 @@ class ViewersRun:
     updates: int
     """Engine-view updates the viewers received, all together."""
     max_update_bytes: int
+    build_seconds: float
+    """Engine-loop time spent building the updates (the server's own histogram)."""
+
+    @property
+    def build_share(self) -> float:
+        """The fraction of the run's wall time the loop spent building updates."""
+        return self.build_seconds / self.seconds
 
     @property
     def ms_per_step(self) -> float:
@@ -69,6 +81,15 @@ async def _chat(client: httpx.AsyncClient, index: int, max_tokens: int) -> int:
     response = await client.post("/v1/chat/completions", json=body)
     response.raise_for_status()
     return int(response.json()["usage"]["completion_tokens"])
+
+
+def _build_seconds(client_url: str) -> float:
+    """The server's total engine-view build time so far (`kvserve:ui_view_build_seconds_sum`)."""
+    for family in text_string_to_metric_families(httpx.get(client_url + "/metrics", timeout=30).text):
+        for sample in family.samples:
+            if sample.name == "kvserve:ui_view_build_seconds_sum":
+                return float(sample.value)
+    raise RuntimeError("the server reports no kvserve:ui_view_build_seconds: is its web page off (--no-ui)?")
 
 
 async def _watch(client: httpx.AsyncClient, received: list[int], stop: asyncio.Event) -> None:
@@ -97,26 +118,30 @@ async def _run(server: ServeProcess, config: ViewersBenchConfig, viewers: int) -
         async def worker() -> None:
             nonlocal tokens
             for index in pending:
-                tokens += await _chat(client, index, config.max_tokens)
+                got = await _chat(client, index, config.max_tokens)  # `tokens += await ...` would read tokens first
+                tokens += got
 
-        steps_before = server.stats().steps
+        steps_before, build_before = server.stats().steps, _build_seconds(server.http_url)
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(config.concurrency)))
         seconds = time.perf_counter() - started
         steps = server.stats().steps - steps_before
+        build_seconds = _build_seconds(server.http_url) - build_before
         updates = len(received) - viewers
         stop.set()
         for task in watchers:
             task.cancel()
         await asyncio.gather(*watchers, return_exceptions=True)
-    return ViewersRun(viewers, seconds, steps, tokens, updates, max(received, default=0))
+    return ViewersRun(viewers, seconds, steps, tokens, updates, max(received, default=0), build_seconds)
 
 
 def run_viewers_bench(
     config: ViewersBenchConfig, progress: Callable[[str], None] = print
 ) -> dict[int, list[ViewersRun]]:
     runs: dict[int, list[ViewersRun]] = {0: [], config.viewers: []}
-    with serving(shlex.split(config.serve_args), http=True) as server:
+    with serving(
+        shlex.split(config.serve_args), Path(tempfile.gettempdir()), name="bench-viewers", http=True
+    ) as server:
         asyncio.run(_run(server, config, 0))  # warm-up: first-request costs stay out of the figures
         for repeat in range(config.repeats):
             for viewers in (0, config.viewers):
@@ -124,7 +149,8 @@ def run_viewers_bench(
                 runs[viewers].append(result)
                 progress(
                     f"run {repeat + 1}/{config.repeats}, {viewers} viewers: {result.ms_per_step:.3f} ms/step, "
-                    f"{result.tokens_per_s:.0f} tok/s, {result.updates} updates (largest {result.max_update_bytes} B)"
+                    f"{result.tokens_per_s:.0f} tok/s, {result.updates} updates (largest {result.max_update_bytes} B), "
+                    f"building them {1e3 * result.build_seconds:.1f} ms ({100 * result.build_share:.2f}% of the run)"
                 )
     return runs
 
@@ -154,9 +180,12 @@ def run(args: argparse.Namespace) -> int:
     if config.json:
         print(json.dumps({"runs": {k: [asdict(r) for r in v] for k, v in runs.items()}, "overhead": overhead}))
         return 0
-    print(f"{'viewers':>7}  {'ms/step':>8}  {'tok/s':>8}  {'updates':>7}  largest update")
+    print(f"{'viewers':>7}  {'ms/step':>8}  {'tok/s':>8}  {'updates':>7}  {'largest':>8}  loop time building them")
     for r in (alone, watched):
-        print(f"{r.viewers:7d}  {r.ms_per_step:8.3f}  {r.tokens_per_s:8.0f}  {r.updates:7d}  {r.max_update_bytes} B")
+        print(
+            f"{r.viewers:7d}  {r.ms_per_step:8.3f}  {r.tokens_per_s:8.0f}  {r.updates:7d}  {r.max_update_bytes:6d} B  "
+            f"{1e3 * r.build_seconds:.1f} ms ({100 * r.build_share:.2f}%)"
+        )
     spread = statistics.pstdev(r.ms_per_step for r in runs[0]) if len(runs[0]) > 1 else 0.0
     print(
         f"step time with {config.viewers} viewers: {100 * overhead:+.1f}% (spread of unwatched runs ±{spread:.3f} ms)"

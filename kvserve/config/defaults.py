@@ -92,6 +92,9 @@ UI_INTERVAL_S = 0.5
 """Seconds between engine-view updates of each viewer's stream."""
 UI_MIN_INTERVAL_S = 0.25
 """The shortest `--ui-interval` accepted: at most 4 updates a second per viewer."""
+UI_MAX_LOOP_SHARE = 0.02
+"""The most of the engine loop's time the views may take: after an update that took t seconds to
+build, the next waits at least t / UI_MAX_LOOP_SHARE (a huge pool or tree slows the view, not serving)."""
 UI_MAX_VIEWERS = 32
 """Engine-view streams open at once; one more gets a 429."""
 UI_MAX_EVENT_BYTES = 64 * 1024
@@ -106,7 +109,7 @@ UI_MAX_TREE_NODES = 48
 """Prefix-tree edges shown: the largest subtrees, depth first."""
 UI_MAX_TREE_CHILDREN = 6
 """Branches shown under one edge, largest first."""
-UI_EDGE_TOKENS = 48
+UI_EDGE_TOKENS = 32
 """Tokens of an edge decoded for its text (which is then cut to UI_EDGE_CHARS)."""
 UI_EDGE_CHARS = 80
 UI_STEP_HISTORY = 64

@@ -116,10 +116,16 @@ def _pool(view: SchedulerView, seqs: Iterable[Sequence], owners: NamespaceOwners
     num_blocks = pool.num_blocks
     per_cell = -(-num_blocks // defaults.UI_MAX_CELLS)
     codes = bytearray(num_blocks)  # _FREE
+    visible: dict[str, bool] = {}  # namespace -> whether the viewer sees it (few namespaces, many blocks)
     for block in pool.cached_blocks_lru():
         node = tree.node_of(block)
-        visible = node is not None and viewer.sees_namespace(node.namespace, owners)
-        codes[block] = _CACHED if visible else _OTHER
+        if node is None:
+            codes[block] = _OTHER
+            continue
+        sees = visible.get(node.namespace)
+        if sees is None:
+            sees = visible[node.namespace] = viewer.sees_namespace(node.namespace, owners)
+        codes[block] = _CACHED if sees else _OTHER
     refs = pool.ref_counts
     tables: dict[str, set[int]] = {}
     for seq in seqs:
@@ -232,22 +238,29 @@ def _tree(view: SchedulerView, src: EngineSources, viewer: Viewer) -> dict[str, 
 
 
 def _subtree_sizes(roots: list[PrefixNode]) -> dict[int, tuple[int, float]]:
-    """id(node) -> (blocks in its subtree, itself included; the latest use in it), without recursion."""
-    sizes: dict[int, tuple[int, float]] = {}
-    stack: list[tuple[PrefixNode, bool]] = [(root, False) for root in roots]
+    """id(node) -> (blocks in its subtree, itself included; the latest use in it), without recursion.
+
+    One pre-order walk, then the nodes in reverse, each adding itself into its parent: every
+    node's descendants come after it in pre-order, so each is complete before it is read."""
+    order: list[PrefixNode] = []
+    stack = list(roots)
     while stack:
-        node, done = stack.pop()
-        if not done:
-            stack.append((node, True))
-            stack.extend((child, False) for child in node.children.values())
-            continue
-        blocks, last = 1, node.last_used
-        for child in node.children.values():
-            child_blocks, child_last = sizes[id(child)]
-            blocks += child_blocks
-            last = max(last, child_last)
-        sizes[id(node)] = (blocks, last)
-    return sizes
+        node = stack.pop()
+        order.append(node)
+        stack.extend(node.children.values())
+    blocks: dict[int, int] = {}
+    last: dict[int, float] = {}
+    for node in reversed(order):
+        key = id(node)
+        mine = blocks[key] = blocks.get(key, 0) + 1
+        latest = last[key] = max(last.get(key, 0.0), node.last_used)
+        parent = node.parent
+        if parent is not None:
+            pkey = id(parent)
+            blocks[pkey] = blocks.get(pkey, 0) + mine
+            if latest > last.get(pkey, 0.0):
+                last[pkey] = latest
+    return {key: (count, last[key]) for key, count in blocks.items()}
 
 
 def _edge(
@@ -275,8 +288,9 @@ def _edge(
 
 def _edge_text(text: str, *, cut: bool) -> str:
     """Printable, one line, at most UI_EDGE_CHARS: newlines and tabs become visible marks."""
-    text = text.replace("\n", "⏎").replace("\t", "⇥")
-    text = "".join(ch if ch.isprintable() else "�" for ch in text)
+    text = text[: defaults.UI_EDGE_CHARS + 1].replace("\n", "⏎").replace("\t", "⇥")
+    if not text.isprintable():
+        text = "".join(ch if ch.isprintable() else "�" for ch in text)
     if len(text) > defaults.UI_EDGE_CHARS:
         return text[: defaults.UI_EDGE_CHARS - 1] + "…"
     return text + "…" if cut else text

@@ -162,6 +162,12 @@ class ServerMetrics:
         )
         self.executor_up = Gauge(PREFIX + "executor_up", "1 when an executor is connected and ready.", registry=r)
         self.executor_restarts = Counter(PREFIX + "executor_restarts", "Executors replaced after a loss.", registry=r)
+        self.ui_view_build = Histogram(
+            PREFIX + "ui_view_build_seconds",
+            "Engine-loop time of one engine-view update, built for every viewer that shares it.",
+            buckets=STEP_BUCKETS_S,
+            registry=r,
+        )
         self._seen = {"queried": 0, "hits": 0, "preemptions": 0, "swap_outs": 0, "evictions": 0}
         self._lock = threading.Lock()
         self._http_server: Any = None

@@ -3,8 +3,11 @@
 Viewers never touch the scheduler themselves. While anyone watches, a task on the engine's
 loop wakes every `interval_s`, builds one snapshot per distinct `Viewer` (a tenant sees its
 own, so five viewers of one tenant cost one build) between two engine steps, and leaves it
-in each subscriber's one-slot mailbox. A slow reader misses updates rather than queueing
-them, so memory stays bounded by the number of viewers. With no viewers the task ends.
+in each subscriber's one-slot mailbox (a newcomer gets the next one, so connecting again and
+again cannot make more builds). An update that took long to build pushes the next one back,
+so the views never take more than `UI_MAX_LOOP_SHARE` of the loop. A slow reader misses
+updates rather than queueing them, so memory stays bounded by the number of viewers. With no
+viewers the task ends.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import structlog
 
 from kvserve.config import defaults
 from kvserve.scheduler.server.engine_view import EngineSources, Viewer, build_view, fit_event
+from kvserve.scheduler.server.metrics import ServerMetrics
 from kvserve.scheduler.server.serving_model import ServingModel
 
 log = structlog.get_logger(__name__)
@@ -35,9 +39,12 @@ class _Subscriber:
 
 
 class ViewHub:
-    def __init__(self, model_source: Callable[[], ServingModel | None], interval_s: float) -> None:
+    def __init__(
+        self, model_source: Callable[[], ServingModel | None], interval_s: float, metrics: ServerMetrics | None = None
+    ) -> None:
         self._model_source = model_source
         self._interval_s = interval_s
+        self._metrics = metrics
         self._subscribers: set[_Subscriber] = set()
         self._task: asyncio.Task[None] | None = None
         self.builds = 0
@@ -68,23 +75,23 @@ class ViewHub:
         self._subscribers.add(subscriber)
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._tick())
-        else:
-            self._publish([subscriber])  # the newcomer need not wait a whole interval
         return subscriber
 
     async def _tick(self) -> None:
         try:
             while self._subscribers:
-                self._publish(list(self._subscribers))
-                await asyncio.sleep(self._interval_s)
+                took = self._publish(list(self._subscribers))
+                await asyncio.sleep(max(self._interval_s, took / defaults.UI_MAX_LOOP_SHARE - took))
         except Exception:  # a bug here must not take the server down with it; the viewers just stop
             log.exception("engine_view_failed")
             raise
 
-    def _publish(self, subscribers: list[_Subscriber]) -> None:
+    def _publish(self, subscribers: list[_Subscriber]) -> float:
+        """Build and hand out one update per kind of viewer; returns the seconds it took."""
         model = self._model_source()
         if model is None:
-            return  # no executor has registered yet: nothing to show
+            return 0.0  # no executor has registered yet: nothing to show
+        started = time.perf_counter()
         engine = model.engine
         sources = EngineSources(
             view=engine.view(),
@@ -103,3 +110,7 @@ class ViewHub:
                 self.builds += 1
             subscriber.latest = data
             subscriber.ready.set()
+        took = time.perf_counter() - started
+        if self._metrics is not None:
+            self._metrics.ui_view_build.observe(took)
+        return took

@@ -28,6 +28,6 @@ def create_app(ctx: HttpContext, policy: BrowserPolicy, ui: UiOptions | None = N
     app.include_router(openai_router(ctx))
     app.include_router(service_router(ctx))
     if ui is not None:
-        app.include_router(ui_router(ctx, ui, ViewHub(ctx.model_source, ui.interval_s)))
+        app.include_router(ui_router(ctx, ui, ViewHub(ctx.model_source, ui.interval_s, ctx.metrics)))
     install_error_handlers(app)
     return HostGuard(cors_middleware(app, policy.cors_origins), policy)
