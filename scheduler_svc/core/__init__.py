@@ -8,7 +8,7 @@ import-linter contract): everything below is the core's public API.
 from kvserve.scheduler.core.invariants import InvariantError
 from kvserve.scheduler.core.kv_capacity import KvPlan, plan_kv
 from kvserve.scheduler.core.outputs import BlockCounts, SampledLogprob, SchedulerStats, SequenceOutput
-from kvserve.scheduler.core.prefix_tree import PrefixNode
+from kvserve.scheduler.core.prefix_tree import PrefixNode, PrefixTreeListener
 from kvserve.scheduler.core.request import RequestRejected, Sequence
 from kvserve.scheduler.core.scheduler import Scheduler
 from kvserve.scheduler.core.scheduler_config import KV_RESERVATIONS, PREEMPTION_MODES, SchedulerConfig
@@ -23,6 +23,7 @@ __all__ = [
     "KvPlan",
     "MatcherFactory",
     "PrefixNode",
+    "PrefixTreeListener",
     "RequestRejected",
     "SampledLogprob",
     "Scheduler",

@@ -33,7 +33,7 @@ class KvManager:
     def __init__(
         self, num_blocks: int, block_size: int, num_cpu_blocks: int, caching: bool, previous: KvManager | None = None
     ) -> None:
-        """`previous` carries the prefix-cache counters across an executor reset."""
+        """`previous` carries the prefix-cache counters and the tree's listener across an executor reset."""
         self.block_size = block_size
         self.caching = caching
         self.pool = BlockPool(num_blocks)
@@ -43,6 +43,9 @@ class KvManager:
         if previous is not None:
             self.tree.queried_tokens = previous.tree.queried_tokens
             self.tree.hit_tokens = previous.tree.hit_tokens
+            self.tree.listener = previous.tree.listener
+            if self.tree.listener is not None:
+                self.tree.listener.cleared()  # the old tree's blocks died with the old pool
 
     @property
     def pinned(self) -> tuple[int, ...]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from kvserve.scheduler.core.block_pool import BlockPool
 
@@ -67,10 +68,24 @@ class PrefixMatch:
     partial_slots: int = 0
 
 
+class PrefixTreeListener(Protocol):
+    """Told of every change to the tree's contents, in order (KV events for routers)."""
+
+    def stored(self, node: PrefixNode) -> None:
+        """`node` was added (its parent is attached)."""
+
+    def removed(self, node: PrefixNode) -> None:
+        """`node`, a leaf, is being evicted (its parent is still attached)."""
+
+    def cleared(self) -> None:
+        """Everything is gone: the executor's KV was lost."""
+
+
 class PrefixTree:
     """Block trie (one node per KV block, one root per namespace) with a token-granular last-block match.
 
     Match and insert run over `BlockPool` blocks; nodes are dropped when the pool evicts them.
+    `listener`, when set, hears every insert, eviction and clear.
     """
 
     def __init__(self, pool: BlockPool, block_size: int) -> None:
@@ -80,6 +95,7 @@ class PrefixTree:
         self._node_of_block: dict[int, PrefixNode] = {}
         self.queried_tokens = 0
         self.hit_tokens = 0
+        self.listener: PrefixTreeListener | None = None
         pool.set_evict_hook(self._on_evict)
 
     # --- lookup ------------------------------------------------------------------------
@@ -156,12 +172,16 @@ class PrefixTree:
         parent.children[key] = node
         self._node_of_block[block] = node
         self._pool.mark_cached(block)
+        if self.listener is not None:
+            self.listener.stored(node)
         return node
 
     def clear(self) -> None:
         """Forget everything (the executor's KV is gone). The pool must be rebuilt too."""
         self._roots.clear()
         self._node_of_block.clear()
+        if self.listener is not None:
+            self.listener.cleared()
 
     # --- eviction ------------------------------------------------------------------------
 
@@ -174,6 +194,8 @@ class PrefixTree:
             )
         parent = node.parent
         assert parent is not None
+        if self.listener is not None:
+            self.listener.removed(node)
         del parent.children[node.key]
         node.parent = None
         if not parent.children and parent.parent is None:

@@ -24,6 +24,7 @@ from kvserve.scheduler.core import invariants
 from kvserve.scheduler.core.admission import check_fits
 from kvserve.scheduler.core.kv_manager import KvManager
 from kvserve.scheduler.core.outputs import SchedulerStats, SequenceOutput
+from kvserve.scheduler.core.prefix_tree import PrefixTreeListener
 from kvserve.scheduler.core.request import (
     QUEUE_ORDER,
     Request,
@@ -204,6 +205,10 @@ class Scheduler:
         return outputs
 
     # --- read-only -------------------------------------------------------------------
+
+    def set_prefix_listener(self, listener: PrefixTreeListener | None) -> None:
+        """Hear every change to the prefix tree from now on, across executor resets too."""
+        self._state.kv.tree.listener = listener
 
     def view(self) -> SchedulerView:
         """A snapshot of the queues and requests, with the live pool and tree (O(sequences + requests))."""

@@ -31,6 +31,7 @@ from kvserve.protos.step import ExecutorInfo, StepPlan
 from kvserve.protos.stop_rules import FinishReason
 from kvserve.scheduler.core import MatcherFactory, Scheduler, SchedulerStats, SchedulerView, SequenceOutput
 from kvserve.scheduler.server.executor_link import ExecutorLink, ExecutorLost, ExecutorStepError
+from kvserve.scheduler.server.kv_event_publisher import KvEventPublisher
 from kvserve.scheduler.server.metrics import ServerMetrics
 from kvserve.scheduler.server.namespaces import NamespaceOwners, tenant_of_scoped_id
 from kvserve.scheduler.server.request_delivery import ActiveRequest
@@ -74,6 +75,7 @@ class Engine:
         *,
         on_state_change: Callable[[ExecutorState], None] | None = None,
         metrics: ServerMetrics | None = None,
+        kv_events: KvEventPublisher | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._scheduler = scheduler
@@ -82,6 +84,8 @@ class Engine:
         self._config = config
         self._on_state_change = on_state_change
         self._metrics = metrics
+        self._kv_events = kv_events
+        """Publishes the prefix tree's changes once per step (and after a re-sync)."""
         self._clock = clock
         self._requests: dict[str, ActiveRequest] = {}
         self._pending_aborts: set[str] = set()
@@ -334,6 +338,8 @@ class Engine:
         self.history.record(prompt_tokens, decode_rows, generated, stats.prefix_queried_tokens, stats.prefix_hit_tokens)
         if self._metrics is not None:
             self._metrics.observe_step(duration_s, stats, prompt_tokens, generated)
+        if self._kv_events is not None:
+            self._kv_events.flush()
 
     def _set_state(self, state: ExecutorState) -> None:
         if state is not self.state:
@@ -392,6 +398,8 @@ class Engine:
         self._deliver(self._scheduler.reset_executor(info.num_blocks))
         self._synced_generation = self._link.generation
         self._unavailable_reason = None
+        if self._kv_events is not None:
+            self._kv_events.flush()  # AllBlocksCleared now, not at the next step
         if self._metrics is not None:
             self._metrics.inc_executor_restarts()
         log.info(

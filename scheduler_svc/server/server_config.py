@@ -23,6 +23,7 @@ _SECURITY = "API security"
 _LINK = "executor link"
 _SCHEDULING = "scheduling"
 _QUEUE = "admission and shutdown"
+_KV_EVENTS = "KV events"
 _SCHEDULER_FIELDS = {f.name: f for f in fields(SchedulerConfig)}
 
 
@@ -220,6 +221,32 @@ class ServerConfig:
             "recomputed again (poison-request guard)",
             group=_LINK,
         ),
+    )
+
+    # --- KV events for KV-aware routers (kvserve.scheduler.server.kv_event_publisher)
+    kv_events_endpoint: str | None = field(
+        default=None,
+        metadata=flag(
+            "publish the prefix cache's changes in vLLM's KV-event format on a ZeroMQ PUB socket bound here "
+            "(tcp://HOST:PORT or ipc://PATH), for KV-aware routers; None: off",
+            metavar="ENDPOINT",
+            group=_KV_EVENTS,
+        ),
+    )
+    kv_events_replay_endpoint: str | None = field(
+        default=None,
+        metadata=flag(
+            "a ZeroMQ ROUTER socket bound here answers replay requests for missed KV-event batches",
+            metavar="ENDPOINT",
+            group=_KV_EVENTS,
+        ),
+    )
+    kv_events_topic: str = field(
+        default="", metadata=flag("the topic frame of each KV-event message", group=_KV_EVENTS)
+    )
+    kv_events_allow_remote: bool = field(
+        default=False,
+        metadata=flag("allow non-loopback KV-event endpoints (the events carry token ids)", group=_KV_EVENTS),
     )
 
     # --- scheduling (the SchedulerConfig policy; the executor's handshake sizes the rest)

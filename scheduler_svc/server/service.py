@@ -36,6 +36,8 @@ from kvserve.scheduler.server.http.browser_policy import BrowserPolicy, BrowserP
 from kvserve.scheduler.server.http.context import HttpContext
 from kvserve.scheduler.server.http.http_server import HttpListenError, HttpServer
 from kvserve.scheduler.server.http.ui_routes import UiOptions
+from kvserve.scheduler.server.kv_event_publisher import KvEventsConfigError, kv_event_publisher
+from kvserve.scheduler.server.kv_event_recorder import KvEventRecorder
 from kvserve.scheduler.server.metrics import ServerMetrics
 from kvserve.scheduler.server.request_parsing import ModelLimits
 from kvserve.scheduler.server.server_config import ServerConfig
@@ -169,6 +171,12 @@ async def run_service(
     try:
         security = load_api_security(config)
         ui = ui_options(config)
+        kv_events = kv_event_publisher(
+            config.kv_events_endpoint,
+            config.kv_events_replay_endpoint,
+            config.kv_events_topic,
+            allow_remote=config.kv_events_allow_remote,
+        )
         chat_template = read_chat_template(config.chat_template) if config.chat_template is not None else None
     except (
         TokenFileError,
@@ -177,6 +185,7 @@ async def run_service(
         BrowserPolicyError,
         LinkKeyError,
         ChatTemplateError,
+        KvEventsConfigError,
     ) as exc:
         print(f"kvserve: {exc}", file=sys.stderr, flush=True)
         return 2
@@ -245,7 +254,19 @@ async def run_service(
             tool_format=FORMATS[config.tool_call_format],
         )
         scheduler = build_scheduler(config, info)
-        engine = Engine(scheduler, link, tokenizer, config, on_state_change=api.on_executor_state, metrics=metrics)
+        if kv_events is not None:
+            recorder = KvEventRecorder(info.block_size)
+            scheduler.set_prefix_listener(recorder)
+            kv_events.attach(recorder)
+        engine = Engine(
+            scheduler,
+            link,
+            tokenizer,
+            config,
+            on_state_change=api.on_executor_state,
+            metrics=metrics,
+            kv_events=kv_events,
+        )
         limits = ModelLimits(
             max_model_len=min(info.max_model_len, config.max_model_len or info.max_model_len),
             vocab_size=info.vocab_size,
@@ -301,6 +322,8 @@ async def run_service(
         if http is not None:
             await http.stop()
         metrics.stop_http_server()
+        if kv_events is not None:
+            kv_events.close()
         await link.close(shutdown_executor=True)
         if supervisor is not None:
             await supervisor.stop()
