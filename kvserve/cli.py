@@ -22,6 +22,7 @@ COMMANDS = (
     "kvserve.commands.generate",
     "kvserve.commands.chat",
     "kvserve.commands.stats",
+    "kvserve.commands.router",
     "kvserve.commands.kv_plan",
     "kvserve.commands.convert",
     "kvserve.commands.bench",

@@ -1,6 +1,6 @@
-"""The routes around generation: health, readiness, tokenize/detokenize, version, Prometheus metrics.
+"""The routes around generation: health, readiness, load, tokenize/detokenize, version, Prometheus metrics.
 
-`/health` (liveness: 200 while the process runs) and `/ready` are open, like gRPC
+`/health` (liveness: 200 while the process runs), `/ready` and `/get_load` are open, like gRPC
 health checking: orchestrators probe them without secrets. Everything else needs the
 bearer token when auth is on. `/tokenize` uses the same encoders as generation, so its
 count is the `prompt_tokens` a request with the same prompt reports.
@@ -49,6 +49,15 @@ def service_router(ctx: HttpContext) -> APIRouter:
             return JSONResponse({"status": "ready"})
         error = ApiError(503, reason, type="service_unavailable", code="not_ready")
         return JSONResponse(error.body(), status_code=503)
+
+    @router.get("/get_load")
+    async def get_load() -> dict[str, int]:
+        """Open like `/health`: routers poll it without a token (vllm-router's power_of_two reads `load`)."""
+        model = ctx.model_source()
+        if model is None:
+            return {"load": 0}
+        stats = model.engine.stats().scheduler
+        return {"load": stats.num_running + stats.num_waiting}
 
     @router.get("/version")
     async def version(request: Request) -> dict[str, str]:
