@@ -17,8 +17,10 @@ import pytest
 ARTIFACTS = Path(os.environ.get("KVSERVE_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator:
+    """One Chromium per module. Not per session: Playwright's sync API keeps an event loop running
+    while it lives, and tests that come after and call `asyncio.run` would find it."""
     from playwright.sync_api import sync_playwright
 
     executable = shutil.which("chromium")
