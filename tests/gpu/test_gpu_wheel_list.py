@@ -23,8 +23,12 @@ IMAGE_PROVIDES = frozenset(
     {"torch", "triton", "transformers", "tokenizers", "huggingface-hub", "safetensors", "numpy", "pyyaml", "requests"}
 )
 """What the GPU image brings (with their own dependencies): never shipped, never shadowed."""
-NOT_NEEDED_ON_GPU = frozenset({"matplotlib", "accelerate", "grpcio-tools", "ruff", "mypy", "import-linter"})
-"""Declared by pyproject.toml but not imported by the GPU run: plots, unused, protoc, lint."""
+NOT_NEEDED_ON_GPU = frozenset(
+    {"matplotlib", "accelerate", "grpcio-tools", "ruff", "mypy", "import-linter", "playwright", "pillow", "vllm-router"}
+)
+"""Declared by pyproject.toml but not imported by the GPU run: plots, unused, protoc, lint; the
+browser tests' Playwright and Pillow (imported inside their fixtures and helpers, and those
+tests are not `cuda`); vllm-router (a binary the router tests run)."""
 GPU_PLATFORM = {
     "python_version": "3.12",
     "python_full_version": "3.12.3",

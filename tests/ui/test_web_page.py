@@ -11,7 +11,6 @@ from pathlib import Path
 
 import openai
 import pytest
-from PIL import Image
 
 from kvserve.testing.server_launcher import ServeProcess
 from tests.http.http_clients import ALICE, BOB, sdk, token_file
@@ -64,6 +63,8 @@ TOP_HITS_JS = f"Math.max(-1, ...[...document.querySelectorAll('{TOP_SUBTREES}')]
 
 
 def _distinct_colours(path: Path, box: dict) -> int:
+    from PIL import Image  # here, not at the top: the GPU check collects this module without Pillow
+
     with Image.open(path) as image:
         region = image.convert("RGB").crop(
             (int(box["x"]), int(box["y"]), int(box["x"] + box["width"]), int(box["y"] + box["height"]))
