@@ -114,7 +114,7 @@ def fit_event(snapshot: dict[str, Any], limit: int = defaults.UI_MAX_EVENT_BYTES
 def _pool(view: SchedulerView, seqs: Iterable[Sequence], owners: NamespaceOwners, viewer: Viewer) -> dict[str, Any]:
     pool, tree = view.pool, view.tree
     num_blocks = pool.num_blocks
-    per_cell = -(-num_blocks // defaults.UI_MAX_CELLS)
+    per_cell = _blocks_per_cell(num_blocks)
     codes = bytearray(num_blocks)  # _FREE
     visible: dict[str, bool] = {}  # namespace -> whether the viewer sees it (few namespaces, many blocks)
     for block in pool.cached_blocks_lru():
@@ -138,7 +138,7 @@ def _pool(view: SchedulerView, seqs: Iterable[Sequence], owners: NamespaceOwners
         else:
             for block in seq.block_table:
                 codes[block] = max(codes[block], _OTHER)
-    cells = codes if per_cell == 1 else bytearray(max(codes[i : i + per_cell]) for i in range(0, num_blocks, per_cell))
+    cells = _grouped(codes, per_cell)
     shared = [[cell, _max_ref(refs, cell, per_cell)] for cell, code in enumerate(cells) if code == _SHARED][
         : defaults.UI_MAX_OWNER_RUNS
     ]
@@ -152,6 +152,18 @@ def _pool(view: SchedulerView, seqs: Iterable[Sequence], owners: NamespaceOwners
         "owners": named,
         "owners_omitted": omitted,
     }
+
+
+def _blocks_per_cell(num_blocks: int) -> int:
+    """Blocks each grid cell stands for: 1 up to UI_MAX_CELLS blocks, then enough to stay within it."""
+    return max(1, -(-num_blocks // defaults.UI_MAX_CELLS))
+
+
+def _grouped(codes: bytearray, per_cell: int) -> bytearray:
+    """One code per cell: the highest (most telling) of its blocks', by C-level max over slices."""
+    if per_cell == 1:
+        return codes
+    return bytearray(max(codes[i : i + per_cell]) for i in range(0, len(codes), per_cell))
 
 
 def _max_ref(refs: list[int], cell: int, per_cell: int) -> int:
@@ -202,9 +214,7 @@ def _cpu(view: SchedulerView) -> dict[str, Any]:
     used = bytearray(b"\x01") * cpu.num_blocks
     for block in cpu.free_blocks():
         used[block] = 0
-    per_cell = max(1, -(-cpu.num_blocks // defaults.UI_MAX_CELLS))
-    if per_cell > 1:
-        used = bytearray(max(used[i : i + per_cell]) for i in range(0, cpu.num_blocks, per_cell))
+    used = _grouped(used, _blocks_per_cell(cpu.num_blocks))
     return {"num_blocks": cpu.num_blocks, "cells": used.translate(_SWAPPED_LETTERS).decode("ascii")}
 
 
