@@ -18,8 +18,11 @@ def configure_logging(level: str | None = None, json: bool | None = None, *, pro
     """Configure structlog and the stdlib root logger once per process.
 
     `level` defaults to $KVSERVE_LOG_LEVEL or INFO; `json` defaults to "stderr is not a tty".
-    `process` (e.g. "scheduler", "executor") is added to every line.
+    `process` (e.g. "scheduler", "executor") is added to every line, and `replica` where
+    $KVSERVE_REPLICA names one (`kvserve serve --data-parallel-size N`).
     """
+    from kvserve.config.defaults import REPLICA_ENV
+
     level_name = (level or os.environ.get("KVSERVE_LOG_LEVEL") or "INFO").upper()
     numeric = logging.getLevelName(level_name)
     if not isinstance(numeric, int):
@@ -32,7 +35,10 @@ def configure_logging(level: str | None = None, json: bool | None = None, *, pro
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     if process:
-        processors.append(_add_process(process))
+        processors.append(_add_field("process", process))
+    replica = os.environ.get(REPLICA_ENV)
+    if replica:
+        processors.append(_add_field("replica", int(replica) if replica.isdigit() else replica))
     processors.append(structlog.processors.StackInfoRenderer())
     processors.append(structlog.processors.format_exc_info)
     processors.append(structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer())
@@ -45,9 +51,9 @@ def configure_logging(level: str | None = None, json: bool | None = None, *, pro
     logging.basicConfig(level=numeric, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
 
 
-def _add_process(name: str) -> structlog.typing.Processor:
+def _add_field(key: str, value: object) -> structlog.typing.Processor:
     def processor(_logger, _method, event_dict):
-        event_dict.setdefault("process", name)
+        event_dict.setdefault(key, value)
         return event_dict
 
     return processor

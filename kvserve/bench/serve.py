@@ -94,7 +94,8 @@ class BenchConfig:
         metadata=flag(
             "mixed: 64-512 prompt, 32-256 output; shared-prefix: 1,500-token system prompt + 50-300-token "
             "questions; multi-turn: chats up to 10 turns; cold-warm: the shared-prefix requests on an empty "
-            "then a primed cache; all: every one",
+            "then a primed cache; multi-prefix: 8 distinct 1,000-token system prompts at random (for replicas "
+            "behind a router: --target ROUTER, or bench scale-out); all: every one",
             name="--workload",
             nargs="+",
             choices=(*wl.WORKLOAD_NAMES, "all"),

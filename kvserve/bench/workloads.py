@@ -16,13 +16,17 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-WORKLOAD_NAMES = ("mixed", "shared-prefix", "multi-turn", "cold-warm")
+WORKLOAD_NAMES = ("mixed", "shared-prefix", "multi-turn", "cold-warm", "multi-prefix")
 
 MIXED_PROMPT_LEN = (64, 512)
 MIXED_OUTPUT_LEN = (32, 256)
 SHARED_PREFIX_LEN = 1500
 SHARED_QUESTION_LEN = (50, 300)
 SHARED_OUTPUT_LEN = (16, 64)
+MULTI_PREFIX_COUNT = 8
+MULTI_PREFIX_LEN = 1000
+MULTI_PREFIX_QUESTION_LEN = (50, 200)
+MULTI_PREFIX_OUTPUT_LEN = (16, 64)
 MULTI_TURN_MAX_TURNS = 10
 MULTI_TURN_USER_LEN = (16, 128)
 MULTI_TURN_OUTPUT_LEN = (16, 64)
@@ -116,6 +120,29 @@ def shared_prefix(num_requests: int, vocab_size: int, seed: int, max_tokens_cap:
     return Workload("shared-prefix", sessions)
 
 
+def multi_prefix(
+    num_requests: int,
+    vocab_size: int,
+    seed: int,
+    max_tokens_cap: int | None = None,
+    *,
+    num_prefixes: int = MULTI_PREFIX_COUNT,
+) -> Workload:
+    """`num_prefixes` distinct 1,000-token system prompts, each request one of them at random
+    and then a 50–200-token question: what a replica router must keep apart to keep hitting."""
+    if num_prefixes < 1:
+        raise ValueError(f"num_prefixes must be at least 1, got {num_prefixes}")
+    rng = random.Random(f"multi-prefix:{seed}")
+    systems = [_tokens(rng, MULTI_PREFIX_LEN, vocab_size) for _ in range(num_prefixes)]
+    sessions = []
+    for i in range(num_requests):
+        system = systems[rng.randrange(num_prefixes)]
+        question = _tokens(rng, rng.randint(*MULTI_PREFIX_QUESTION_LEN), vocab_size)
+        max_tokens = _cap(rng.randint(*MULTI_PREFIX_OUTPUT_LEN), max_tokens_cap)
+        sessions.append(Session(f"prefix-{i}", [Turn(system + question, max_tokens)]))
+    return Workload("multi-prefix", sessions)
+
+
 def multi_turn(num_requests: int, vocab_size: int, seed: int, max_tokens_cap: int | None = None) -> Workload:
     """Chats of 1–10 turns until `num_requests` turns exist; each turn resends the conversation."""
     rng = random.Random(f"multi-turn:{seed}")
@@ -163,4 +190,6 @@ def build(
         return [multi_turn(num_requests, vocab_size, seed, max_tokens_cap)]
     if name == "cold-warm":
         return list(cold_warm(num_requests, vocab_size, seed, max_tokens_cap))
+    if name == "multi-prefix":
+        return [multi_prefix(num_requests, vocab_size, seed, max_tokens_cap)]
     raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOAD_NAMES)}")

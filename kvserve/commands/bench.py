@@ -14,6 +14,7 @@ BENCHES = (
     "kvserve.bench.baseline_hf",
     "kvserve.bench.overload",
     "kvserve.bench.viewers",
+    "kvserve.bench.scale_out",
 )
 
 
@@ -22,7 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     parser = subparsers.add_parser(
         "bench",
-        help="run a benchmark (scheduler, executor, structured, quality, serve, baseline-hf, overload, viewers)",
+        help="run a benchmark (scheduler, executor, structured, quality, serve, baseline-hf, overload, viewers, "
+        "scale-out)",
         description="Benchmarks. Each reports ratios against a baseline measured in the same run.",
         formatter_class=HelpFormatter,
     )

@@ -17,6 +17,7 @@ from kvserve.config import defaults
 from kvserve.config.flags import HelpFormatter, add_flags, config_from_args, flag
 
 if TYPE_CHECKING:
+    from kvserve.replicas.replica_plan import DataParallelConfig
     from kvserve.scheduler.server.server_config import ServerConfig
 
 _EXECUTOR = "executor"
@@ -87,6 +88,7 @@ class ServeConfig:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from kvserve.replicas.replica_plan import DataParallelConfig
     from kvserve.scheduler.server.server_config import ServerConfig
 
     parser = subparsers.add_parser(
@@ -97,6 +99,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=HelpFormatter,
     )
     add_flags(parser, ServeConfig)
+    add_flags(parser, DataParallelConfig)
     add_flags(parser, ServerConfig)
     parser.set_defaults(func=run)
 
@@ -135,15 +138,48 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
 
     from kvserve.log_config import configure_logging
-    from kvserve.scheduler.server.executor_supervisor import ExecutorSupervisor, executor_command
+    from kvserve.replicas.replica_plan import DataParallelConfig
+    from kvserve.scheduler.server.child_supervisor import ChildSupervisor, executor_command
     from kvserve.scheduler.server.server_config import ServerConfig
     from kvserve.scheduler.server.service import resolve_link_endpoint, run_service
 
-    configure_logging(process="scheduler")
     serve = config_from_args(ServeConfig, args)
     config = config_from_args(ServerConfig, args)
+    dp = config_from_args(DataParallelConfig, args)
+    if dp.data_parallel_size != 1:
+        configure_logging(process="replica-set")
+        return run_replicas(serve, config, dp)
+    configure_logging(process="scheduler")
     endpoint = resolve_link_endpoint(config)
-    supervisor = ExecutorSupervisor(
+    supervisor = ChildSupervisor(
         executor_command(executor_args(serve, config, endpoint)), restart=serve.executor_restart
     )
     return asyncio.run(run_service(config, endpoint=endpoint, supervisor=supervisor))
+
+
+def run_replicas(serve: ServeConfig, config: ServerConfig, dp: DataParallelConfig) -> int:
+    """`--data-parallel-size N`: N replicas of this very command line behind vllm-router."""
+    import sys
+
+    from kvserve.config.flags import config_to_argv
+    from kvserve.replicas.replica_plan import ExecutorShape, ReplicaPlanError, plan_replicas
+    from kvserve.replicas.replica_set import run_replica_set
+    from kvserve.replicas.router_command import ROUTER_MISSING, find_router
+
+    router = find_router()
+    if router is None:
+        print(f"kvserve: {ROUTER_MISSING}", file=sys.stderr)
+        return 2
+    shape = ExecutorShape(serve.executor, serve.tensor_parallel_size, serve.executor_args, serve.block_size)
+    try:
+        plan = plan_replicas(dp, config, config_to_argv(serve), shape)
+    except ReplicaPlanError as exc:
+        print(f"kvserve: {exc}", file=sys.stderr)
+        return 2
+    if config.auth_token_file is not None and dp.router_policy == "kv_aware":
+        print(
+            "kvserve: warning: with --auth-token-file the router's own /tokenize calls are refused, so kv_aware "
+            "routes without prefix knowledge; consider --router-policy consistent_hash (docs/scale-out.md)",
+            file=sys.stderr,
+        )
+    return run_replica_set(plan, router, drain_grace_s=config.drain_grace_s)

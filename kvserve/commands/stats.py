@@ -2,7 +2,8 @@
 
 `--health-only` makes it a health probe (exit 0 only when SERVING), and `--alive` a
 liveness probe (exit 0 whenever the server answers): docker-compose uses the latter so the
-executor can start as soon as the scheduler is up, before it can serve.
+executor can start as soon as the scheduler is up, before it can serve. `--router URL` asks a
+`kvserve router` over HTTP instead, for its readiness and each replica's health (router_stats.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 import json
 from typing import Any
 
+from kvserve.commands import router_stats
 from kvserve.commands.client_options import add_connection_options, make_client, report_error
 
 EXIT_NOT_SERVING = 3
@@ -31,10 +33,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="show server health, model info and KV/scheduler statistics",
         description="Print the grpc.health status, ModelInfo and ServerStats of a running server.\n"
         f"Exit codes: 0 ok; 1 the server could not be reached or failed; "
-        f"{EXIT_NOT_SERVING} (--health-only) it answered NOT_SERVING.",
+        f"{EXIT_NOT_SERVING} (--health-only) it answered NOT_SERVING.\n"
+        f"With --router URL: 0 the router is ready and every replica healthy; {router_stats.EXIT_DEGRADED} the "
+        f"router is not ready or some replica is down; {router_stats.EXIT_UNREACHABLE} the router is unreachable.",
         formatter_class=HelpFormatter,
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object: health, model, stats")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object: health, model, stats (--router: router, replicas, ok)",
+    )
     probe = parser.add_mutually_exclusive_group()
     probe.add_argument(
         "--health-only", action="store_true", help="print only the health status; exit 0 only if SERVING"
@@ -44,11 +52,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="liveness probe: exit 0 if the server answers health checks at all (even NOT_SERVING)",
     )
+    probe.add_argument(
+        "--router",
+        default=None,
+        metavar="URL",
+        help="ask a `kvserve router` (http://HOST:PORT) instead of a server over gRPC: its readiness, then each "
+        "replica's health and load as the router sees them and as the replica answers itself (--timeout: each "
+        f"HTTP call's, {router_stats.DEFAULT_TIMEOUT_S:g}s if not given; the other connection options are unused)",
+    )
     add_connection_options(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.router is not None:
+        return router_stats.run(args.router, args.timeout, as_json=args.json)
     from kvserve.clients import KVServeError
 
     try:

@@ -132,6 +132,9 @@ EXECUTOR_CONNECT_TIMEOUT_S = 120.0
 STEP_TIMEOUT_S = 300.0
 """A step still unanswered after this long (heartbeats alive, compute stuck) loses the executor."""
 EXECUTOR_PARENT_PID_ENV = "KVSERVE_EXECUTOR_PARENT_PID"
+REPLICA_ENV = "KVSERVE_REPLICA"
+"""Set by `kvserve serve --data-parallel-size N` to a replica's index: every log line of that
+replica's scheduler and executor then carries `replica`, so N interleaved logs stay apart."""
 EXECUTOR_REFUSED_EXIT = 2
 """`kvserve executor`'s exit code when it refuses its configuration (a model it cannot load, a
 refused flag combination): the scheduler then reports a refusal, not a crash, and exits 2 too."""

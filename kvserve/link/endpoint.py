@@ -43,33 +43,43 @@ def private_ipc_endpoint(name: str = "executor") -> str:
     return f"ipc://{path}"
 
 
-def check_endpoint(endpoint: str, *, allow_remote: bool = False) -> None:
-    """Raise LinkEndpointError unless `endpoint` is ipc, inproc or loopback tcp (or remote is allowed)."""
+LINK_REMOTE_HINT = (
+    "the link carries prompts; pass --allow-remote-link to use it on a private network, ideally with CURVE keys"
+)
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+
+
+def check_endpoint(
+    endpoint: str, *, allow_remote: bool = False, name: str = "link endpoint", remote_hint: str = LINK_REMOTE_HINT
+) -> None:
+    """Raise LinkEndpointError unless `endpoint` is ipc, inproc or loopback tcp (or remote is allowed).
+
+    `name` and `remote_hint` word the error for other ZeroMQ endpoints kvserve binds (the KV
+    events' `--kv-events-endpoint`): one check for every socket that must stay on loopback."""
     scheme, sep, rest = endpoint.partition("://")
     if not sep or not rest:
-        raise LinkEndpointError(f"link endpoint must look like ipc://PATH or tcp://HOST:PORT, got {endpoint!r}")
+        raise LinkEndpointError(f"{name} must look like ipc://PATH or tcp://HOST:PORT, got {endpoint!r}")
     if scheme in ("ipc", "inproc"):
         return
     if scheme != "tcp":
-        raise LinkEndpointError(f"link endpoint scheme must be ipc or tcp, got {scheme!r}")
+        raise LinkEndpointError(f"{name} scheme must be ipc or tcp, got {scheme!r}")
     host, colon, port = rest.rpartition(":")
-    if not colon or not host or not port:
-        raise LinkEndpointError(f"tcp link endpoint needs HOST:PORT, got {endpoint!r}")
+    if not colon or not host or not (port.isdigit() or port == "*"):
+        raise LinkEndpointError(f"{name} needs tcp://HOST:PORT, got {endpoint!r}")
     if not allow_remote and not is_loopback_host(host):
-        raise LinkEndpointError(
-            f"refusing non-loopback link endpoint {endpoint!r}: the link carries prompts; pass "
-            "--allow-remote-link to use it on a private network, ideally with CURVE keys"
-        )
+        raise LinkEndpointError(f"refusing non-loopback {name} {endpoint!r}: {remote_hint}")
 
 
 def is_loopback_host(host: str) -> bool:
-    host = host.strip("[]")
-    if host == "localhost":
+    """True for loopback literals (127.0.0.0/8, ::1, bracketed or not) and `localhost`; wildcards
+    (`0.0.0.0`, `*`) and other names are not: they may be reachable from anywhere."""
+    name = host.strip().strip("[]").lower()
+    if name in LOOPBACK_NAMES:
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        return ipaddress.ip_address(name).is_loopback
     except ValueError:
-        return False  # a hostname or the wildcard "*": may resolve anywhere
+        return False
 
 
 def is_remote_tcp(endpoint: str) -> bool:

@@ -20,3 +20,21 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             sock.bind((host, 0))
             ports.append(sock.getsockname()[1])
         return ports
+
+
+def free_port_range(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` consecutive free TCP ports, for servers that take a first port and count up from it
+    (`kvserve serve --replica-ports-from`); bind them soon."""
+    for _ in range(100):
+        (first,) = free_ports(1, host)
+        if first + count > 65536:
+            continue
+        with contextlib.ExitStack() as stack:
+            try:
+                for port in range(first, first + count):
+                    sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                    sock.bind((host, port))
+            except OSError:
+                continue
+            return list(range(first, first + count))
+    raise RuntimeError(f"no {count} consecutive free ports on {host}")

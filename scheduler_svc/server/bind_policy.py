@@ -12,14 +12,13 @@ the network in the clear.
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
 
 import structlog
 
-log = structlog.get_logger(__name__)
+from kvserve.link.endpoint import is_loopback_host
 
-LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+log = structlog.get_logger(__name__)
 
 
 class InsecureBindError(ValueError):
@@ -32,17 +31,6 @@ class BindSecurity:
     auth: bool
     tls: bool
     allow_insecure_remote: bool = False
-
-
-def is_loopback_host(host: str) -> bool:
-    """True for loopback literals (127.0.0.0/8, ::1) and `localhost`; wildcards are not loopback."""
-    name = host.strip().strip("[]").lower()
-    if name in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False  # another host name: it may resolve anywhere, so treat it as remote
 
 
 def check_bind(security: BindSecurity) -> None:

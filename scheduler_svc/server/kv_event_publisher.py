@@ -22,8 +22,8 @@ import structlog
 import zmq
 import zmq.asyncio
 
+from kvserve.link.endpoint import LinkEndpointError, check_endpoint
 from kvserve.protos.kv_events import END_SEQ, KVEventBatch, decode_seq, encode_seq
-from kvserve.scheduler.server.bind_policy import is_loopback_host
 from kvserve.scheduler.server.kv_event_recorder import KvEventRecorder
 
 log = structlog.get_logger(__name__)
@@ -51,18 +51,16 @@ def kv_event_publisher(
 
 
 def check_kv_events_endpoint(endpoint: str, *, allow_remote: bool, flag: str) -> None:
-    scheme, sep, rest = endpoint.partition("://")
-    if scheme not in ("tcp", "ipc") or not sep or not rest:
-        raise KvEventsConfigError(f"{flag}: expected tcp://HOST:PORT or ipc://PATH, got {endpoint!r}")
-    if scheme == "tcp":
-        host, colon, port = rest.rpartition(":")
-        if not colon or not host or not port.isdigit():
-            raise KvEventsConfigError(f"{flag}: expected tcp://HOST:PORT, got {endpoint!r}")
-        if not allow_remote and not is_loopback_host(host.strip("[]")):
-            raise KvEventsConfigError(
-                f"{flag} {endpoint!r} is not loopback: KV events carry token ids; pass --kv-events-allow-remote "
-                "to publish them on a private network"
-            )
+    """The link's endpoint check, worded for the KV events: their sockets stay on loopback too."""
+    try:
+        check_endpoint(
+            endpoint,
+            allow_remote=allow_remote,
+            name=flag,
+            remote_hint="KV events carry token ids; pass --kv-events-allow-remote to publish them on a private network",
+        )
+    except LinkEndpointError as exc:
+        raise KvEventsConfigError(str(exc)) from None
 
 
 class KvEventPublisher:

@@ -26,9 +26,9 @@ from kvserve.protos.step import ExecutorInfo
 from kvserve.scheduler.core import Scheduler, SchedulerConfig
 from kvserve.scheduler.server.auth import BearerAuthInterceptor, TokenFileError, TokenTable, load_token_file
 from kvserve.scheduler.server.bind_policy import BindSecurity, InsecureBindError, check_bind
+from kvserve.scheduler.server.child_supervisor import ChildSupervisor
 from kvserve.scheduler.server.engine import Engine
 from kvserve.scheduler.server.executor_link import ExecutorLink
-from kvserve.scheduler.server.executor_supervisor import ExecutorSupervisor
 from kvserve.scheduler.server.generation_defaults import load_sampling_defaults
 from kvserve.scheduler.server.grpc_api import ApiServer, KVServeServicer
 from kvserve.scheduler.server.http.app import create_app
@@ -164,7 +164,7 @@ def grammar_compiler(tokenizer: Tokenizer, info: ExecutorInfo) -> GrammarCompile
 
 
 async def run_service(
-    config: ServerConfig, *, endpoint: str | None = None, supervisor: ExecutorSupervisor | None = None
+    config: ServerConfig, *, endpoint: str | None = None, supervisor: ChildSupervisor | None = None
 ) -> int:
     """Serve until SIGTERM/SIGINT; returns the process exit code (2: bad security options, or an executor that
     refused its configuration)."""
@@ -333,7 +333,7 @@ async def run_service(
 
 
 async def _first_executor(
-    link: ExecutorLink, supervisor: ExecutorSupervisor | None, shutdown: asyncio.Event, timeout_s: float | None
+    link: ExecutorLink, supervisor: ChildSupervisor | None, shutdown: asyncio.Event, timeout_s: float | None
 ) -> ExecutorInfo | None:
     """Wait for the first handshake; None if asked to shut down first."""
     loop = asyncio.get_running_loop()

@@ -73,9 +73,10 @@ def test_bench_serve_fake_executor_all_workloads(tmp_path, kvserve_cli):
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads(out.read_text())
-    kv = [("kvserve", w) for w in ("mixed", "shared-prefix", "multi-turn", "cold-warm/cold", "cold-warm/warm")]
-    nc = [("kvserve-no-cache", w) for w in ("mixed", "shared-prefix", "multi-turn")]
-    pa = [("kvserve-prealloc", w) for w in ("mixed", "shared-prefix", "multi-turn")]  # one server per workload
+    single = ("mixed", "shared-prefix", "multi-turn", "multi-prefix")
+    kv = [("kvserve", w) for w in (*single, "cold-warm/cold", "cold-warm/warm")]
+    nc = [("kvserve-no-cache", w) for w in single]
+    pa = [("kvserve-prealloc", w) for w in single]  # one server per workload
     _check_common(data, set(kv + nc + pa))
     by = {(r["configuration"], r["workload"]): r for r in data["results"]}
     # Every request carries ignore_eos, so outputs have exactly their (capped) lengths.

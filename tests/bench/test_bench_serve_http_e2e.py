@@ -24,8 +24,11 @@ def _bench(kvserve_cli, out, *extra):
 def test_openai_api_drives_kvserve_over_http(tmp_path, kvserve_cli):
     data, by, _ = _bench(kvserve_cli, tmp_path / "bench.json", "--workload", "all", "--baselines", "no-cache")
     assert data["meta"]["api"] == "openai"
-    kv = {("kvserve", w) for w in ("mixed", "shared-prefix", "multi-turn", "cold-warm/cold", "cold-warm/warm")}
-    nc = {("kvserve-no-cache", w) for w in ("mixed", "shared-prefix", "multi-turn")}
+    kv = {
+        ("kvserve", w)
+        for w in ("mixed", "shared-prefix", "multi-turn", "multi-prefix", "cold-warm/cold", "cold-warm/warm")
+    }
+    nc = {("kvserve-no-cache", w) for w in ("mixed", "shared-prefix", "multi-turn", "multi-prefix")}
     assert set(by) == kv | nc
     mixed = by[("kvserve", "mixed")]
     assert mixed["num_requests"] == 6

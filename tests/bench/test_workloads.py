@@ -1,3 +1,5 @@
+import itertools
+
 import pytest
 
 from kvserve.bench import workloads as wl
@@ -9,7 +11,7 @@ def _lengths(workload):
     return [(len(s.turns[0].new_token_ids), s.turns[0].max_tokens) for s in workload.sessions]
 
 
-@pytest.mark.parametrize("name", ["mixed", "shared-prefix", "multi-turn", "cold-warm"])
+@pytest.mark.parametrize("name", ["mixed", "shared-prefix", "multi-turn", "cold-warm", "multi-prefix"])
 def test_same_seed_same_requests_and_other_seed_differs(name):
     a = wl.build(name, 20, VOCAB, seed=7)
     b = wl.build(name, 20, VOCAB, seed=7)
@@ -76,3 +78,19 @@ def test_max_tokens_cap_and_small_vocab():
 def test_unknown_workload():
     with pytest.raises(ValueError, match="unknown workload"):
         wl.build("nope", 1, VOCAB, 0)
+
+
+def test_multi_prefix_draws_every_request_from_k_distinct_system_prompts():
+    w = wl.multi_prefix(200, VOCAB, seed=4, num_prefixes=5)
+    heads = [tuple(s.turns[0].new_token_ids[: wl.MULTI_PREFIX_LEN]) for s in w.sessions]
+    assert len(set(heads)) == 5, "five system prompts, each used"
+    counts = sorted(heads.count(h) for h in set(heads))
+    assert counts[0] >= 20, f"requests spread across them at random: {counts}"
+    switches = sum(a != b for a, b in itertools.pairwise(heads))
+    assert switches > 100, f"interleaved, not grouped: {switches} changes of prompt in 199 steps"
+    for session in w.sessions:
+        [turn] = session.turns
+        assert 50 <= len(turn.new_token_ids) - wl.MULTI_PREFIX_LEN <= 200
+        assert 16 <= turn.max_tokens <= 64
+    with pytest.raises(ValueError, match="num_prefixes"):
+        wl.multi_prefix(4, VOCAB, seed=0, num_prefixes=0)

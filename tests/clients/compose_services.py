@@ -1,17 +1,22 @@
-"""Run docker-compose.yml's services as local processes: read, check, localize, start, probe, stop.
+"""Run a compose file's services as local processes: read, check, localize, start, probe, stop.
 
 There is no Docker engine here, so `localize` turns each service into a local process the
 way compose would start it, changing only what a container provides:
-- service hostnames in endpoints (`tcp://scheduler:50052`) become 127.0.0.1;
-- every port a service's command listens on (gRPC, HTTP, link) becomes one free port, the
-  same wherever the port appears: the commands, the published ports (locally published =
-  target) and the healthchecks, since other servers run on this machine at the same time;
+- service hostnames in endpoints (`tcp://scheduler:50052`, `http://replica-a:8000`, also
+  inside `URL=ENDPOINT` values) become 127.0.0.1;
+- every port a service's command listens on (gRPC, HTTP, link, KV events, metrics) becomes
+  one free port of that service, the same wherever it appears: the commands, the published
+  ports (locally published = target) and the healthchecks, since other servers run on this
+  machine at the same time. Ports are per service: two containers may both listen on 8000,
+  and `http://replica-b:8000` then means replica-b's free port, a bare port a service's own;
 - volume targets (/cache) become temporary folders, and the image's WORKDIR (/app) the
   repository; the model-cache folder gets a symlink to the already-converted default model;
-- `kvserve` and `python` are this interpreter; the executor runs on the CPU (`--device cpu`,
-  slow) or as the fake executor instead of on the GPU.
-`check_compose` checks without running anything that the file's ports, links and
-healthchecks agree. Used by tests/clients/test_compose_services.py (and test_compose.py).
+- `kvserve` and `python` are this interpreter; the executor (`kvserve executor`, or the child
+  of `kvserve serve`) runs on the CPU (`--device cpu`, slow) or as the fake executor instead
+  of on the GPU.
+`check_compose` checks without running anything that the file's ports, links, router workers
+and healthchecks agree. Used by tests/clients/test_compose_services.py and
+test_compose_replicas.py (docker-compose.replicas.yml), and test_compose.py.
 """
 
 from __future__ import annotations
@@ -32,7 +37,9 @@ import httpx
 import yaml
 
 from kvserve.cli import build_parser
-from kvserve.scheduler.server.bind_policy import BindSecurity, InsecureBindError, check_bind, is_loopback_host
+from kvserve.link.endpoint import is_loopback_host
+from kvserve.scheduler.server.bind_policy import BindSecurity, InsecureBindError, check_bind
+from kvserve.scheduler.server.http.browser_policy import BrowserPolicy
 from kvserve.testing.ports import free_ports
 from kvserve.testing.waiting import WaitTimedOut, wait_until
 
@@ -43,6 +50,8 @@ IMAGE_WORKDIR = "/app"
 LOOPBACK = "127.0.0.1"
 PORT_FLAGS = frozenset({"--port", "--http-port", "--metrics-port"})
 ENDPOINT = re.compile(r"^(?P<scheme>[a-z]+)://(?P<host>[^:/]+):(?P<port>\d+)(?P<rest>.*)$")
+ENDPOINTS = re.compile(r"(?P<scheme>[a-z]+)://(?P<host>[^:/=\s]+):(?P<port>\d+)")
+"""Each endpoint inside an argument, so both of `http://replica-a:8000=tcp://replica-a:5557`."""
 DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|us|h|m|s)")
 DURATION_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6}
 HEALTHY_CAP_S = 240.0
@@ -58,8 +67,8 @@ class ComposeError(AssertionError):
 # --- reading the file ---------------------------------------------------------------------
 
 
-def load_compose() -> dict:
-    return yaml.safe_load(COMPOSE.read_text())
+def load_compose(path: Path = COMPOSE) -> dict:
+    return yaml.safe_load(path.read_text())
 
 
 def seconds(value: str | int | float | None, default: float) -> float:
@@ -107,8 +116,10 @@ def endpoint_port(endpoint: str) -> int | None:
 
 
 def listens(command: list[str]) -> dict[str, int]:
-    """The tcp ports a `kvserve scheduler`/`serve` command binds, by role."""
+    """The tcp ports a `kvserve scheduler`/`serve`/`router` command binds, by role."""
     args = kvserve_args(command)
+    if args is not None and args.command == "router":  # vllm-router: its API and its Prometheus port
+        return {"http": args.port, "metrics": args.metrics_port}
     if args is None or args.command not in ("scheduler", "serve"):
         return {}
     ports = {"grpc": args.port}
@@ -118,20 +129,29 @@ def listens(command: list[str]) -> dict[str, int]:
         ports["metrics"] = args.metrics_port
     if (link := endpoint_port(args.link)) is not None:
         ports["link"] = link
+    for role in ("kv_events_endpoint", "kv_events_replay_endpoint"):
+        if (port := endpoint_port(getattr(args, role, None) or "")) is not None:
+            ports[role.removesuffix("_endpoint")] = port
     return ports
 
 
+def _bare_port(command: list[str], i: int) -> bool:
+    """Whether argument i is a port by itself: after a port flag, or a positional number."""
+    arg, previous = command[i], command[i - 1] if i else ""
+    if not arg.isdigit():
+        return False
+    return previous in PORT_FLAGS or (i > 1 and not previous.startswith("-"))
+
+
 def ports_in(command: list[str]) -> list[tuple[int, int]]:
-    """(index, port) for each port an argument names: after a port flag, in an endpoint, or positional."""
+    """(index, port) for each port an argument names: after a port flag, in an endpoint (each one of
+    a `URL=ENDPOINT` value), or positional."""
     found = []
     for i, arg in enumerate(command):
-        previous = command[i - 1] if i else ""
-        if previous in PORT_FLAGS and arg.isdigit():
+        if _bare_port(command, i):
             found.append((i, int(arg)))
-        elif (port := endpoint_port(arg)) is not None:
-            found.append((i, port))
-        elif arg.isdigit() and i > 1 and not previous.startswith("-"):
-            found.append((i, int(arg)))
+        else:
+            found += [(i, int(match["port"])) for match in ENDPOINTS.finditer(arg)]
     return found
 
 
@@ -148,6 +168,8 @@ def check_compose(compose: dict) -> list[str]:
         if args is not None and args.command == "executor":
             problems += [f"{name}: {p}" for p in _link_problems(args.endpoint, service, services)]
             used.add(endpoint_port(args.endpoint) or 0)
+        if args is not None and args.command == "router":
+            problems += [f"{name}: {p}" for p in _router_problems(args, service, services)]
         for port in published_ports(service):
             if port.target not in used:
                 problems.append(f"{name}: publishes target {port.target}, but its command listens on {sorted(used)}")
@@ -195,13 +217,67 @@ def _link_problems(endpoint: str, service: dict, services: dict) -> list[str]:
     return problems
 
 
+def _router_problems(args, service: dict, services: dict) -> list[str]:
+    """vllm-router authenticates nobody; each worker is a service of the file whose HTTP API and KV
+    events are where the router looks, reachable, started first, and accepting the router's Host."""
+    problems = [
+        f"publishes the router's port {port.target} on {port.host_ip}: vllm-router checks no token, "
+        "publish on 127.0.0.1 (an authenticating proxy in front for more)"
+        for port in published_ports(service)
+        if not is_loopback_host(port.host_ip)
+    ]
+    for url in args.worker_url:
+        match = ENDPOINT.match(url)
+        worker = services.get(match["host"]) if match else None
+        if worker is None:
+            problems.append(f"--worker-url {url} names no service of this file")
+            continue
+        host, ports, worker_args = match["host"], listens(worker["command"]), kvserve_args(worker["command"])
+        if ports.get("http") != int(match["port"]):
+            problems.append(f"--worker-url {url} but {host} serves HTTP on {ports.get('http')}")
+        if not set(service.get("networks", [])) & set(worker.get("networks", [])):
+            problems.append(f"shares no network with {host}")
+        if host not in service.get("depends_on", {}):
+            problems.append(f"does not depend_on {host}")
+        if worker_args is not None and worker_args.command in ("scheduler", "serve"):
+            policy = BrowserPolicy(
+                auth=worker_args.auth_token_file is not None,
+                listen_host=worker_args.http_host or worker_args.host,
+                allowed_hosts=tuple(worker_args.allowed_hosts),
+            )
+            if not policy.host_allowed(f"{host}:{match['port']}"):
+                problems.append(f"{host} refuses the router's requests (Host: {host}): give it --allowed-hosts {host}")
+    for pair in args.kv_events:
+        url, _, endpoint = pair.partition("=")
+        worker, events = ENDPOINT.match(url), ENDPOINT.match(endpoint)
+        if worker is None or events is None or worker["host"] != events["host"]:
+            problems.append(f"--kv-events {pair}: not the worker's own host")
+            continue
+        bound = listens(services[events["host"]]["command"]).get("kv_events") if events["host"] in services else None
+        if bound != int(events["port"]):
+            problems.append(f"--kv-events {pair} but {events['host']} publishes KV events on {bound}")
+    return problems
+
+
 # --- running it ------------------------------------------------------------------------------
 
 
 def localize(compose: dict, scratch: Path, *, executor: str) -> tuple[dict, dict[int, int]]:
-    """A copy of the services as local processes (see the module doc) and the port map it used."""
+    """A copy of the services as local processes (see the module doc) and the port map it used, by
+    container port; for a file where no two services listen on the same port (else localize_services)."""
+    services, service_ports = localize_services(compose, scratch, executor=executor)
+    port_map: dict[int, int] = {}
+    for (name, port), local in service_ports.items():
+        if port_map.setdefault(port, local) != local:
+            raise ComposeError(f"two services listen on {port} ({name} and another): use localize_services")
+    return services, port_map
+
+
+def localize_services(compose: dict, scratch: Path, *, executor: str) -> tuple[dict, dict[tuple[str, int], int]]:
+    """A copy of the services as local processes (see the module doc) and the port map it used:
+    (service, container port) -> local port."""
     services = copy.deepcopy(compose["services"])
-    wanted = sorted({p for s in services.values() for p in listens(s["command"]).values()})
+    wanted = sorted({(n, p) for n, s in services.items() for p in listens(s["command"]).values()})
     port_map = dict(zip(wanted, free_ports(len(wanted), "0.0.0.0"), strict=True))
     paths = {IMAGE_WORKDIR: str(ROOT)}
     for service in services.values():
@@ -210,16 +286,25 @@ def localize(compose: dict, scratch: Path, *, executor: str) -> tuple[dict, dict
             paths[target] = str(scratch / source)
             (scratch / source).mkdir(parents=True, exist_ok=True)
 
-    def rewrite(argv: list[str]) -> list[str]:
+    def local_port(name: str, host: str | None, port: int) -> int:
+        """A port named by service `name`: the named service's (a hostname of this file), else its
+        own, else the one service's that listens on it (the executor's healthcheck names the link)."""
+        if host in services:
+            return port_map.get((host, port), port)
+        if (name, port) in port_map:
+            return port_map[(name, port)]
+        owners = [local for (_, p), local in port_map.items() if p == port]
+        return owners[0] if len(owners) == 1 else port
+
+    def rewrite(name: str, argv: list[str]) -> list[str]:
         argv = list(argv)
-        for i, port in ports_in(argv):
-            match = ENDPOINT.match(argv[i])
-            local = str(port_map.get(port, port))
-            if match is None:
-                argv[i] = local
-            else:
-                host = LOOPBACK if match["host"] in services else match["host"]
-                argv[i] = f"{match['scheme']}://{host}:{local}{match['rest']}"
+
+        def endpoint(match: re.Match) -> str:
+            host = LOOPBACK if match["host"] in services else match["host"]
+            return f"{match['scheme']}://{host}:{local_port(name, match['host'], int(match['port']))}"
+
+        for i, arg in enumerate(argv):
+            argv[i] = str(local_port(name, None, int(arg))) if _bare_port(argv, i) else ENDPOINTS.sub(endpoint, arg)
         for i, arg in enumerate(argv):
             for inside, outside in paths.items():
                 if arg == inside or arg.startswith(inside + "/"):
@@ -227,17 +312,22 @@ def localize(compose: dict, scratch: Path, *, executor: str) -> tuple[dict, dict
         program = {"kvserve": [sys.executable, "-m", "kvserve"], "python": [sys.executable]}
         return [*program.get(argv[0], argv[:1]), *argv[1:]]
 
-    for service in services.values():
+    for name, service in services.items():
         command = service["command"]
         if command[:2] == ["kvserve", "executor"]:
             service.pop("deploy", None)  # no GPU: the same model on the CPU, or the fake executor
             command = [*command, "--device", "cpu"] if executor == "cpu" else [*command, "--executor", "fake"]
-        service["command"] = rewrite(command)
+        elif command[:2] == ["kvserve", "serve"]:  # its executor child, likewise
+            service.pop("deploy", None)
+            extra = ["--executor-args", "--device cpu"] if executor == "cpu" else ["--executor", "fake"]
+            command = [*command, *extra]
+        service["command"] = rewrite(name, command)
         service["environment"] = {k: paths.get(str(v), str(v)) for k, v in service.get("environment", {}).items()}
         test = service["healthcheck"]["test"]
-        service["healthcheck"]["test"] = [test[0], *rewrite(test[1:])] if test[0] == "CMD" else test
+        service["healthcheck"]["test"] = [test[0], *rewrite(name, test[1:])] if test[0] == "CMD" else test
         service["ports"] = [
-            Published(p.host_ip, port_map[p.target], port_map[p.target]) for p in published_ports(service)
+            Published(p.host_ip, port_map[(name, p.target)], port_map[(name, p.target)])
+            for p in published_ports(service)
         ]
     return services, port_map
 

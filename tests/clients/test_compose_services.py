@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from kvserve.clients import Client
-from kvserve.scheduler.server.bind_policy import is_loopback_host
+from kvserve.link.endpoint import is_loopback_host
 from kvserve.testing.ports import free_ports
 from tests.clients.compose_services import (
     LOOPBACK,

@@ -12,6 +12,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from kvserve.link.endpoint import is_loopback_host
 from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from kvserve.scheduler.server import auth
 from kvserve.scheduler.server.auth import (
@@ -21,7 +22,7 @@ from kvserve.scheduler.server.auth import (
     bearer_token,
     load_token_file,
 )
-from kvserve.scheduler.server.bind_policy import BindSecurity, InsecureBindError, check_bind, is_loopback_host
+from kvserve.scheduler.server.bind_policy import BindSecurity, InsecureBindError, check_bind
 from kvserve.scheduler.server.tls import TlsConfigError, server_credentials, tls_files
 
 pytestmark = pytest.mark.timeout(60)

@@ -29,7 +29,7 @@ from fastapi import Request
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from kvserve.scheduler.server.bind_policy import is_loopback_host
+from kvserve.link.endpoint import is_loopback_host
 from kvserve.scheduler.server.http.errors import ApiError, error_response
 
 JSON_MEDIA_TYPE = "application/json"

@@ -71,23 +71,29 @@ def service_router(ctx: HttpContext) -> APIRouter:
 
     @router.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
-        """vLLM's shape: `{"prompt": TEXT}` or `{"messages": [...]}` → count, ids and token strings."""
+        """vLLM's shape: `{"prompt": TEXT}` or `{"messages": [...]}` → count, ids and token strings.
+
+        A token-id `prompt` (as /v1/completions takes) comes back as itself, checked against the
+        vocabulary: vllm-router's kv_aware policy tokenizes every request this way, token prompts too."""
         ctx.authenticate(request)
         body = JsonObject(await read_json_object(request, ctx.max_request_bytes))
         model = ctx.require_model()
         ctx.resolve_model(body.string("model"), model)
-        text = body.string("prompt")
-        try:
-            if text is not None:
-                ids = encode_text(text, model.tokenizer, "text")
-            elif body.present("messages"):
-                chat = api_pb2.ChatPrompt(messages=parse_messages(body, []))
-                ids = encode_chat(chat, model.tokenizer, "chat")
-            else:
-                raise bad_field(None, "send `prompt` (a string) or `messages`")
-        except InvalidFieldError as exc:
-            names = ParamNames(prompt="prompt" if text is not None else "messages")
-            raise bad_field(openai_param(exc.field, names), exc.reason) from None
+        if isinstance(body.raw("prompt"), list):
+            ids = _vocabulary_ids(body, "prompt", model.limits.vocab_size)
+        else:
+            text = body.string("prompt")
+            try:
+                if text is not None:
+                    ids = encode_text(text, model.tokenizer, "text")
+                elif body.present("messages"):
+                    chat = api_pb2.ChatPrompt(messages=parse_messages(body, []))
+                    ids = encode_chat(chat, model.tokenizer, "chat")
+                else:
+                    raise bad_field(None, "send `prompt` (a string or token ids) or `messages`")
+            except InvalidFieldError as exc:
+                names = ParamNames(prompt="prompt" if text is not None else "messages")
+                raise bad_field(openai_param(exc.field, names), exc.reason) from None
         return {
             "count": len(ids),
             "max_model_len": model.limits.max_model_len,
@@ -101,14 +107,18 @@ def service_router(ctx: HttpContext) -> APIRouter:
         body = JsonObject(await read_json_object(request, ctx.max_request_bytes))
         model = ctx.require_model()
         ctx.resolve_model(body.string("model"), model)
-        raw = body.array("tokens")
-        if raw is None:
+        if body.array("tokens") is None:
             raise bad_field("tokens", "is required")
-        ids = [as_integer(t, f"tokens[{i}]") for i, t in enumerate(raw)]
-        vocab = model.limits.vocab_size
-        for i, token_id in enumerate(ids):
-            if not 0 <= token_id < vocab:
-                raise bad_field(f"tokens[{i}]", f"token id {token_id} is outside the vocabulary [0, {vocab})")
+        ids = _vocabulary_ids(body, "tokens", model.limits.vocab_size)
         return {"prompt": model.tokenizer.decode(ids)}
 
     return router
+
+
+def _vocabulary_ids(body: JsonObject, name: str, vocab: int) -> list[int]:
+    """The token-id array `name`, each id checked to lie in [0, vocab) (400 naming the element)."""
+    ids = [as_integer(t, f"{name}[{i}]") for i, t in enumerate(body.array(name) or [])]
+    for i, token_id in enumerate(ids):
+        if not 0 <= token_id < vocab:
+            raise bad_field(f"{name}[{i}]", f"token id {token_id} is outside the vocabulary [0, {vocab})")
+    return ids

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from kvserve.scheduler.server.executor_supervisor import ExecutorSupervisor, executor_command
+from kvserve.scheduler.server.child_supervisor import ChildSupervisor, executor_command
 from kvserve.testing.waiting import wait_until, wait_until_async
 
 pytestmark = pytest.mark.timeout(60)
@@ -46,7 +46,7 @@ def test_executor_command_runs_the_executor_module() -> None:
 
 def test_a_dying_child_is_restarted_with_a_counter() -> None:
     async def scenario():
-        supervisor = ExecutorSupervisor([sys.executable, "-c", "raise SystemExit(3)"], backoff_initial_s=0.05)
+        supervisor = ChildSupervisor([sys.executable, "-c", "raise SystemExit(3)"], backoff_initial_s=0.05)
         await supervisor.start()
         codes = [await asyncio.wait_for(supervisor.exits.get(), 10) for _ in range(3)]
         await wait_until_async(lambda: supervisor.restarts >= 3, EVENT_TIMEOUT_S, "the third restart")
@@ -60,7 +60,7 @@ def test_a_dying_child_is_restarted_with_a_counter() -> None:
 
 def test_no_restart_mode_reports_the_exit_once() -> None:
     async def scenario():
-        supervisor = ExecutorSupervisor([sys.executable, "-c", "raise SystemExit(5)"], restart=False)
+        supervisor = ChildSupervisor([sys.executable, "-c", "raise SystemExit(5)"], restart=False)
         with capture_logs() as logs:
             await supervisor.start()
             code = await asyncio.wait_for(supervisor.exits.get(), 10)
@@ -83,7 +83,7 @@ def test_stop_terminates_the_child_and_its_group() -> None:
     )
 
     async def scenario():
-        supervisor = ExecutorSupervisor([sys.executable, "-c", script], stop_timeout_s=5)
+        supervisor = ChildSupervisor([sys.executable, "-c", script], stop_timeout_s=5)
         await supervisor.start()
         pid = supervisor.pid
         assert pid is not None
@@ -102,7 +102,7 @@ def test_stop_terminates_the_child_and_its_group() -> None:
 
 def test_kill_if_current_spares_a_newer_child() -> None:
     async def scenario():
-        supervisor = ExecutorSupervisor([sys.executable, "-c", "import time; time.sleep(30)"], backoff_initial_s=0.05)
+        supervisor = ChildSupervisor([sys.executable, "-c", "import time; time.sleep(30)"], backoff_initial_s=0.05)
         with capture_logs() as logs:
             await supervisor.start()
             first = supervisor.pid
@@ -131,10 +131,10 @@ def test_kill_if_current_spares_a_newer_child() -> None:
 
 PARENT = """
 import asyncio, sys
-from kvserve.scheduler.server.executor_supervisor import ExecutorSupervisor
+from kvserve.scheduler.server.child_supervisor import ChildSupervisor
 
 async def main():
-    supervisor = ExecutorSupervisor([sys.executable, "-c", "import time; time.sleep(60)"])
+    supervisor = ChildSupervisor([sys.executable, "-c", "import time; time.sleep(60)"])
     await supervisor.start()
     print("CHILD", supervisor.pid, flush=True)
     await asyncio.sleep(60)

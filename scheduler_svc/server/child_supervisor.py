@@ -1,6 +1,8 @@
-"""Run the executor as a child process and restart it when it dies.
+"""Run a child process and restart it, with a bounded back-off, when it dies.
 
-`kvserve serve` is the scheduler process plus this supervisor. The executor is started
+`kvserve serve` is the scheduler process plus this supervisor of its executor, and
+`kvserve serve --data-parallel-size N` supervises N whole replicas and the router with it
+(`kvserve.replicas.replica_set`). The executor is started
 with `python -m kvserve.executor ...` (never imported: the scheduler stays torch-free),
 in its own process group so a terminal's Ctrl-C reaches only the scheduler, which then
 stops it in order. The child learns our pid (`kvserve.config.defaults.EXECUTOR_PARENT_PID_ENV`) and
@@ -34,8 +36,10 @@ def executor_command(args: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "kvserve.executor", *args]
 
 
-class ExecutorSupervisor:
-    """Start, watch, restart (with exponential backoff) and finally stop the executor child."""
+class ChildSupervisor:
+    """Start, watch, restart (with exponential backoff) and finally stop one child process.
+
+    `name` prefixes its log events (`executor_started`, `replica_exited`, ...)."""
 
     def __init__(
         self,
@@ -46,7 +50,11 @@ class ExecutorSupervisor:
         backoff_max_s: float = 10.0,
         stop_timeout_s: float = 10.0,
         env: dict[str, str] | None = None,
+        name: str = "executor",
+        log_fields: dict[str, object] | None = None,
     ) -> None:
+        self.name = name
+        self._log_fields = log_fields or {}
         self._argv = list(argv)
         self._restart = restart
         self._backoff_initial_s = backoff_initial_s
@@ -73,7 +81,7 @@ class ExecutorSupervisor:
         self._process = await asyncio.create_subprocess_exec(
             *with_parent_death_signal(self._argv), start_new_session=True, env=env
         )
-        log.info("executor_started", pid=self._process.pid, restarts=self.restarts)
+        log.info(f"{self.name}_started", pid=self._process.pid, restarts=self.restarts, **self._log_fields)
 
     async def _watch(self) -> None:
         backoff = self._backoff_initial_s
@@ -84,7 +92,9 @@ class ExecutorSupervisor:
             if self._stopping:
                 return
             self.exits.put_nowait(code)
-            log.warning("executor_exited", code=code, restarts=self.restarts, will_restart=self._restart)
+            log.warning(
+                f"{self.name}_exited", code=code, restarts=self.restarts, will_restart=self._restart, **self._log_fields
+            )
             if not self._restart:
                 return
             if time.monotonic() - started > _STABLE_AFTER_S:
@@ -107,7 +117,7 @@ class ExecutorSupervisor:
             and process.returncode is None
             and not self._stopping
         ):
-            log.warning("executor_kill_lost", pid=pid)
+            log.warning(f"{self.name}_kill_lost", pid=pid, **self._log_fields)
             _signal_group(pid, signal.SIGKILL)
 
     async def stop(self) -> None:
@@ -119,7 +129,7 @@ class ExecutorSupervisor:
             try:
                 await asyncio.wait_for(process.wait(), self._stop_timeout_s)
             except TimeoutError:
-                log.warning("executor_kill", pid=process.pid)
+                log.warning(f"{self.name}_kill", pid=process.pid, **self._log_fields)
                 _signal_group(process.pid, signal.SIGKILL)
                 await process.wait()
         if self._watch_task is not None:

@@ -1,0 +1,126 @@
+"""Run `kvserve serve --data-parallel-size N` as a real subprocess, for tests and `bench scale-out`.
+
+The replica set's processes (its replicas, their executors, the router) each run in a session
+of their own and die with their parent (PR_SET_PDEATHSIG), and teardown also SIGKILLs every
+pid the set logged as started, so nothing outlives a failed run. Its JSON log lines (one
+file, every process) give the pids; the router's `/workers` gives its view of the replicas.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from kvserve.testing.ports import free_port_range, free_ports
+from kvserve.testing.server_launcher import pid_alive
+from kvserve.testing.waiting import wait_until
+
+READY_LINE = "replicas behind vllm-router"
+"""In the set's `kvserve: serving N replicas behind vllm-router ...` line, printed once all are in rotation."""
+
+
+@dataclass
+class ReplicaSetProcess:
+    process: subprocess.Popen
+    url: str
+    """The router: the set's OpenAI-compatible HTTP API."""
+    replica_urls: list[str]
+    """Each replica's own HTTP API (loopback), in replica order."""
+    log_path: Path
+
+    def events(self, event: str) -> list[dict]:
+        return [e for e in self._log() if e.get("event") == event]
+
+    def started_pids(self) -> list[int]:
+        """Every process the set started: replicas, their executors, the router."""
+        return [e["pid"] for e in self._log() if str(e.get("event", "")).endswith("_started") and "pid" in e]
+
+    def replica_pids(self, index: int) -> list[int]:
+        """Every scheduler pid replica `index` has had, in start order."""
+        return [e["pid"] for e in self.events("replica_started") if e.get("replica") == index]
+
+    def get_json(self, url: str) -> dict:
+        response = httpx.get(url, timeout=10)
+        assert response.status_code == 200, f"GET {url}: {response.status_code} {response.text[:500]}"
+        return response.json()
+
+    def model(self) -> str:
+        """The served model's id, as the router's /v1/models passes it on from a replica."""
+        return self.get_json(self.url + "/v1/models")["data"][0]["id"]
+
+    def workers(self) -> dict[str, bool]:
+        """The router's view: each replica URL and whether it is in rotation."""
+        return {w["url"]: w["is_healthy"] for w in self.get_json(self.url + "/workers")["workers"]}
+
+    def loads(self) -> list[int]:
+        """Each replica's running + waiting requests, from its own /get_load."""
+        return [self.get_json(url + "/get_load")["load"] for url in self.replica_urls]
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def _log(self) -> list[dict]:
+        """The JSON log lines of every process in the set (the router's own lines are not JSON)."""
+        events = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(event, dict):
+                events.append(event)
+        return events
+
+
+@contextlib.contextmanager
+def serving_replicas(
+    args: Sequence[str], log_dir: Path, *, replicas: int = 2, timeout_s: float = 180.0, name: str = "replicas"
+) -> Iterator[ReplicaSetProcess]:
+    """`kvserve serve -dp REPLICAS ARGS` on free loopback ports, until every replica is in the
+    router's rotation; stopped with SIGTERM (then SIGKILL of everything it started) at the end."""
+    base = free_port_range(3 * replicas)[0]
+    taken = range(base, base + 3 * replicas)
+    http_port, metrics_port = [port for port in free_ports(2 + 3 * replicas) if port not in taken][:2]
+    argv = [sys.executable, "-m", "kvserve", "serve", "--data-parallel-size", str(replicas), "--port", "0"]
+    argv += ["--http-port", str(http_port), "--replica-ports-from", str(base)]
+    argv += ["--router-metrics-port", str(metrics_port), *args]
+    log_path = log_dir / f"{name}.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    replica_set = ReplicaSetProcess(
+        process,
+        f"http://127.0.0.1:{http_port}",
+        [f"http://127.0.0.1:{base + i}" for i in range(replicas)],
+        log_path,
+    )
+    try:
+        wait_until(
+            lambda: process.poll() is not None or READY_LINE in log_path.read_text(errors="replace"),
+            timeout_s,
+            lambda: f"{name} to serve:\n{replica_set.log_tail()}",
+        )
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited with {process.returncode}:\n{replica_set.log_tail()}")
+        yield replica_set
+    finally:
+        started = replica_set.started_pids()
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
+        for pid in started:
+            if pid_alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
