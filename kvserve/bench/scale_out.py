@@ -20,16 +20,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import datetime as dt
 import json
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,10 +41,8 @@ from kvserve.bench.report import summarize_run
 from kvserve.bench.run_meta import run_meta
 from kvserve.config.flags import HelpFormatter, add_flags, config_from_args, flag
 from kvserve.replicas.router_command import POLICIES
-from kvserve.testing.ports import free_ports
-from kvserve.testing.replica_launcher import serving_replicas
+from kvserve.testing.replica_launcher import serving_replicas, serving_router
 from kvserve.testing.server_launcher import serving
-from kvserve.testing.waiting import wait_until
 
 SINGLE = "1 replica"
 LATENCY_PROMPT_LEN = 64
@@ -144,35 +140,6 @@ async def _drive(
         )
 
 
-@contextlib.contextmanager
-def _router_in_front(worker_url: str, log_dir: Path) -> Iterator[str]:
-    """`kvserve router --policy round_robin` with `worker_url` as its only replica; its URL."""
-    port, metrics_port = free_ports(2)
-    argv = [sys.executable, "-m", "kvserve", "router", "--policy", "round_robin", "--worker-url", worker_url]
-    argv += ["--port", str(port), "--metrics-port", str(metrics_port)]
-    with (log_dir / "latency-router.log").open("w") as log:
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-
-        def ready() -> bool:
-            if process.poll() is not None:
-                raise RuntimeError(f"the router exited with {process.returncode}; see {log_dir / 'latency-router.log'}")
-            with contextlib.suppress(httpx.HTTPError):
-                return httpx.get(url + "/readiness", timeout=5).status_code == 200
-            return False
-
-        wait_until(ready, 120, "the latency router to be ready", interval_s=0.2)
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
-
-
 async def _router_latency(
     direct_url: str, routed_url: str, model: str, vocab_size: int, requests: int
 ) -> RouterLatency:
@@ -242,7 +209,8 @@ def run_scale_out_bench(config: ScaleOutBenchConfig, progress: Callable[[str], N
             workload = _workload(config, int(info["vocab_size"]))
             runs.append(asyncio.run(_drive(single.http_url, SINGLE, workload, config, config.startup_timeout_s)))
             progress(f"{SINGLE}: done; measuring the router's added latency")
-            with _router_in_front(single.http_url, log_dir) as routed:
+            router_args = ["--policy", "round_robin", "--worker-url", single.http_url]
+            with serving_router(router_args, log_dir / "latency-router.log") as routed:
                 latency = asyncio.run(
                     _router_latency(
                         single.http_url, routed, info["model_id"], int(info["vocab_size"]), config.latency_requests // 2

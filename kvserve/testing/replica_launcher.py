@@ -124,3 +124,33 @@ def serving_replicas(
             if pid_alive(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def serving_router(args: Sequence[str], log_path: Path | None = None, timeout_s: float = 120.0) -> Iterator[str]:
+    """`kvserve router ARGS` (its `--worker-url`s, policy, ...) on free loopback ports, until its
+    `/readiness` answers 200 (every replica passed a health check); its URL. Stopped at the end."""
+    port, metrics_port = free_ports(2)
+    argv = [sys.executable, "-m", "kvserve", "router", "--port", str(port), "--metrics-port", str(metrics_port), *args]
+    with contextlib.ExitStack() as stack:
+        log = stack.enter_context(log_path.open("w")) if log_path is not None else subprocess.DEVNULL
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"kvserve router exited with {process.returncode} (log: {log_path})")
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(url + "/readiness", timeout=5).status_code == 200
+        return False
+
+    try:
+        wait_until(ready, timeout_s, f"the router on {url} to be ready", interval_s=0.2)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)

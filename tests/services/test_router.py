@@ -8,6 +8,7 @@ the router says. `round_robin` spreads the same requests over both.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,8 +18,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvserve.testing.ports import free_ports
+from kvserve.testing.replica_launcher import serving_router
 from kvserve.testing.server_launcher import ServeProcess
-from kvserve.testing.waiting import wait_until
 from tests.http.http_clients import FAKE_ARGS, token_file
 
 pytestmark = pytest.mark.timeout(240)
@@ -66,30 +67,15 @@ def replicas(http_serve_factory) -> list[tuple[ServeProcess, str]]:
 
 @pytest.fixture
 def start_router(replicas) -> Iterator:
-    started: list[subprocess.Popen] = []
+    with contextlib.ExitStack() as stack:
 
-    def start(policy: str) -> str:
-        port, metrics_port = free_ports(2)
-        args = [sys.executable, "-m", "kvserve", "router", "--policy", policy, "--port", str(port)]
-        args += ["--metrics-port", str(metrics_port)]
-        for server, endpoint in replicas:
-            args += ["--worker-url", server.http_url, "--kv-events", f"{server.http_url}={endpoint}"]
-        started.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        url = f"http://127.0.0.1:{port}"
+        def start(policy: str) -> str:
+            args = ["--policy", policy]
+            for server, endpoint in replicas:
+                args += ["--worker-url", server.http_url, "--kv-events", f"{server.http_url}={endpoint}"]
+            return stack.enter_context(serving_router(args))
 
-        def ready() -> bool:
-            try:
-                return httpx.get(url + "/readiness", timeout=5).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_until(ready, 60, f"the router on {url} to be ready")
-        return url
-
-    yield start
-    for process in started:
-        process.terminate()
-        process.wait(timeout=30)
+        yield start
 
 
 def test_kv_aware_sends_each_prefix_to_the_replica_that_holds_it(replicas, start_router) -> None:

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from kvserve.testing.ports import free_ports
+from kvserve.testing.replica_launcher import serving_router
 from kvserve.testing.server_launcher import ServeProcess
 from kvserve.testing.waiting import wait_until
 from tests.http.http_clients import FAKE_ARGS
@@ -38,26 +39,11 @@ def replicas(http_serve_factory) -> list[ServeProcess]:
 
 @pytest.fixture
 def router(replicas) -> Iterator[str]:
-    port, metrics_port = free_ports(2)
-    args = [sys.executable, "-m", "kvserve", "router", "--policy", "round_robin", "--port", str(port)]
-    args += ["--metrics-port", str(metrics_port)]
+    args = ["--policy", "round_robin"]
     for server in replicas:
         args += ["--worker-url", server.http_url]
-    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        try:
-            return httpx.get(url + "/readiness", timeout=5).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_until(ready, 60, f"the router on {url} to be ready")
+    with serving_router(args) as url:
         yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 def _router_healthy(router: str) -> dict[str, bool]:
