@@ -28,6 +28,15 @@ READY_LINE = "replicas behind vllm-router"
 """In the set's `kvserve: serving N replicas behind vllm-router ...` line, printed once all are in rotation."""
 
 
+def metric_total(http_url: str, sample: str) -> float:
+    """The sum of one Prometheus sample over all its labels, from a replica's own `/metrics`
+    (e.g. `kvserve:request_success_total`): what it served, whatever the router says."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(http_url + "/metrics", timeout=30).text
+    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples if s.name == sample)
+
+
 @dataclass
 class ReplicaSetProcess:
     process: subprocess.Popen

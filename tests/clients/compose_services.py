@@ -435,6 +435,15 @@ def stop(running: Running) -> None:
         raise ComposeError(f"{running.name} exited with {code} on SIGTERM:\n{running.log_tail()}")
 
 
+def start_healthy(services: dict, log_dir: Path, started: list[Running]) -> dict[str, Running]:
+    """Every service started in dependency order, each healthy before its dependents start (as
+    `depends_on: service_healthy` makes compose do); `started` collects them for teardown."""
+    for name in start_order(services):
+        started.append(start(name, services[name], log_dir))
+        wait_healthy(started[-1])
+    return {r.name: r for r in started}
+
+
 def kill_all(processes: list[Running]) -> None:
     """SIGKILL each process group (teardown, whatever state it is in)."""
     for running in processes:

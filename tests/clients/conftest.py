@@ -17,6 +17,7 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 import pytest
@@ -225,3 +226,12 @@ def scripted_server(_scripted_server_session: ScriptedServer) -> ScriptedServer:
     """The shared scripted server with its recordings cleared and health SERVING."""
     _scripted_server_session.reset()
     return _scripted_server_session
+
+
+@pytest.fixture
+def scratch(tmp_path: Path, default_model_dir: Path) -> Path:
+    """Stands in for a compose file's model-cache volume: the default model already converted (a symlink)."""
+    cache = tmp_path / "model-cache" / "models"
+    cache.mkdir(parents=True)
+    (cache / default_model_dir.name).symlink_to(default_model_dir, target_is_directory=True)
+    return tmp_path

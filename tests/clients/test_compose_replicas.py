@@ -20,9 +20,9 @@ from pathlib import Path
 import httpx
 import pytest
 from openai import OpenAI
-from prometheus_client.parser import text_string_to_metric_families
 
 from kvserve.link.endpoint import is_loopback_host
+from kvserve.testing.replica_launcher import metric_total
 from kvserve.testing.waiting import wait_until
 from tests.clients.compose_services import (
     LOOPBACK,
@@ -38,10 +38,8 @@ from tests.clients.compose_services import (
     localize_services,
     published_address,
     published_ports,
-    start,
-    start_order,
+    start_healthy,
     stop,
-    wait_healthy,
 )
 
 pytestmark = pytest.mark.timeout(600)
@@ -60,15 +58,6 @@ def option(command: list[str], flag: str) -> str:
 
 
 @pytest.fixture
-def scratch(tmp_path: Path, default_model_dir: Path) -> Path:
-    """Stands in for the model-cache volume: the default model already converted (a symlink)."""
-    cache = tmp_path / "model-cache" / "models"
-    cache.mkdir(parents=True)
-    (cache / default_model_dir.name).symlink_to(default_model_dir, target_is_directory=True)
-    return tmp_path
-
-
-@pytest.fixture
 def replicas_up(scratch: Path) -> Iterator:
     """`up()`: the localized services started in order, each healthy before its dependents start."""
     started: list[Running] = []
@@ -77,10 +66,7 @@ def replicas_up(scratch: Path) -> Iterator:
         compose = load_replicas()
         assert check_compose(compose) == []
         services, port_map = localize_services(compose, scratch, executor="fake")
-        for name in start_order(services):
-            started.append(start(name, services[name], scratch))
-            wait_healthy(started[-1])
-        return {r.name: r for r in started}, port_map
+        return start_healthy(services, scratch, started), port_map
 
     yield up
     kill_all(started)
@@ -88,13 +74,7 @@ def replicas_up(scratch: Path) -> Iterator:
 
 def _finished(http_url: str) -> float:
     """A replica's finished requests, from its own /metrics."""
-    text = httpx.get(f"{http_url}/metrics", timeout=30).text
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "kvserve:request_success_total"
-    )
+    return metric_total(http_url, "kvserve:request_success_total")
 
 
 def test_replicas_and_router_come_up_answer_and_stop(replicas_up) -> None:

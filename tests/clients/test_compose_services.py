@@ -35,20 +35,11 @@ from tests.clients.compose_services import (
     localize,
     published_address,
     start,
-    start_order,
+    start_healthy,
     stop,
     wait_healthy,
     wait_ready,
 )
-
-
-@pytest.fixture
-def scratch(tmp_path: Path, default_model_dir: Path) -> Path:
-    """Stands in for the model-cache volume: the default model already converted (a symlink)."""
-    cache = tmp_path / "model-cache" / "models"
-    cache.mkdir(parents=True)
-    (cache / default_model_dir.name).symlink_to(default_model_dir, target_is_directory=True)
-    return tmp_path
 
 
 @pytest.fixture
@@ -60,10 +51,7 @@ def compose_up(scratch: Path) -> Iterator:
         compose = load_compose()
         assert check_compose(compose) == []
         services, port_map = localize(compose, scratch, executor=executor)
-        for name in start_order(services):
-            started.append(start(name, services[name], scratch))
-            wait_healthy(started[-1])
-        return {r.name: r for r in started}, port_map
+        return start_healthy(services, scratch, started), port_map
 
     yield up
     kill_all(started)

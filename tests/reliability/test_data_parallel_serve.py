@@ -17,12 +17,10 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from kvserve.testing.replica_launcher import ReplicaSetProcess, serving_replicas
+from kvserve.testing.replica_launcher import ReplicaSetProcess, metric_total, serving_replicas
 from kvserve.testing.server_launcher import pid_alive
 from kvserve.testing.waiting import wait_until
 
@@ -49,13 +47,7 @@ def replica_set(tmp_path: Path) -> Iterator[ReplicaSetProcess]:
 
 def _served(replicas: ReplicaSetProcess, index: int) -> float:
     """Requests replica `index` finished, from its own /metrics."""
-    text = httpx.get(replicas.replica_urls[index] + "/metrics", timeout=10).text
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "kvserve:request_success_total"
-    )
+    return metric_total(replicas.replica_urls[index], "kvserve:request_success_total")
 
 
 def test_sigterm_stops_every_process_and_exits_zero(replica_set: ReplicaSetProcess) -> None:

@@ -12,24 +12,13 @@ import pytest
 from structlog.testing import capture_logs
 
 from kvserve.scheduler.server.child_supervisor import ChildSupervisor, executor_command
+from kvserve.testing.server_launcher import pid_alive
 from kvserve.testing.waiting import wait_until, wait_until_async
 
 pytestmark = pytest.mark.timeout(60)
 
 EVENT_TIMEOUT_S = 20.0
 """Bounds only a stuck supervisor: every wait returns once its event happens."""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def _children(pid: int) -> list[int]:
@@ -94,9 +83,9 @@ def test_stop_terminates_the_child_and_its_group() -> None:
 
     pid, grandchildren, unexpected_exits = asyncio.run(scenario())
     assert grandchildren
-    assert not _alive(pid)
+    assert not pid_alive(pid)
     for child in grandchildren:
-        wait_until(lambda child=child: not _alive(child), EVENT_TIMEOUT_S, f"grandchild {child} to die")
+        wait_until(lambda child=child: not pid_alive(child), EVENT_TIMEOUT_S, f"grandchild {child} to die")
     assert unexpected_exits == 0
 
 
@@ -111,7 +100,7 @@ def test_kill_if_current_spares_a_newer_child() -> None:
             # did not send, however late a death would show.
             supervisor.kill_if_current(first + 100000)  # not ours: nothing happens
             assert _events(logs, "executor_kill_lost") == []
-            assert supervisor.pid == first and supervisor.restarts == 0 and _alive(first)
+            assert supervisor.pid == first and supervisor.restarts == 0 and pid_alive(first)
             supervisor.kill_if_current(first)  # the lost one: killed and replaced
             code = await asyncio.wait_for(supervisor.exits.get(), 10)
             second = await wait_until_async(
@@ -119,7 +108,7 @@ def test_kill_if_current_spares_a_newer_child() -> None:
             )
             supervisor.kill_if_current(first)  # a late report about the old child spares the new one
             kills = [e["pid"] for e in _events(logs, "executor_kill_lost")]
-            alive = supervisor.pid == second and _alive(second)
+            alive = supervisor.pid == second and pid_alive(second)
             await supervisor.stop()
         return code, kills, first, alive, supervisor.restarts, supervisor.exits.qsize()
 
@@ -158,9 +147,9 @@ def test_the_child_dies_with_a_killed_parent() -> None:
             assert line, "the parent exited before starting its child"
         child = int(line.split()[1])
         wait_until(lambda: _exec_done(child), EVENT_TIMEOUT_S, "the trampoline to exec the child")
-        assert _alive(child)
+        assert pid_alive(child)
         parent.kill()
         parent.wait(10)
-        wait_until(lambda: not _alive(child), EVENT_TIMEOUT_S, "the child to die with its parent")
+        wait_until(lambda: not pid_alive(child), EVENT_TIMEOUT_S, "the child to die with its parent")
     finally:
         parent.kill()

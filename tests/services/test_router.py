@@ -15,10 +15,9 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from kvserve.testing.ports import free_ports
-from kvserve.testing.replica_launcher import serving_router
+from kvserve.testing.replica_launcher import metric_total, serving_router
 from kvserve.testing.server_launcher import ServeProcess
 from tests.http.http_clients import FAKE_ARGS, token_file
 
@@ -34,15 +33,11 @@ ROUTED = 6
 
 def _counters(server: ServeProcess) -> tuple[float, float]:
     """(finished requests, prefix-cache hit tokens) from the replica's own /metrics."""
-    text = httpx.get(server.http_url + "/metrics", timeout=30).text
-    finished = hits = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "kvserve:request_success_total":
-                finished += sample.value
-            elif sample.name == "kvserve:prefix_cache_hits_total":
-                hits += sample.value
-    return finished, hits
+    assert server.http_url is not None
+    return (
+        metric_total(server.http_url, "kvserve:request_success_total"),
+        metric_total(server.http_url, "kvserve:prefix_cache_hits_total"),
+    )
 
 
 def _chat(url: str, which: int, i: int) -> None:
