@@ -97,7 +97,8 @@ async def _run(plan: ReplicaSetPlan, router_executable: str, drain_grace_s: floa
                 await supervisor.start()
             await router.start()
             watch = _Watch()
-            code = await _until_ready(client, plan, replicas, watch, shutdown)
+            children = [(f"replica {r.index}", s) for r, s in zip(plan.replicas, replicas)] + [("the router", router)]
+            code = await _until_ready(client, plan, children, watch, shutdown)
             if code == 0 and not shutdown.is_set():
                 grpc = ", ".join(str(r.grpc_port) for r in plan.replicas if r.grpc_port)
                 print(
@@ -118,17 +119,18 @@ async def _run(plan: ReplicaSetPlan, router_executable: str, drain_grace_s: floa
 async def _until_ready(
     client: httpx.AsyncClient,
     plan: ReplicaSetPlan,
-    replicas: list[ChildSupervisor],
+    children: list[tuple[str, ChildSupervisor]],
     watch: _Watch,
     shutdown: asyncio.Event,
 ) -> int:
-    """0 once the router sees every replica healthy; 1 if a replica exits before that."""
+    """0 once the router sees every replica healthy; 1 if a child (a replica, or the router,
+    say on a bad --router-args) exits before that: starting it again would only fail again."""
     while not shutdown.is_set():
-        for replica, supervisor in zip(plan.replicas, replicas):
+        for name, supervisor in children:
             if not supervisor.exits.empty():
                 code = supervisor.exits.get_nowait()
                 print(
-                    f"kvserve: replica {replica.index} exited with code {code} while starting; its log is above",
+                    f"kvserve: {name} exited with code {code} while starting; its log is above",
                     file=sys.stderr,
                     flush=True,
                 )

@@ -14,12 +14,15 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import openai
 import pytest
 
+from kvserve.testing.ports import free_port
 from kvserve.testing.replica_launcher import ReplicaSetProcess, metric_total, serving_replicas
 from kvserve.testing.server_launcher import pid_alive
 from kvserve.testing.waiting import wait_until
@@ -119,3 +122,16 @@ def test_kill_9_of_a_replica_under_32_streams(replica_set: ReplicaSetProcess) ->
         _complete(replica_set.url, model, 100 + i)
     assert _served(replica_set, victim) >= 3, "the restarted replica serves again (its counters start from zero)"
     assert replica_set.events("replica_rejoined"), "the replica set reported the rejoin"
+
+
+def test_a_router_that_cannot_start_fails_the_start_up(tmp_path: Path) -> None:
+    """A bad --router-args makes vllm-router exit at once: the set stops and says so, exit 1."""
+    out = subprocess.run(
+        [sys.executable, "-m", "kvserve", "serve", "-dp", "2", "--executor", "fake", "--port", "0"]
+        + ["--http-port", str(free_port()), "--router-args=--no-such-router-flag"],
+        capture_output=True,
+        text=True,
+        timeout=START_TIMEOUT_S,
+    )
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "the router exited with code" in out.stderr and "Traceback" not in out.stderr
