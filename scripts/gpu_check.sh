@@ -18,6 +18,10 @@ set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-$(command -v python3 || command -v python)}
-# kvserve is not pip-installed on the GPU machine: it runs from the checkout
-export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" KVSERVE_REPO="$REPO"
+# kvserve is not pip-installed on the GPU machine: it runs from the checkout, through a folder that
+# holds only a `kvserve` link. The checkout's root itself on PYTHONPATH would let its `kernels/`
+# shadow Hugging Face's `kernels` package, which transformers imports (kvserve/child_python.py).
+import_path="${KVSERVE_GPU_CHECK_WORK:-/tmp/kvserve-gpu-check}/import-path"
+mkdir -p "$import_path" && ln -sfn "$REPO/kvserve" "$import_path/kvserve"
+export PYTHONPATH="$import_path${PYTHONPATH:+:$PYTHONPATH}" KVSERVE_REPO="$REPO" PYTHONSAFEPATH=1
 exec "$PY" -m kvserve.gpu_check "$@"

@@ -14,13 +14,13 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Sequence
 
 import structlog
 
+from kvserve.child_python import python_module
 from kvserve.config import defaults
 from kvserve.config.flags import config_to_argv
 from kvserve.executor.link_worker import ExitReason
@@ -47,7 +47,7 @@ class LocalRanks:
 
     def __init__(self, leader: RankPlace, argv: Sequence[str], broadcast_timeout_s: float) -> None:
         self.leader = leader
-        self.argv = [sys.executable, "-m", "kvserve.executor", *argv]
+        self.argv = python_module("kvserve.executor", *argv)
         self.processes: dict[int, subprocess.Popen] = {}
         self.broadcast_timeout_s = broadcast_timeout_s
         self.sending_since: float | None = None

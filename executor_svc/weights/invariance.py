@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 import structlog
 import torch
 
+from kvserve.child_python import python_module
 from kvserve.executor.disk_cache import cache_dir
 from kvserve.executor.model_config import ModelConfig
 from kvserve.executor.weights.gguf_q4_1 import GROUP, Q4_1Weight
@@ -104,7 +105,7 @@ def min_rows(shapes: list[GemmShape], cache: ProbeCache, rates: tuple[torch.dtyp
         log.info("probing GEMM call sizes for batch invariance (once per machine, then cached)", kernels=len(missing))
         request = json.dumps({"threads": cache.threads, "shapes": [asdict(s) for s in missing], "rates": missing_rates})
         child = subprocess.run(
-            [sys.executable, "-m", "kvserve.executor.weights.invariance"],
+            python_module("kvserve.executor.weights.invariance"),
             input=request,
             capture_output=True,
             text=True,

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvserve.child_python import python_module
 from kvserve.config.flags import HelpFormatter, add_flags, config_from_args, config_to_argv, flag
 from kvserve.executor.tensor_parallel.config import RankPlace
 from kvserve.executor.tensor_parallel.group import TensorParallelGroup
@@ -61,7 +62,7 @@ def _leader(args: PlanBroadcastConfig) -> dict:
     env = {**os.environ, "MASTER_PORT": str(place.master_port)}
     followers = [
         subprocess.Popen(
-            [sys.executable, "-m", "kvserve.bench.plan_broadcast", "--follower", str(rank), *config_to_argv(args)],
+            python_module("kvserve.bench.plan_broadcast", "--follower", str(rank), *config_to_argv(args)),
             env=env,
         )
         for rank in range(1, args.ranks)

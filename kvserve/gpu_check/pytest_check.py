@@ -10,10 +10,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from typing import TYPE_CHECKING, Any
 
+from kvserve.child_python import python_module
 from kvserve.gpu_check.report import Outcome
 from kvserve.gpu_check.wheel_list import REPO_ROOT
 
@@ -65,7 +65,7 @@ def _verdict(ids: dict[str, list[str]], cuda: bool) -> tuple[bool, str, dict[str
 
 def run_pytest_cuda(ctx: StageContext) -> Outcome:
     junit, log_path = ctx.out_dir / "pytest_cuda.xml", ctx.out_dir / "pytest_cuda.log"
-    command = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-rfE", "-p", "no:cacheprovider"]
+    command = python_module("pytest", "-m", "cuda", "-q", "-rfE", "-p", "no:cacheprovider")
     command += ["-p", "kvserve.gpu_check.pytest_check", f"--junitxml={junit}"]
     cuda = ctx.sizes.device == "cuda"
     workers = WORKERS if cuda and importlib.util.find_spec("xdist") is not None else 1

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvserve.child_python import python_module
 from kvserve.gpu_check import report
 from kvserve.gpu_check.sizes import Sizes, sizes_for
 from kvserve.gpu_check.stages import CHECKS, STAGES, Check, checks_of
@@ -55,7 +56,7 @@ def run_stages(
         progress(f"stage {stage.name} starts, budget {limit:.0f}s: {', '.join(c.name for c in checks_of(stage.name))}")
         args = [stage.name, out_dir, work, wheels, sizes.name, limit]
         process = subprocess.Popen(
-            [sys.executable, "-m", "kvserve.gpu_check.stage", *map(str, args)],
+            python_module("kvserve.gpu_check.stage", *map(str, args)),
             env={**env, **dict(stage.env), "PYTHONUNBUFFERED": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"},
             start_new_session=True,
             stdin=subprocess.DEVNULL,

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import httpx
 import structlog
 
+from kvserve.child_python import python_module
 from kvserve.replicas.replica_plan import ReplicaSetPlan
 from kvserve.replicas.router_command import router_command
 from kvserve.scheduler.server.child_supervisor import ChildSupervisor
@@ -71,7 +72,7 @@ async def _run(plan: ReplicaSetPlan, router_executable: str, drain_grace_s: floa
         loop.add_signal_handler(sig, shutdown.set)
     replicas = [
         ChildSupervisor(
-            [sys.executable, "-m", "kvserve", "serve", *replica.serve_args],
+            python_module("kvserve", "serve", *replica.serve_args),
             name="replica",
             log_fields={"replica": replica.index, "url": replica.http_url},
             env={**os.environ, **replica.env},

@@ -13,13 +13,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
+from kvserve.child_python import python_module
 from kvserve.testing.ports import free_port_range, free_ports
 from kvserve.testing.server_launcher import pid_alive
 from kvserve.testing.waiting import wait_until
@@ -99,7 +99,7 @@ def serving_replicas(
     base = free_port_range(3 * replicas)[0]
     taken = range(base, base + 3 * replicas)
     http_port, metrics_port = [port for port in free_ports(2 + 3 * replicas) if port not in taken][:2]
-    argv = [sys.executable, "-m", "kvserve", "serve", "--data-parallel-size", str(replicas), "--port", "0"]
+    argv = python_module("kvserve", "serve", "--data-parallel-size", str(replicas), "--port", "0")
     argv += ["--http-port", str(http_port), "--replica-ports-from", str(base)]
     argv += ["--router-metrics-port", str(metrics_port), *args]
     log_path = log_dir / f"{name}.log"
@@ -140,7 +140,7 @@ def serving_router(args: Sequence[str], log_path: Path | None = None, timeout_s:
     """`kvserve router ARGS` (its `--worker-url`s, policy, ...) on free loopback ports, until its
     `/readiness` answers 200 (every replica passed a health check); its URL. Stopped at the end."""
     port, metrics_port = free_ports(2)
-    argv = [sys.executable, "-m", "kvserve", "router", "--port", str(port), "--metrics-port", str(metrics_port), *args]
+    argv = python_module("kvserve", "router", "--port", str(port), "--metrics-port", str(metrics_port), *args)
     with contextlib.ExitStack() as stack:
         log = stack.enter_context(log_path.open("w")) if log_path is not None else subprocess.DEVNULL
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)

@@ -17,7 +17,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -28,6 +27,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from kvserve.child_python import python_module
 from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from kvserve.testing.ports import free_ports
 
@@ -242,7 +242,7 @@ def start_serve(
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(
             [
-                *(sys.executable, "-m", "kvserve", "serve", "--host", host, "--port", str(port)),
+                *python_module("kvserve", "serve", "--host", host, "--port", str(port)),
                 *("--http-port", str(http_port if http else 0)),
                 *args,
             ],

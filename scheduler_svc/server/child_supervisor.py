@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import structlog
 
+from kvserve.child_python import PYTHON, python_module
 from kvserve.config import defaults
 
 log = structlog.get_logger(__name__)
@@ -33,7 +34,7 @@ def executor_command(args: Sequence[str]) -> list[str]:
     """The argv that starts an executor with the given `kvserve executor` options.
 
     `python -m kvserve.executor` parses exactly those flags without loading the kvserve CLI."""
-    return [sys.executable, "-m", "kvserve.executor", *args]
+    return python_module("kvserve.executor", *args)
 
 
 class ChildSupervisor:
@@ -163,4 +164,4 @@ def with_parent_death_signal(argv: list[str]) -> list[str]:
     """`argv` wrapped so that on Linux the child gets SIGTERM when this process dies."""
     if not sys.platform.startswith("linux"):
         return argv
-    return [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
+    return [*PYTHON, "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]

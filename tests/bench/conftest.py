@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from kvserve.child_python import PYTHON
+
 
 def run_kvserve(args: list[str], timeout_s: float) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "kvserve", *args],
+        [*PYTHON, "-m", "kvserve", *args],
         capture_output=True,
         text=True,
         timeout=timeout_s,

@@ -13,6 +13,7 @@ import jsonschema
 import openai
 import pytest
 
+from kvserve.child_python import PYTHON
 from tests.http.http_clients import sdk
 
 pytestmark = pytest.mark.timeout(300)
@@ -176,7 +177,6 @@ def test_grpc_clients_get_calls_from_the_same_prompt_and_refusals_name_the_field
 
 def test_cli_generate_with_a_tool_file_prints_the_call(http_server, tmp_path) -> None:
     import subprocess
-    import sys
 
     tool = tmp_path / "weather.json"
     tool.write_text(json.dumps(TOOLS[0]))
@@ -192,7 +192,7 @@ def test_cli_generate_with_a_tool_file_prints_the_call(http_server, tmp_path) ->
     ]
     result = subprocess.run(
         [
-            sys.executable,
+            *PYTHON,
             "-m",
             "kvserve",
             *args,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from kvserve.child_python import PYTHON
 from kvserve.protos import generate
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -16,7 +16,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 def test_committed_generated_code_is_fresh() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "kvserve.protos.generate", "--check"],
+        [*PYTHON, "-m", "kvserve.protos.generate", "--check"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
