@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from pathlib import Path
 
 import structlog
 import torch
@@ -20,6 +21,8 @@ from kvserve.config import defaults
 from kvserve.executor.attention.cpu_backend import ensure_kernels
 from kvserve.executor.attention.registry import create_backend
 from kvserve.executor.cpu_features import has_native_bf16
+from kvserve.executor.disk_cache import cache_dir
+from kvserve.executor.model.decode_graphs import DecodeGraphs
 from kvserve.executor.model.input_batch import InputBatch, build_input_batch
 from kvserve.executor.model.kv_cache import CacheGeometry, PagedKVCache
 from kvserve.executor.model.llama import LlamaModel
@@ -27,7 +30,9 @@ from kvserve.executor.model_config import load_model_config
 from kvserve.executor.process_memory import MIB, release_freed_heap, resident_bytes
 from kvserve.executor.runner_config import (
     RunnerConfig,
+    compile_buckets,
     resolve_attention_backend,
+    resolve_compile,
     resolve_device,
     resolve_dtype,
     resolve_kv_cache_dtype,
@@ -89,6 +94,8 @@ class ModelRunner:
         self.dtype_name, why = self._resolve_dtype()
         self.dtype = getattr(torch, self.dtype_name)
         self.weights_mode = resolve_weights(config, self.device, self.dtype_name)
+        compiled = resolve_compile(config, self.device, self.weights_mode, self.backend_name, size)
+        buckets = compile_buckets(config) if compiled else ()
         if self.invariant or self.backend_name == "cpu" or self.weights_mode == "native":
             ensure_kernels()  # native: the Q8_0 lm_head's kernel
         if "auto" in (config.dtype, config.weights):
@@ -140,6 +147,7 @@ class ModelRunner:
             num_blocks, num_cpu_blocks = self.group.min_int(num_blocks), self.group.min_int(num_cpu_blocks)
         self.cache = PagedKVCache(self.geometry, num_blocks, num_cpu_blocks, self.device)
         self.seqs = SequenceTable()
+        self.graphs = self._capture_decode_graphs(buckets) if compiled else None
         self.model_id = self._model_id()
         release_freed_heap()
         log.info(
@@ -153,6 +161,7 @@ class ModelRunner:
             num_blocks=num_blocks,
             num_cpu_blocks=num_cpu_blocks,
             threads=torch.get_num_threads() if self.device == "cpu" else None,
+            compiled_buckets=",".join(map(str, buckets)) or None,
             tensor_parallel=f"rank {self.layout.rank} of {size}" if size > 1 else None,
             rss_mib=round(resident_bytes() / MIB),
             seconds=round(time.monotonic() - started, 2),
@@ -220,7 +229,8 @@ class ModelRunner:
         """The forward pass. Sharded, a failure inside it (out of memory, say) can leave another rank
         waiting in a collective this rank never reaches, so it ends the group instead of the step."""
         if self.group is None:
-            return self.model.forward(batch, self.cache, self.backend)
+            logits = self.graphs.forward(batch) if self.graphs is not None else None
+            return logits if logits is not None else self.model.forward(batch, self.cache, self.backend)
         try:
             return self.model.forward(batch, self.cache, self.backend)
         except RankLostError:
@@ -259,6 +269,24 @@ class ModelRunner:
             f"bfloat16 GEMMs are batch-invariant on this CPU only from {cost}, too costly to pad a decode "
             "step to: float32 instead"
         )
+
+    def _capture_decode_graphs(self, buckets: tuple[int, ...]) -> DecodeGraphs:
+        """Compile the decode forward for every bucket (the first start on a machine; later ones hit the cache)."""
+        configured = self.config.compile_cache_dir
+        directory = Path(configured) if configured else cache_dir() / "inductor"
+        width = -(-self.max_model_len // self.config.block_size)
+        graphs = DecodeGraphs(self.model, self.cache, self.backend, buckets, width, directory)
+        log.info("compiling the decode step", buckets=",".join(map(str, buckets)), cache_dir=str(directory))
+        started = time.monotonic()
+        captured = graphs.capture_all()
+        log.info(
+            "compiled the decode step",
+            seconds=round(time.monotonic() - started, 1),
+            buckets=len(captured),
+            inductor_cache_hits=sum(c.cache_hits for c in captured),
+            inductor_cache_misses=sum(c.cache_misses for c in captured),
+        )
+        return graphs
 
     def _max_model_len(self) -> int:
         cfg = self.model_config

@@ -103,6 +103,28 @@ class RunnerConfig:
     )
     # One core is left to the scheduler process and the link: oversubscribed OpenMP threads
     # stall for whole seconds.
+    compile: str = field(
+        default="auto",
+        metadata=flag(
+            "on: the decode forward compiled (torch.compile, inductor's C++ backend) once per batch-size bucket "
+            "at start-up, cpu with --weights native only; off: eager; auto: off, because on the CPUs measured "
+            "(docs/benchmarks.md) it paid 1% at batch 1 and lost at 64. Compiled and eager tokens are identical. "
+            "A restart re-traces every bucket (seconds each from a warm cache): raise the scheduler's "
+            "--executor-restart-timeout to match",
+            choices=("auto", "on", "off"),
+        ),
+    )
+    compile_cache_dir: str | None = field(
+        default=None,
+        metadata=flag(
+            "inductor's FX-graph and kernel caches for --compile on, so only a model's first start on a machine "
+            "pays the compile; None: $KVSERVE_CACHE/inductor (~/.cache/kvserve/inductor)"
+        ),
+    )
+    compile_buckets: str = field(
+        default=defaults.COMPILE_BUCKETS,
+        metadata=flag("comma-separated decode batch sizes --compile on captures, ascending"),
+    )
 
     def __post_init__(self) -> None:
         check_block_size(self.block_size)
@@ -183,6 +205,38 @@ def resolve_weights(config: RunnerConfig, device: str, dtype: str) -> str:
     if device != "cpu" or dtype != "float32":
         raise ExecutorConfigError(f"--weights native runs on cpu with --dtype float32, not {device} / {dtype}")
     return "native"
+
+
+COMPILE_MODES = ("on", "off")
+
+
+def resolve_compile(config: RunnerConfig, device: str, weights: str, attention_backend: str, ranks: int) -> bool:
+    """Whether the decode forward is compiled. auto is off: measured on CPU (docs/benchmarks.md), the
+    compiled native step was 1% faster at batch 1 and 6% slower at 64, for 40 s of compilation a bucket;
+    on CUDA, graphs of the decode step are not captured yet."""
+    check_choice("compile", config.compile, COMPILE_MODES)
+    if config.compile != "on":
+        return False
+    if device != "cpu" or weights != "native" or attention_backend != "cpu" or ranks > 1:
+        raise ExecutorConfigError(
+            "--compile on needs device cpu, --weights native, --attention-backend cpu and one rank (inductor lowers "
+            "the dequantized weights' prepacked oneDNN linears only when frozen, and CUDA graphs are not captured "
+            f"yet), got {device}, {weights}, {attention_backend}, {ranks} rank(s)"
+        )
+    return True
+
+
+def compile_buckets(config: RunnerConfig) -> tuple[int, ...]:
+    """--compile-buckets as ascending positive batch sizes."""
+    try:
+        sizes = tuple(int(part) for part in config.compile_buckets.split(","))
+    except ValueError:
+        sizes = ()
+    if not sizes or any(s < 1 for s in sizes) or list(sizes) != sorted(set(sizes)):
+        raise ExecutorConfigError(
+            f"--compile-buckets must be ascending positive batch sizes such as 1,2,4,8, got {config.compile_buckets!r}"
+        )
+    return sizes
 
 
 def resolve_attention_backend(config: RunnerConfig, device: str) -> str:

@@ -19,6 +19,7 @@ import hashlib
 import os
 import platform
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -73,8 +74,35 @@ def load(build_root: Path, verbose: bool = False) -> Path:
             is_python_module=False,
             verbose=verbose,
         )
+        _register_shapes()
         _loaded = directory
         return directory
+
+
+def _register_shapes() -> None:
+    """Each op's output shape and dtype without computing it, so `torch.compile` can trace a forward
+    that calls the ops (`kvserve.executor.model.decode_graphs`); the compiled graph calls them as they are."""
+
+    def attention(query: torch.Tensor, *caches_and_metadata: object) -> torch.Tensor:
+        return torch.empty_like(query)
+
+    def store(*tensors: torch.Tensor) -> None:
+        return None
+
+    def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+        return gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
+
+    def q8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        return x.new_empty(x.shape[0], codes.shape[0], dtype=torch.float32)
+
+    shapes: dict[str, Callable[..., object]] = {
+        "paged_attention": attention,
+        "store_kv": store,
+        "silu_mul": silu_mul,
+        "q8_linear": q8_linear,
+    }
+    for name, shape in shapes.items():
+        torch.library.register_fake(f"kvserve_cpu::{name}", shape)
 
 
 def head_major(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

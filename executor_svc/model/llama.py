@@ -60,10 +60,13 @@ class LlamaModel:
         dtype: torch.dtype,
         group: TensorParallelGroup | None = None,
         silu_mul: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] | None = None,
     ) -> None:
-        """`silu_mul`: SwiGLU's activation of the fused gate/up product (default: torch's silu and mul)."""
+        """`silu_mul`: SwiGLU's activation of the fused gate/up product (default: torch's silu and mul).
+        `norm`: RMSNorm (default `rms_norm`; compiled graphs take `opaque_norm.opaque_rms_norm`)."""
         self.config = config
         self.silu_mul = silu_mul or torch_silu_mul
+        self.norm = norm or rms_norm
         self.weights = weights
         self.dtype = dtype
         self.group = group
@@ -91,7 +94,7 @@ class LlamaModel:
         if group is not None:
             group.all_reduce_(x)
         for index, layer in enumerate(w.layers):
-            h = rms_norm(x, layer.input_norm, cfg.rms_norm_eps)
+            h = self.norm(x, layer.input_norm, cfg.rms_norm_eps)
             qkv = layer.qkv(h)
             # q and k heads side by side, rotated in one pass.
             qk = apply_rope(qkv[:, : self._qk_width].view(num_tokens, -1, cfg.head_dim), cos, sin)
@@ -102,11 +105,11 @@ class LlamaModel:
             attn = backend.forward(q, k_cache, v_cache, meta)
             attn_out = layer.o_proj(attn.reshape(num_tokens, -1))
             x.add_(attn_out if group is None else group.all_reduce_(attn_out))
-            h = rms_norm(x, layer.post_attention_norm, cfg.rms_norm_eps)
+            h = self.norm(x, layer.post_attention_norm, cfg.rms_norm_eps)
             mlp_out = layer.down(self.silu_mul(layer.gate_up(h)))
             x.add_(mlp_out if group is None else group.all_reduce_(mlp_out))
         x = x.index_select(0, batch.sample_indices)
-        x = rms_norm(x, w.final_norm, cfg.rms_norm_eps)
+        x = self.norm(x, w.final_norm, cfg.rms_norm_eps)
         logits = w.lm_head(x).float()
         return logits if group is None else group.gather_columns(logits, cfg.vocab_size)
 

@@ -56,6 +56,8 @@ GRAMMAR_CACHE_SIZE = 256
 # --- Executor KV budget ---------------------------------------------------------
 KV_CACHE_GB_CPU = 1.0
 """KV cache budget on CPU in GiB when `--kv-cache-gb` is not given (CUDA sizes from free memory)."""
+COMPILE_BUCKETS = "1,2,4,8,16,32,64,128,256"
+"""Decode batch sizes `--compile` captures a graph for; a step pads up to the next, and past the last runs eagerly."""
 
 # --- Scheduler service: API limits, queues, liveness ----------------------------
 MAX_REQUEST_BYTES = 8 * 1024 * 1024

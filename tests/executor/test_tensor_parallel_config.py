@@ -159,7 +159,7 @@ def test_a_failure_inside_a_sharded_forward_ends_the_group_not_the_step() -> Non
 
     runner = object.__new__(ModelRunner)
     runner.model, runner.cache, runner.backend = _Broken(), None, None
-    runner.group = None
+    runner.group, runner.graphs = None, None
     with pytest.raises(MemoryError):
         runner._forward(None)  # alone: an ordinary step error
     runner.group = _Group()
