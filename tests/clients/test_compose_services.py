@@ -174,5 +174,5 @@ def test_localize_maps_each_port_the_same_everywhere(tmp_path: Path) -> None:
     assert scheduler["healthcheck"]["test"][scheduler["healthcheck"]["test"].index("--port") + 1] == grpc
     assert {p.target for p in scheduler["ports"]} == {int(grpc), port_map[8000]}
     assert set(port_map) == {50051, 8000, 50052} and len(set(port_map.values())) == 3
-    assert executor["healthcheck"]["test"][2] == str(ROOT / "docker" / "link_healthcheck.py")
+    assert str(ROOT / "docker" / "link_healthcheck.py") in executor["healthcheck"]["test"]
     assert scheduler["environment"]["KVSERVE_CACHE"] == str(tmp_path / "model-cache")
