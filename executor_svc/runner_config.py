@@ -15,6 +15,8 @@ WEIGHTS = ("dequantized", "native")
 """What --weights takes besides auto."""
 ATTENTION_BACKENDS = ("cpu", "torch", "triton")
 """cpu: kvserve's batch-invariant CPU kernels; torch: plain torch on any device; triton: the CUDA kernels."""
+COMPILE_MODES = ("on", "off")
+"""What --compile takes besides auto."""
 
 
 @dataclass(slots=True)
@@ -108,10 +110,11 @@ class RunnerConfig:
         metadata=flag(
             "on: the decode forward compiled (torch.compile, inductor's C++ backend) once per batch-size bucket "
             "at start-up, cpu with --weights native only; off: eager; auto: off, because on the CPUs measured "
-            "(docs/benchmarks.md) it paid 1% at batch 1 and lost at 64. Compiled and eager tokens are identical. "
+            "(docs/benchmarks.md) it was no faster at batch 1 or 8 and slower at 64. Compiled and eager tokens are "
+            "identical. "
             "A restart re-traces every bucket (seconds each from a warm cache): raise the scheduler's "
             "--executor-restart-timeout to match",
-            choices=("auto", "on", "off"),
+            choices=("auto", *COMPILE_MODES),
         ),
     )
     compile_cache_dir: str | None = field(
@@ -207,13 +210,10 @@ def resolve_weights(config: RunnerConfig, device: str, dtype: str) -> str:
     return "native"
 
 
-COMPILE_MODES = ("on", "off")
-
-
 def resolve_compile(config: RunnerConfig, device: str, weights: str, attention_backend: str, ranks: int) -> bool:
-    """Whether the decode forward is compiled. auto is off: measured on CPU (docs/benchmarks.md), the
-    compiled native step was 1% faster at batch 1 and 6% slower at 64, for 40 s of compilation a bucket;
-    on CUDA, graphs of the decode step are not captured yet."""
+    """Whether the decode forward is compiled. auto is off: on the CPUs measured (docs/benchmarks.md,
+    "Compiled decode") the compiled native step was no faster at batch 1 or 8 and slower at 64, for
+    tens of seconds of compilation a bucket; on CUDA, graphs of the decode step are not captured yet."""
     check_choice("compile", config.compile, COMPILE_MODES)
     if config.compile != "on":
         return False
