@@ -29,11 +29,17 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def test_it_reports_the_step_its_busiest_ops_and_the_step_beside_a_busy_neighbour(tiny_llama) -> None:
     argv = ["--model", tiny_llama, "--dtype", "float32", "--batch", "3", "--steps", "3", "--profile-steps", "2"]
-    out = [line for line in _step_profile(*argv, "--neighbours", "1", "--top", "4") if not line.startswith("USDT")]
+    out = [line for line in _step_profile(*argv, "--neighbours", "1", "--top", "500") if not line.startswith("USDT")]
     assert out[0].startswith("float32, weights dequantized,") and "batch 3: median decode step" in out[0]
     assert out[1].startswith("beside 1 busy process(es): median decode step")
-    assert len(out) == 2 + 4 + 1 and out[-1].startswith("all ops")
-    assert any("kvserve_cpu::paged_attention" in line for line in out)  # the batch-invariant CPU kernels ran
+    ops, total = out[2:-1], out[-1]
+    assert total.startswith("all ops") and 10 <= len(ops) <= 500
+    self_ms = [float(line.split()[-4]) for line in ops]
+    assert self_ms == sorted(self_ms, reverse=True)  # the busiest first
+    # Every op is listed (the ranking among the small ones is the machine's), so the
+    # batch-invariant CPU kernels are there however loaded the machine is.
+    for kernel in ("kvserve_cpu::paged_attention", "kvserve_cpu::store_kv", "kvserve_cpu::silu_mul"):
+        assert any(line.startswith(kernel) for line in ops), kernel
     spinning = [p for p in psutil.process_iter(["cmdline"]) if "while True: pass" in (p.info["cmdline"] or [])]
     assert not spinning  # the neighbour is gone
 
