@@ -2,7 +2,8 @@
 
 Plan semantics are those documented at the top of `protos/step.py`: drops, swap-out,
 swap-in, copies, then the sequence deltas, one forward pass over every scheduled token,
-and a sample for each sequence whose scheduled tokens reach the end of its known tokens.
+and a sample for each sequence whose scheduled tokens reach the end of its known tokens (at
+every draft position too, for a sequence verifying drafts: `sampling.draft_verification`).
 
 Under tensor parallelism (`place`) every rank builds its own runner on its share of the model
 (`kvserve.executor.tensor_parallel.layout`) and runs every plan; only rank 0 samples.
@@ -39,6 +40,7 @@ from kvserve.executor.runner_config import (
     resolve_num_threads,
     resolve_weights,
 )
+from kvserve.executor.sampling.draft_verification import accepted_outputs, position_views
 from kvserve.executor.sampling.sampler import sample
 from kvserve.executor.sampling.token_mask import plan_token_masks
 from kvserve.executor.sequence_state import SequenceState, SequenceTable
@@ -190,6 +192,7 @@ class ModelRunner:
     def execute(self, plan: StepPlan) -> StepResult:
         started = time.perf_counter()
         self.seqs.drop(plan.drop_seq_ids)
+        self.seqs.trim(plan.trims)
         self.cache.swap_out(plan.swap_out)
         self.cache.swap_in(plan.swap_in)
         self.cache.copy_blocks(plan.copies)
@@ -215,9 +218,12 @@ class ModelRunner:
                 )
                 logits = self._forward(batch)
                 if logits is not None:  # None: a tensor-parallel rank other than 0, which does not sample
-                    sampling = batch.sampling_seqs
-                    masks = plan_token_masks(plan, [s.seq_id for s in sampling], logits.shape[1], logits.device)
-                    outputs = sample(logits, sampling, self.model_config.eos_token_ids, masks)
+                    sampling, counts = batch.sampling_seqs, batch.sample_counts
+                    rows = sampling if counts is None else position_views(sampling, counts)
+                    masks = plan_token_masks(plan, [s.seq_id for s in rows], logits.shape[1], logits.device)
+                    outputs = sample(logits, rows, self.model_config.eos_token_ids, masks)
+                    if counts is not None:
+                        outputs = accepted_outputs(sampling, counts, outputs)
             if self.device == "cpu" and batch.num_tokens >= TRIM_AFTER_TOKENS:
                 release_freed_heap()
         return StepResult(step_id=plan.step_id, outputs=outputs, execute_time_s=time.perf_counter() - started)

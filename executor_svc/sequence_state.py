@@ -6,7 +6,7 @@ needs to carry deltas. `reset()` on the runner simply clears it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvserve.protos.sampling import SamplingParams
 from kvserve.protos.step import KnownSequence, NewSequence, PlanError
@@ -26,6 +26,8 @@ class SequenceState:
     seed: int
     num_computed_tokens: int = 0
     num_scheduled_tokens: int = 0
+    draft_token_ids: list[int] = field(default_factory=list)
+    """This step's proposed tokens (speculative decoding), scored after the known ones."""
 
     @property
     def output_len(self) -> int:
@@ -34,7 +36,11 @@ class SequenceState:
 
     @property
     def samples_this_step(self) -> bool:
-        return self.num_computed_tokens + self.num_scheduled_tokens == len(self.token_ids)
+        return self.num_computed_tokens + self.num_scheduled_tokens == len(self.token_ids) + len(self.draft_token_ids)
+
+    def step_tokens(self) -> list[int]:
+        """The tokens this step's positions read: the known ones, then any drafts."""
+        return self.token_ids + self.draft_token_ids if self.draft_token_ids else self.token_ids
 
 
 class SequenceTable:
@@ -55,6 +61,18 @@ class SequenceTable:
 
     def clear(self) -> None:
         self._seqs.clear()
+
+    def trim(self, trims: list[tuple[int, int]]) -> None:
+        """Cut block tables back (speculative decoding's rollback of blocks that held only rejected drafts)."""
+        for seq_id, num_blocks in trims:
+            state = self._seqs.get(seq_id)
+            if state is None:
+                raise UnknownSequenceError(f"plan trims sequence {seq_id}, which the executor does not hold")
+            if not 0 < num_blocks <= len(state.block_table):
+                raise PlanError(
+                    f"plan trims sequence {seq_id} to {num_blocks} blocks; its table has {len(state.block_table)}"
+                )
+            del state.block_table[num_blocks:]
 
     def add(self, seq: NewSequence) -> SequenceState:
         state = SequenceState(
@@ -78,4 +96,5 @@ class SequenceTable:
         state.block_table.extend(seq.new_block_ids)
         state.num_computed_tokens = seq.num_computed_tokens
         state.num_scheduled_tokens = seq.num_scheduled_tokens
+        state.draft_token_ids = seq.draft_token_ids
         return state

@@ -26,6 +26,14 @@ Executor semantics, in order, for one plan:
    output) samples only among the tokens its row of `token_masks` allows.
 The executor does not append the sampled token to its own state: the scheduler decides
 whether it is kept and sends it back in the next plan's `known_seqs[...].new_token_ids`.
+
+Speculative decoding extends steps 4 and 5 for a known sequence with `draft_token_ids`: the
+drafts follow its known tokens as if known (so num_computed_tokens + num_scheduled_tokens ==
+len(token ids) + len(drafts)), a token is drawn at each of the len(drafts) + 1 last positions
+exactly as an ordinary decode step would draw it there, and the sequence's outputs are those
+draws up to and including the first that differs from its draft (all of them when none does):
+consecutive `SampledToken`s with its id, in order. The scheduler rolls back the KV slots of
+rejected drafts by `trims` (applied with the drops), and nothing unverified is ever kept.
 """
 
 from __future__ import annotations
@@ -71,6 +79,8 @@ class KnownSequence:
     num_scheduled_tokens: int
     new_block_ids: list[int] = field(default_factory=list)
     """Physical blocks appended to the end of the block table."""
+    draft_token_ids: list[int] = field(default_factory=list)
+    """Speculative decoding: proposed tokens after the known ones, verified in this step only."""
 
 
 @dataclass(slots=True)
@@ -85,6 +95,9 @@ class StepPlan:
     swap_in: list[tuple[int, int]] = field(default_factory=list)
     """(cpu_block, device_block) pairs."""
     drop_seq_ids: list[int] = field(default_factory=list)
+    trims: list[tuple[int, int]] = field(default_factory=list)
+    """(seq_id, num_blocks): keep only the first num_blocks of the sequence's block table (applied
+    with the drops; speculative decoding's rollback of blocks that held only rejected drafts)."""
     mask_seq_ids: list[int] = field(default_factory=list)
     """Constrained sequences that sample this step, one row of `token_masks` each, in this order."""
     token_masks: bytes = b""
@@ -104,7 +117,13 @@ class StepPlan:
     @property
     def is_empty(self) -> bool:
         return not (
-            self.new_seqs or self.known_seqs or self.copies or self.swap_out or self.swap_in or self.drop_seq_ids
+            self.new_seqs
+            or self.known_seqs
+            or self.copies
+            or self.swap_out
+            or self.swap_in
+            or self.drop_seq_ids
+            or self.trims
         )
 
 
@@ -116,7 +135,7 @@ class TokenLogprob:
 
 @dataclass(slots=True)
 class SampledToken:
-    """The token sampled for one sequence in one step."""
+    """A token sampled for one sequence in one step (one per sequence, or more after verified drafts)."""
 
     seq_id: int
     token_id: int

@@ -44,7 +44,7 @@ __all__ = [
 T = TypeVar("T")
 
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 """Sent in every Handshake; bump it when a change to executor_link.proto breaks old peers."""
 
 _seq_id = attrgetter("seq_id")
@@ -52,6 +52,7 @@ _num_computed = attrgetter("num_computed_tokens")
 _num_scheduled = attrgetter("num_scheduled_tokens")
 _new_token_ids = attrgetter("new_token_ids")
 _new_block_ids = attrgetter("new_block_ids")
+_draft_token_ids = attrgetter("draft_token_ids")
 _token_id = attrgetter("token_id")
 
 
@@ -111,10 +112,17 @@ def encode_plan(plan: StepPlan, out: pb.StepPlan | None = None) -> pb.StepPlan:
         if any(block_lists):
             c.new_block_counts.extend(map(len, block_lists))
             c.new_block_ids.extend(chain.from_iterable(block_lists))
+        draft_lists = list(map(_draft_token_ids, cached))
+        if any(draft_lists):
+            c.draft_counts.extend(map(len, draft_lists))
+            c.draft_token_ids.extend(chain.from_iterable(draft_lists))
     _encode_pairs(plan.copies, msg.copies)
     _encode_pairs(plan.swap_out, msg.swap_out)
     _encode_pairs(plan.swap_in, msg.swap_in)
     msg.drop_seq_ids.extend(plan.drop_seq_ids)
+    if plan.trims:
+        msg.trim_seq_ids.extend([seq_id for seq_id, _ in plan.trims])
+        msg.trim_block_counts.extend([count for _, count in plan.trims])
     if plan.mask_seq_ids:
         msg.mask_seq_ids.extend(plan.mask_seq_ids)
         msg.token_masks = plan.token_masks
@@ -144,16 +152,16 @@ def decode_plan(msg: pb.StepPlan) -> StepPlan:
         new_blocks = _split(c.new_block_ids[:], c.new_block_counts[:], n, "new_block")
     else:
         new_blocks = [[] for _ in range(n)]
-    known_seqs = list(
-        map(
-            KnownSequence,
-            seq_ids,
-            new_tokens,
-            _column(c.num_computed_tokens, n, "num_computed_tokens"),
-            _column(c.num_scheduled_tokens, n, "num_scheduled_tokens"),
-            new_blocks,
-        )
-    )
+    columns = [
+        seq_ids,
+        new_tokens,
+        _column(c.num_computed_tokens, n, "num_computed_tokens"),
+        _column(c.num_scheduled_tokens, n, "num_scheduled_tokens"),
+        new_blocks,
+    ]
+    if c.draft_counts:
+        columns.append(_split(c.draft_token_ids[:], c.draft_counts[:], n, "draft"))
+    known_seqs = list(map(KnownSequence, *columns))
     return StepPlan(
         step_id=msg.step_id,
         new_seqs=new_seqs,
@@ -162,6 +170,7 @@ def decode_plan(msg: pb.StepPlan) -> StepPlan:
         swap_out=_decode_pairs(msg.swap_out),
         swap_in=_decode_pairs(msg.swap_in),
         drop_seq_ids=list(msg.drop_seq_ids),
+        trims=list(zip(msg.trim_seq_ids, msg.trim_block_counts, strict=True)),
         mask_seq_ids=mask_seq_ids,
         token_masks=_token_masks(msg.token_masks, len(mask_seq_ids)),
     )

@@ -108,6 +108,11 @@ class _Sequence:
     num_computed: int
     last_sampled: int | None = None
     """Token sampled in the previous step, which the next plan must send back first."""
+    drafts: list[int] = field(default_factory=list)
+    """This step's proposed tokens (speculative decoding), written and verified after the known ones."""
+
+    def step_tokens(self) -> list[int]:
+        return self.token_ids + self.drafts if self.drafts else self.token_ids
 
 
 class FakeExecutor:
@@ -155,6 +160,8 @@ class FakeExecutor:
         started = time.perf_counter()
         for seq_id in plan.drop_seq_ids:
             self._drop(seq_id)
+        for seq_id, num_blocks in plan.trims:
+            self._trim(seq_id, num_blocks)
         self.shadow.swap_out(plan.swap_out)
         self.shadow.swap_in(plan.swap_in)
         self.shadow.copy(plan.copies)
@@ -172,6 +179,8 @@ class FakeExecutor:
             scheduled.append((new.seq_id, seq, new.num_scheduled_tokens))
         for cached in plan.known_seqs:
             seq = self._advance(cached.seq_id, cached.new_token_ids, cached.num_computed_tokens, cached.new_block_ids)
+            self._check_tokens(cached.draft_token_ids, f"cached seq {cached.seq_id}'s drafts")
+            seq.drafts = cached.draft_token_ids
             scheduled.append((cached.seq_id, seq, cached.num_scheduled_tokens))
         if len({seq_id for seq_id, _, _ in scheduled}) != len(scheduled):
             raise PlanError(f"step {plan.step_id}: a sequence appears twice in the plan")
@@ -181,9 +190,13 @@ class FakeExecutor:
         masks = _mask_rows(plan)
         for seq_id, seq, num_scheduled in scheduled:
             if self.config.strict:
-                self.shadow.compare(seq.block_table, seq.token_ids, 0, seq.num_computed, f"seq {seq_id}", "context")
-            if num_scheduled > 0 and seq.num_computed == len(seq.token_ids):
-                outputs.append(self._sample(seq_id, seq, masks.pop(seq_id, None)))
+                self.shadow.compare(seq.block_table, seq.step_tokens(), 0, seq.num_computed, f"seq {seq_id}", "context")
+            if num_scheduled > 0 and seq.num_computed == len(seq.token_ids) + len(seq.drafts):
+                if seq.drafts:
+                    outputs.extend(self._verify(seq_id, seq))
+                else:
+                    outputs.append(self._sample(seq_id, seq, seq.token_ids, masks.pop(seq_id, None)))
+            seq.drafts = []
         if masks:
             raise PlanError(f"step {plan.step_id}: token masks for sequences that sample nothing: {sorted(masks)}")
         self.steps += 1
@@ -252,6 +265,13 @@ class FakeExecutor:
         self.shadow.hold(seq.block_table)
         return seq
 
+    def _trim(self, seq_id: int, num_blocks: int) -> None:
+        seq = self._known(seq_id)
+        if not 0 < num_blocks <= len(seq.block_table):
+            raise PlanError(f"seq {seq_id}: trimmed to {num_blocks} blocks, but its table has {len(seq.block_table)}")
+        self.shadow.release(seq.block_table[num_blocks:])
+        del seq.block_table[num_blocks:]
+
     def _advance(self, seq_id: int, new_token_ids: list[int], num_computed: int, new_block_ids: list[int]) -> _Sequence:
         what = f"cached seq {seq_id}"
         seq = self._known(seq_id)
@@ -281,26 +301,40 @@ class FakeExecutor:
     def _write(self, seq_id: int, seq: _Sequence, num_scheduled: int) -> None:
         what = f"seq {seq_id}"
         start, end = seq.num_computed, seq.num_computed + num_scheduled
-        if num_scheduled < 0 or end > len(seq.token_ids):
-            raise PlanError(
-                f"{what}: schedules positions [{start}, {end}) but only {len(seq.token_ids)} tokens are known"
-            )
+        tokens = seq.step_tokens()
+        if num_scheduled < 0 or end > len(tokens):
+            raise PlanError(f"{what}: schedules positions [{start}, {end}) but only {len(tokens)} tokens are known")
+        if seq.drafts and end != len(tokens):
+            raise PlanError(f"{what}: sends drafts but schedules positions [{start}, {end}) of {len(tokens)}")
         if end > self.max_model_len:
             raise PlanError(f"{what}: position {end - 1} exceeds max_model_len {self.max_model_len}")
         if num_scheduled == 0:
             if self.config.strict:
                 raise PlanError(f"{what}: is in the plan but schedules no tokens")
             return
-        self.shadow.write(seq.block_table, seq.token_ids, start, end, what)
+        self.shadow.write(seq.block_table, tokens, start, end, what)
         seq.num_computed = end
 
     # --- sampling ------------------------------------------------------------------
 
-    def _sample(self, seq_id: int, seq: _Sequence, mask: bytes | None) -> SampledToken:
-        length = len(seq.token_ids)
+    def _verify(self, seq_id: int, seq: _Sequence) -> list[SampledToken]:
+        """Draw at every draft position as plain decoding would there; keep the draws up to the first miss."""
+        known, drafts = seq.token_ids, seq.drafts
+        outputs: list[SampledToken] = []
+        for j in range(len(drafts) + 1):
+            out = self._sample(seq_id, seq, known + drafts[:j], None)
+            outputs.append(out)
+            if j == len(drafts) or out.token_id != drafts[j]:
+                break
+        seq.num_computed = len(known) + len(outputs) - 1  # the KV of rejected drafts is garbage now
+        seq.last_sampled = outputs[0].token_id
+        return outputs
+
+    def _sample(self, seq_id: int, seq: _Sequence, context: list[int], mask: bytes | None) -> SampledToken:
+        length = len(context)
         window = self.shadow.compare(
             seq.block_table,
-            seq.token_ids,
+            context,
             max(0, length - self.config.context_window),
             length,
             f"seq {seq_id}",

@@ -2,7 +2,8 @@
 
 Tokens of all sequences are packed back to back in scheduling order (no padding).
 Only sequences whose scheduled tokens reach the end of their known tokens sample, and
-only their last token's hidden state goes through the lm_head.
+only their last token's hidden state goes through the lm_head; a sequence verifying draft
+tokens samples at its last len(drafts) + 1 positions (`sample_counts`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ class InputBatch:
     sample_indices: torch.Tensor
     """[num_sampling] int64 rows of the packed batch whose logits are sampled."""
     sampling_seqs: list[SequenceState]
+    sample_counts: list[int] | None = None
+    """Rows of `sample_indices` per sampling sequence, in order; None: one each (no drafts this step)."""
 
     @property
     def num_tokens(self) -> int:
@@ -48,25 +51,31 @@ def build_input_batch(
     query_lens: list[int] = []
     sample_rows: list[int] = []
     sampling_seqs: list[SequenceState] = []
+    sample_counts: list[int] = []
     for seq in seqs:
         start, count = seq.num_computed_tokens, seq.num_scheduled_tokens
         end = start + count
-        if end > len(seq.token_ids):
+        tokens = seq.step_tokens()
+        if end > len(tokens):
             raise PlanError(
-                f"sequence {seq.seq_id}: schedules up to position {end} but only {len(seq.token_ids)} tokens are known"
+                f"sequence {seq.seq_id}: schedules up to position {end} but only {len(tokens)} tokens are known"
             )
         if len(seq.block_table) * block_size < end:
             raise PlanError(
                 f"sequence {seq.seq_id}: block table of {len(seq.block_table)} blocks cannot hold {end} tokens"
             )
-        input_ids.extend(seq.token_ids[start:end])
+        input_ids.extend(tokens[start:end])
         positions.extend(range(start, end))
         query_start.append(query_start[-1] + count)
         seq_lens.append(end)
         query_lens.append(count)
         if seq.samples_this_step:
-            sample_rows.append(query_start[-1] - 1)
+            rows = 1 + len(seq.draft_token_ids)
+            if rows > count:
+                raise PlanError(f"sequence {seq.seq_id}: {rows - 1} drafts but only {count} tokens scheduled")
+            sample_rows.extend(range(query_start[-1] - rows, query_start[-1]))
             sampling_seqs.append(seq)
+            sample_counts.append(rows)
 
     width = max(-(-n // block_size) for n in seq_lens)
     tables = torch.zeros(len(seqs), width, dtype=torch.int32)
@@ -96,4 +105,5 @@ def build_input_batch(
         attention=meta,
         sample_indices=torch.tensor(sample_rows, dtype=torch.long, device=device),
         sampling_seqs=sampling_seqs,
+        sample_counts=sample_counts if len(sample_rows) > len(sampling_seqs) else None,
     )

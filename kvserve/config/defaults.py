@@ -32,6 +32,16 @@ HTTP_PORT = 8000
 MAX_NUM_BATCHED_TOKENS = 2048
 MAX_NUM_SEQS = 256
 
+# --- Speculative decoding (docs/benchmarks.md "Speculative decoding" measures these) ---------
+SPECULATIVE_METHODS = ("off", "ngram")
+NUM_SPECULATIVE_TOKENS = 5
+NGRAM_MAX = 4
+NGRAM_MIN = 2
+SPECULATIVE_MAX_BATCH = 8
+"""Steps with more running sequences than this verify no drafts: the step is no longer overhead-bound."""
+SPECULATIVE_MIN_ACCEPTANCE = 0.2
+"""A sequence whose recent share of accepted drafts falls below this stops proposing for a while."""
+
 # --- Request limits (validated by the API and by SamplingParams) -------------
 MAX_N = 16
 MAX_STOP_STRINGS = 16

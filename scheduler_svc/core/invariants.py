@@ -141,8 +141,9 @@ def _check_queues(view: SchedulerView) -> None:
                     f"running seq {seq.seq_id} has computed all its {len(seq.token_ids)} tokens",
                 )
                 blocks = len(seq.block_table)
+                reach = len(seq.token_ids) + view.inflight_drafts.get(seq.seq_id, 0)
                 _require(
-                    -(-seq.num_computed // bs) <= blocks <= -(-len(seq.token_ids) // bs),
+                    -(-seq.num_computed // bs) <= blocks <= -(-reach // bs),
                     f"running seq {seq.seq_id}: {blocks} blocks for {seq.num_computed} computed "
                     f"of {len(seq.token_ids)} tokens",
                 )

@@ -36,6 +36,16 @@ class BlockCounts:
 
 
 @dataclass(slots=True)
+class DraftCounts:
+    """Speculative decoding for one request: draft tokens sent for verification and how they fared."""
+
+    proposed: int = 0
+    accepted: int = 0
+    verify_steps: int = 0
+    """Steps that verified drafts for it; each also yields one token beyond its accepted drafts."""
+
+
+@dataclass(slots=True)
 class SequenceOutput:
     """One per sequence that produced a token (or finished) in a step."""
 
@@ -60,6 +70,8 @@ class SequenceOutput:
     blocks: BlockCounts | None = None
     """The request's own `BlockCounts`, the same object in each of its outputs (no copy per step):
     complete once every sequence of the request has finished, as with its last final output."""
+    drafts: DraftCounts | None = None
+    """The request's own `DraftCounts` (speculative decoding), shared like `blocks`."""
 
 
 @dataclass(slots=True)
@@ -88,6 +100,11 @@ class SchedulerStats:
     """Live (unfinished) requests."""
     blocks_reserved: int = 0
     """Free or cached blocks promised to running sequences under a `kv_reservation` policy."""
+    draft_tokens_proposed: int = 0
+    """Speculative decoding, in total: draft tokens sent for verification."""
+    draft_tokens_accepted: int = 0
+    draft_verify_steps: int = 0
+    """Sequence-steps that verified drafts; each yields one bonus token beyond the accepted drafts."""
 
     @property
     def prefix_hit_rate(self) -> float:

@@ -20,7 +20,8 @@ from operator import attrgetter
 from kvserve.config import defaults
 from kvserve.protos.sampling import SamplingParams
 from kvserve.protos.stop_rules import FinishReason
-from kvserve.scheduler.core.outputs import BlockCounts
+from kvserve.scheduler.core.ngram_index import NgramIndex
+from kvserve.scheduler.core.outputs import BlockCounts, DraftCounts
 from kvserve.scheduler.core.prefix_tree import PrefixNode
 from kvserve.scheduler.core.token_matcher import TokenMatcher
 
@@ -103,6 +104,8 @@ class Request:
     """Block-table size each running sequence is guaranteed under `kv_reservation` (0: paged)."""
     blocks: BlockCounts = field(default_factory=BlockCounts)
     """Blocks hit, allocated, copied and freed for this request so far (handed out in its outputs)."""
+    drafts: DraftCounts = field(default_factory=DraftCounts)
+    """Speculative decoding: draft tokens proposed and accepted for it so far (summed over its n)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -144,6 +147,14 @@ class Sequence:
     finish_reason: FinishReason | None = None
     matcher: TokenMatcher | None = None
     """Structured output: where this completion is in its grammar (None: unconstrained)."""
+    ngram: NgramIndex | None = None
+    """Speculative decoding: its own tokens' n-grams (built at its first proposal)."""
+    draft_rate: float = 1.0
+    """Moving average of the share of its drafts accepted; below the threshold it pauses proposing."""
+    draft_pause: int = 0
+    """Steps left before it proposes again."""
+    draft_pause_len: int = 0
+    """Length of its last pause: doubled while acceptance stays low, reset once it recovers."""
 
     @property
     def is_finished(self) -> bool:

@@ -22,6 +22,7 @@ from kvserve.protos.step import StepPlan, StepResult
 from kvserve.protos.stop_rules import FinishReason, stop_token_ids
 from kvserve.scheduler.core import invariants
 from kvserve.scheduler.core.admission import check_fits
+from kvserve.scheduler.core.draft_proposer import DraftProposer, proposer_for
 from kvserve.scheduler.core.kv_manager import KvManager
 from kvserve.scheduler.core.outputs import SchedulerStats, SequenceOutput
 from kvserve.scheduler.core.prefix_tree import PrefixTreeListener
@@ -56,10 +57,16 @@ def _sampling_problem(sampling: SamplingParams) -> str | None:
 class Scheduler:
     """Owns every request, the block pool and the prefix tree; one plan in flight at a time."""
 
-    def __init__(self, config: SchedulerConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        clock: Callable[[], float] = time.monotonic,
+        proposer: DraftProposer | None = None,
+    ) -> None:
+        """`proposer`: draft tokens for speculative decoding; None: the one `config.speculative` names."""
         self.config = config
         self._state = SchedulerState.fresh(config, clock)
-        self._steps = StepBuilder(self._state)
+        self._steps = StepBuilder(self._state, proposer or proposer_for(config))
         self._results = ResultApplier(self._state)
 
     # --- requests --------------------------------------------------------------------
@@ -190,6 +197,7 @@ class Scheduler:
             seq.tree_node, seq.num_tree_blocks, seq.cache_frozen = None, 0, False
         st.running, st.swapped = [], []
         st.pending_drops = []
+        st.pending_trims = []
         if num_blocks is not None:
             self.config.num_blocks = num_blocks
         cfg = self.config

@@ -49,6 +49,30 @@ class SchedulerConfig:
         default=False,
         metadata={"help": "admit the waiting request with the longest prefix-cache hit first (within a priority)"},
     )
+    speculative: str = field(
+        default="off",
+        metadata={
+            "help": "speculative decoding: ngram = propose the tokens that followed the last n tokens earlier in "
+            "the request's own prompt and output, verified in one forward pass (same tokens as off)",
+            "choices": defaults.SPECULATIVE_METHODS,
+        },
+    )
+    num_speculative_tokens: int = field(
+        default=defaults.NUM_SPECULATIVE_TOKENS, metadata={"help": "most draft tokens verified per sequence and step"}
+    )
+    ngram_max: int = field(default=defaults.NGRAM_MAX, metadata={"help": "longest suffix n-gram the lookup matches"})
+    ngram_min: int = field(default=defaults.NGRAM_MIN, metadata={"help": "shortest suffix n-gram the lookup matches"})
+    speculative_max_batch: int = field(
+        default=defaults.SPECULATIVE_MAX_BATCH,
+        metadata={"help": "no drafts in a step with more running sequences than this (the step is compute-bound)"},
+    )
+    speculative_min_acceptance: float = field(
+        default=defaults.SPECULATIVE_MIN_ACCEPTANCE,
+        metadata={
+            "help": "a sequence whose recent share of accepted drafts is below this stops proposing until it "
+            "recovers (one step's worth per skipped step)"
+        },
+    )
     eos_token_ids: tuple[int, ...] = ()
     debug_invariants: bool = field(
         default=False,
@@ -75,6 +99,9 @@ class SchedulerConfig:
             "max_num_batched_tokens",
             "max_num_seqs",
             "cache_aware_window",
+            "num_speculative_tokens",
+            "ngram_min",
+            "speculative_max_batch",
         )
         for name in positive:
             if getattr(self, name) < 1:
@@ -87,6 +114,14 @@ class SchedulerConfig:
             raise ValueError(
                 f"SchedulerConfig.kv_reservation must be one of {KV_RESERVATIONS}, got {self.kv_reservation!r}"
             )
+        if self.speculative not in defaults.SPECULATIVE_METHODS:
+            raise ValueError(
+                f"SchedulerConfig.speculative must be one of {defaults.SPECULATIVE_METHODS}, got {self.speculative!r}"
+            )
+        if self.ngram_max < self.ngram_min:
+            raise ValueError(f"SchedulerConfig.ngram_max ({self.ngram_max}) is below ngram_min ({self.ngram_min})")
+        if not 0.0 <= self.speculative_min_acceptance <= 1.0:
+            raise ValueError("SchedulerConfig.speculative_min_acceptance must be in [0, 1]")
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(
                 f"SchedulerConfig.preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}"

@@ -24,6 +24,8 @@ class ScheduledSequence:
     num_tokens: int
     samples: bool
     """The scheduled tokens reach the end of its known tokens, so the step returns its next token."""
+    drafts: list[int] | None = None
+    """Draft tokens the step verifies after its last known token (speculative decoding)."""
 
 
 @dataclass(slots=True)
@@ -32,6 +34,8 @@ class InFlight:
 
     step_id: int
     scheduled: list[ScheduledSequence]
+    num_drafts: int = 0
+    """Draft tokens in the plan: with any, a sequence may get several tokens back."""
 
 
 @dataclass(slots=True)
@@ -50,6 +54,8 @@ class SchedulerState:
     swapped: list[Sequence] = field(default_factory=list)
     pending_drops: list[int] = field(default_factory=list)
     """Sequence ids the next plan tells the executor to drop."""
+    pending_trims: list[tuple[int, int]] = field(default_factory=list)
+    """(seq_id, num_blocks) block-table cuts the next plan sends (rejected drafts' blocks)."""
     inflight: InFlight | None = None
     next_seq_id: int = 0
     next_order: int = 0
@@ -61,6 +67,9 @@ class SchedulerState:
     num_preemptions: int = 0
     num_swap_outs: int = 0
     """Preemptions that swapped the sequence's KV to CPU (the rest recompute)."""
+    num_drafts_proposed: int = 0
+    num_drafts_accepted: int = 0
+    num_verify_steps: int = 0
 
     @classmethod
     def fresh(cls, config: SchedulerConfig, clock: Callable[[], float]) -> SchedulerState:

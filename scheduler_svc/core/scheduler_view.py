@@ -47,6 +47,9 @@ class SchedulerView:
     """Copy sources held until the plan being built is complete (empty between steps)."""
     pending_drops: tuple[int, ...]
     """Sequence ids the next plan tells the executor to drop."""
+    inflight_drafts: Mapping[int, int]
+    """Draft tokens the plan in flight verifies, by sequence id (speculative decoding): their slots
+    are allocated until the result rolls back the rejected ones."""
 
 
 def view_of(state: SchedulerState) -> SchedulerView:
@@ -67,6 +70,11 @@ def view_of(state: SchedulerState) -> SchedulerView:
         cpu=kv.cpu,
         pinned=kv.pinned,
         pending_drops=tuple(state.pending_drops),
+        inflight_drafts=MappingProxyType(
+            {s.seq.seq_id: len(s.drafts) for s in state.inflight.scheduled if s.drafts}
+            if state.inflight is not None and state.inflight.num_drafts
+            else {}
+        ),
     )
 
 
@@ -92,4 +100,7 @@ def stats_of(state: SchedulerState) -> SchedulerStats:
         num_steps=state.num_steps,
         num_requests=len(state.requests),
         blocks_reserved=pool.num_reserved,
+        draft_tokens_proposed=state.num_drafts_proposed,
+        draft_tokens_accepted=state.num_drafts_accepted,
+        draft_verify_steps=state.num_verify_steps,
     )

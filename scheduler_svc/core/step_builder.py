@@ -2,9 +2,10 @@
 
 Each step packs, within `max_num_batched_tokens` and `max_num_seqs`:
 
-1. running sequences in priority order: decodes (one token) first, then the next chunk
-   of any partly computed prompt; when a block is missing, the lowest-priority,
-   latest-arrived running sequence is preempted (recompute, or swap to CPU);
+1. running sequences in priority order: decodes (one token, plus any draft tokens that
+   speculative decoding proposes) first, then the next chunk of any partly computed prompt;
+   when a block is missing, the lowest-priority, latest-arrived running sequence is
+   preempted (recompute, or swap to CPU);
 2. swapped-out sequences, swapped back in, in priority order;
 3. waiting sequences, admitted after a prefix-cache match (or a fork from completion 0
    for n > 1) if the pool can hold their whole known tokens.
@@ -24,6 +25,7 @@ import structlog
 
 from kvserve.protos.step import KnownSequence, NewSequence, StepPlan
 from kvserve.scheduler.core import admission
+from kvserve.scheduler.core.draft_proposer import DraftProposer
 from kvserve.scheduler.core.request import QUEUE_ORDER, Sequence, SequenceStatus
 from kvserve.scheduler.core.scheduler_state import InFlight, ScheduledSequence, SchedulerState
 
@@ -56,15 +58,20 @@ def _attach_masks(plan: StepPlan, scheduled: list[ScheduledSequence]) -> None:
 class StepBuilder:
     """`build()`: packs running, swapped and waiting sequences into one plan; preempts when blocks run out."""
 
-    def __init__(self, state: SchedulerState) -> None:
+    def __init__(self, state: SchedulerState, proposer: DraftProposer | None = None) -> None:
         self.state = state
+        self.proposer = proposer
+        """Speculative decoding's draft source (None: off)."""
+        self._num_drafts = 0
+        """Draft tokens in the plan being built."""
 
     def build(self) -> StepPlan:
         """The next plan, recorded as in flight unless empty (an empty plan needs no step)."""
         st = self.state
         st.step_id += 1
-        plan = StepPlan(step_id=st.step_id, drop_seq_ids=st.pending_drops)
+        plan = StepPlan(step_id=st.step_id, drop_seq_ids=st.pending_drops, trims=st.pending_trims)
         st.pending_drops = []
+        st.pending_trims = []
         scheduled: list[ScheduledSequence] = []
         budget, preempted = self._schedule_running(plan, scheduled)
         if not preempted:
@@ -72,16 +79,23 @@ class StepBuilder:
             if not st.swapped:
                 self._schedule_waiting(plan, scheduled, budget)
         st.kv.unpin()
+        if plan.trims and plan.drop_seq_ids:  # a sequence that ended or was preempted since is dropped whole
+            dropped = set(plan.drop_seq_ids)
+            plan.trims = [trim for trim in plan.trims if trim[0] not in dropped]
         _attach_masks(plan, scheduled)
         if not plan.is_empty:
-            st.inflight = InFlight(plan.step_id, scheduled)
+            st.inflight = InFlight(plan.step_id, scheduled, self._num_drafts)
         return plan
 
     def _schedule_running(self, plan: StepPlan, scheduled: list[ScheduledSequence]) -> tuple[int, bool]:
         st = self.state
         running = st.running
         bs = st.block_size
-        budget = st.config.max_num_batched_tokens
+        cfg = st.config
+        budget = cfg.max_num_batched_tokens
+        # Drafts only where the step is overhead-bound (few sequences), from budget left after one token each.
+        speculate = self.proposer is not None and len(running) <= cfg.speculative_max_batch
+        self._num_drafts = 0
         add_cached = plan.known_seqs.append
         add_scheduled = scheduled.append
         # Token budget is reserved for decodes first, so prefill chunks take only what is left.
@@ -94,10 +108,14 @@ class StepBuilder:
             computed = seq.num_computed
             tokens = seq.token_ids
             num_tokens = len(tokens)
+            drafts = None
             if num_tokens - computed == 1:
                 count = 1
                 if decodes_left is not None:
                     decodes_left -= 1
+                if speculate and seq.matcher is None:
+                    drafts = self._propose(seq, budget - (len(running) - i))
+                    count += len(drafts)
             else:
                 if decodes_left is None:
                     decodes_left = _count_decodes(running, i + 1)
@@ -106,6 +124,9 @@ class StepBuilder:
                     i += 1
                     continue
             table = seq.block_table
+            if drafts and computed + count > len(table) * bs:
+                drafts = self._fit_drafts(seq, drafts)
+                count = 1 + len(drafts)
             if computed + count > len(table) * bs:
                 preemptions_before = st.num_preemptions
                 new_blocks = self._allocate_or_preempt(seq, (computed + count + bs - 1) // bs - len(table), plan)
@@ -116,12 +137,48 @@ class StepBuilder:
                     continue
                 table.extend(new_blocks)
             budget -= count
-            add_cached(KnownSequence(seq.seq_id, tokens[seq.sent_tokens :], computed, count, table[seq.sent_blocks :]))
+            if drafts:
+                self._num_drafts += len(drafts)
+                add_cached(
+                    KnownSequence(
+                        seq.seq_id, tokens[seq.sent_tokens :], computed, count, table[seq.sent_blocks :], drafts
+                    )
+                )
+                add_scheduled(ScheduledSequence(seq, count, True, drafts))
+            else:
+                add_cached(
+                    KnownSequence(seq.seq_id, tokens[seq.sent_tokens :], computed, count, table[seq.sent_blocks :])
+                )
+                add_scheduled(ScheduledSequence(seq, count, computed + count == num_tokens))
             seq.sent_tokens = num_tokens
             seq.sent_blocks = len(table)
-            add_scheduled(ScheduledSequence(seq, count, computed + count == num_tokens))
             i += 1
         return budget, preempted
+
+    def _fit_drafts(self, seq: Sequence, drafts: list[int]) -> list[int]:
+        """`drafts` with blocks to hold them, or as many as the table holds: drafts never preempt anyone."""
+        bs, table = self.state.block_size, seq.block_table
+        end = seq.num_computed + 1 + len(drafts)
+        blocks = self.state.kv.allocate(seq, (end + bs - 1) // bs - len(table))
+        if blocks is not None:
+            table.extend(blocks)
+            return drafts
+        return drafts[: max(0, len(table) * bs - seq.num_computed - 1)]
+
+    def _propose(self, seq: Sequence, room: int) -> list[int]:
+        """Draft tokens for a decoding sequence: at most `room` - 1, none past its output limit or while paused."""
+        if seq.draft_pause:
+            seq.draft_pause -= 1
+            return []
+        cfg = self.state.config
+        tokens = seq.token_ids
+        # The step yields the accepted drafts plus one: never more than the request may still output.
+        left = seq.request.max_output_tokens - (len(tokens) - seq.prompt_len) - 1
+        limit = min(cfg.num_speculative_tokens, room - 1, left)
+        if limit <= 0:
+            return []
+        assert self.proposer is not None  # only called when speculating
+        return self.proposer.propose(seq, limit)[:limit]
 
     def _allocate_or_preempt(self, seq: Sequence, need: int, plan: StepPlan) -> list[int] | None:
         """`need` blocks for `seq`, preempting from the tail of `running` until they fit (None: `seq` went)."""

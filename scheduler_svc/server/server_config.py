@@ -262,6 +262,12 @@ class ServerConfig:
     cache_aware_window: int = _policy("cache_aware_window")
     cache_aware_max_skips: int = _policy("cache_aware_max_skips")
     debug_invariants: bool = _policy("debug_invariants")
+    speculative: str = _policy("speculative")
+    num_speculative_tokens: int = _policy("num_speculative_tokens")
+    ngram_max: int = _policy("ngram_max")
+    ngram_min: int = _policy("ngram_min")
+    speculative_max_batch: int = _policy("speculative_max_batch")
+    speculative_min_acceptance: float = _policy("speculative_min_acceptance")
 
     generation_config: str = field(
         default=SOURCE_AUTO,

@@ -111,7 +111,7 @@ class NewSequence(_message.Message):
     def __init__(self, seq_id: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., prompt_len: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., block_table: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[StepSamplingParams, _Mapping]] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class KnownSequences(_message.Message):
-    __slots__ = ("seq_ids", "num_computed_tokens", "num_scheduled_tokens", "new_token_counts", "new_token_ids", "new_block_counts", "new_block_ids")
+    __slots__ = ("seq_ids", "num_computed_tokens", "num_scheduled_tokens", "new_token_counts", "new_token_ids", "new_block_counts", "new_block_ids", "draft_counts", "draft_token_ids")
     SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_SCHEDULED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +119,8 @@ class KnownSequences(_message.Message):
     NEW_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     NEW_BLOCK_COUNTS_FIELD_NUMBER: _ClassVar[int]
     NEW_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     seq_ids: _containers.RepeatedScalarFieldContainer[int]
     num_computed_tokens: _containers.RepeatedScalarFieldContainer[int]
     num_scheduled_tokens: _containers.RepeatedScalarFieldContainer[int]
@@ -126,7 +128,9 @@ class KnownSequences(_message.Message):
     new_token_ids: _containers.RepeatedScalarFieldContainer[int]
     new_block_counts: _containers.RepeatedScalarFieldContainer[int]
     new_block_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, seq_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[_Iterable[int]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., new_token_counts: _Optional[_Iterable[int]] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., new_block_counts: _Optional[_Iterable[int]] = ..., new_block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    draft_counts: _containers.RepeatedScalarFieldContainer[int]
+    draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, seq_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[_Iterable[int]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., new_token_counts: _Optional[_Iterable[int]] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., new_block_counts: _Optional[_Iterable[int]] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., draft_counts: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BlockPairs(_message.Message):
     __slots__ = ("src", "dst")
@@ -137,7 +141,7 @@ class BlockPairs(_message.Message):
     def __init__(self, src: _Optional[_Iterable[int]] = ..., dst: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StepPlan(_message.Message):
-    __slots__ = ("step_id", "new_seqs", "known_seqs", "copies", "swap_out", "swap_in", "drop_seq_ids", "mask_seq_ids", "token_masks")
+    __slots__ = ("step_id", "new_seqs", "known_seqs", "copies", "swap_out", "swap_in", "drop_seq_ids", "mask_seq_ids", "token_masks", "trim_seq_ids", "trim_block_counts")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_SEQS_FIELD_NUMBER: _ClassVar[int]
     KNOWN_SEQS_FIELD_NUMBER: _ClassVar[int]
@@ -147,6 +151,8 @@ class StepPlan(_message.Message):
     DROP_SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
     MASK_SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_MASKS_FIELD_NUMBER: _ClassVar[int]
+    TRIM_SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
+    TRIM_BLOCK_COUNTS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     new_seqs: _containers.RepeatedCompositeFieldContainer[NewSequence]
     known_seqs: KnownSequences
@@ -156,7 +162,9 @@ class StepPlan(_message.Message):
     drop_seq_ids: _containers.RepeatedScalarFieldContainer[int]
     mask_seq_ids: _containers.RepeatedScalarFieldContainer[int]
     token_masks: bytes
-    def __init__(self, step_id: _Optional[int] = ..., new_seqs: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., known_seqs: _Optional[_Union[KnownSequences, _Mapping]] = ..., copies: _Optional[_Union[BlockPairs, _Mapping]] = ..., swap_out: _Optional[_Union[BlockPairs, _Mapping]] = ..., swap_in: _Optional[_Union[BlockPairs, _Mapping]] = ..., drop_seq_ids: _Optional[_Iterable[int]] = ..., mask_seq_ids: _Optional[_Iterable[int]] = ..., token_masks: _Optional[bytes] = ...) -> None: ...
+    trim_seq_ids: _containers.RepeatedScalarFieldContainer[int]
+    trim_block_counts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, step_id: _Optional[int] = ..., new_seqs: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., known_seqs: _Optional[_Union[KnownSequences, _Mapping]] = ..., copies: _Optional[_Union[BlockPairs, _Mapping]] = ..., swap_out: _Optional[_Union[BlockPairs, _Mapping]] = ..., swap_in: _Optional[_Union[BlockPairs, _Mapping]] = ..., drop_seq_ids: _Optional[_Iterable[int]] = ..., mask_seq_ids: _Optional[_Iterable[int]] = ..., token_masks: _Optional[bytes] = ..., trim_seq_ids: _Optional[_Iterable[int]] = ..., trim_block_counts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StepResult(_message.Message):
     __slots__ = ("step_id", "execute_time_s", "seq_ids", "token_ids", "has_logprob", "logprobs", "top_counts", "top_token_ids", "top_logprobs")

@@ -1,0 +1,67 @@
+"""The real scheduler driving an executor in one process, every plan and result through the wire codec.
+
+For tests and benchmarks of what the scheduling core does to a model's output (speculative
+decoding, chunking, preemption) without the sockets: the scheduler sizes itself from the
+executor's handshake exactly as the service does, and each plan and result is encoded and
+decoded as on the link, so a field the codec drops is caught here too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvserve.executor.protocol import Executor
+from kvserve.protos import step_codec
+from kvserve.protos.kvserve.v1 import executor_link_pb2 as pb
+from kvserve.protos.sampling import SamplingParams
+from kvserve.scheduler.core.scheduler import Scheduler
+from kvserve.scheduler.core.scheduler_config import SchedulerConfig
+
+
+@dataclass(slots=True)
+class Served:
+    """What a batch of requests produced: tokens per (request id, completion index), and the scheduler."""
+
+    tokens: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+    logprobs: dict[tuple[str, int], list[float]] = field(default_factory=dict)
+    steps: int = 0
+    scheduler: Scheduler | None = None
+
+
+def serve_in_process(
+    executor: Executor,
+    requests: dict[str, tuple[list[int], SamplingParams]],
+    max_steps: int = 100_000,
+    **policy: Any,
+) -> Served:
+    """Run `requests` (id → (prompt, sampling)) to completion under a scheduler with `policy`."""
+    info = executor.info()
+    config = SchedulerConfig(
+        num_blocks=policy.pop("num_blocks", info.num_blocks),
+        block_size=info.block_size,
+        num_cpu_blocks=info.num_cpu_blocks,
+        max_model_len=info.max_model_len,
+        eos_token_ids=tuple(info.eos_token_ids),
+        **policy,
+    )
+    scheduler = Scheduler(config)
+    for request_id, (prompt, sampling) in requests.items():
+        scheduler.add_request(request_id, prompt, sampling)
+    served = Served(scheduler=scheduler)
+    while scheduler.has_unfinished():
+        plan = scheduler.schedule()
+        if plan.is_empty:
+            raise RuntimeError("the scheduler stalled with unfinished requests")
+        sent = step_codec.decode_plan(pb.StepPlan.FromString(step_codec.encode_plan(plan).SerializeToString()))
+        result = executor.execute(sent)
+        back = step_codec.decode_result(pb.StepResult.FromString(step_codec.encode_result(result).SerializeToString()))
+        for out in scheduler.update(back):
+            key = (out.request_id, out.index)
+            served.tokens.setdefault(key, []).extend(out.new_token_ids)
+            if out.logprobs is not None:
+                served.logprobs.setdefault(key, []).extend(lp.logprob for lp in out.logprobs)
+        served.steps += 1
+        if served.steps >= max_steps:
+            raise RuntimeError(f"requests unfinished after {max_steps} steps")
+    return served
