@@ -13,7 +13,7 @@ from kvserve.clients.async_client import AsyncChunkStream, AsyncClient
 from kvserve.clients.channel import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_TARGET
 from kvserve.clients.errors import KVServeError
 from kvserve.clients.sync_client import ChunkStream, Client
-from kvserve.clients.types import Chunk, Completion, TokenLogprobs, ToolCall, Usage
+from kvserve.clients.types import Chunk, Completion, SpeculativeUsage, TokenLogprobs, ToolCall, Usage
 
 __all__ = [
     "DEFAULT_HOST",
@@ -26,6 +26,7 @@ __all__ = [
     "Client",
     "Completion",
     "KVServeError",
+    "SpeculativeUsage",
     "TokenLogprobs",
     "ToolCall",
     "Usage",

@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 
 from kvserve.clients.errors import KVServeError
-from kvserve.clients.types import Chunk, Completion, TokenLogprobs, ToolCall, Usage
+from kvserve.clients.types import Chunk, Completion, SpeculativeUsage, TokenLogprobs, ToolCall, Usage
 from kvserve.protos.kvserve.v1 import api_pb2
 
 SAMPLING_FIELDS: tuple[str, ...] = tuple(f.name for f in api_pb2.SamplingParams.DESCRIPTOR.fields)
@@ -166,6 +166,11 @@ def usage_from_proto(usage: api_pb2.Usage) -> Usage:
         queue_time_s=usage.queue_time_s,
         ttft_s=usage.ttft_s,
         e2e_s=usage.e2e_s,
+        speculative=SpeculativeUsage(
+            usage.speculative.proposed_tokens, usage.speculative.accepted_tokens, usage.speculative.verify_steps
+        )
+        if usage.HasField("speculative")
+        else None,
     )
 
 

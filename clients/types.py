@@ -15,6 +15,15 @@ class Usage:
     queue_time_s: float
     ttft_s: float
     e2e_s: float
+    speculative: SpeculativeUsage | None = None
+    """Set when the server runs speculative decoding: the request's draft tokens (over its n completions)."""
+
+
+@dataclass(slots=True)
+class SpeculativeUsage:
+    proposed_tokens: int
+    accepted_tokens: int
+    verify_steps: int
 
 
 @dataclass(slots=True)

@@ -43,6 +43,8 @@ from kvserve.executor.fake.tokens import (
     DEFAULT_CONTEXT_WINDOW,
     allowed_token_ids,
     context_hash,
+    copied_token,
+    copies,
     fake_logprob,
     pick_allowed,
     pick_token,
@@ -85,6 +87,14 @@ class FakeExecutorConfig:
     )
     context_window: int = field(
         default=DEFAULT_CONTEXT_WINDOW, metadata=flag("how many trailing context tokens the next token depends on")
+    )
+    copy_period: int = field(
+        default=0,
+        metadata=flag(
+            "0: every token is a hash of its context; N: a token repeats the context token N positions back "
+            "when that is an ordinary token (every greedy draw, three sampled draws in four): a model that "
+            "copies its input, as speculative decoding's lookup proposers expect"
+        ),
     )
     model_id: str | None = field(
         default=None, metadata=flag("model id reported to the scheduler; None: fake:<the tokenizer's model name>")
@@ -340,10 +350,15 @@ class FakeExecutor:
             f"seq {seq_id}",
             "context",
         )
-        h = context_hash(window, length, seq.seed, seq.sampling.temperature == 0.0)
+        greedy = seq.sampling.temperature == 0.0
+        h = context_hash(window, length, seq.seed, greedy)
         may_end = self._may_end_by_eos(seq, length - seq.prompt_len) and wants_eos(h, self.config.eos_probability)
         if mask is None:
-            token = self.vocab.eos_token_ids[0] if may_end else pick_token(h, self.vocab.samplable)
+            token = self.vocab.eos_token_ids[0] if may_end else None
+            if token is None and copies(h, greedy):
+                token = copied_token(context, self.config.copy_period, self._samplable_set)
+            if token is None:
+                token = pick_token(h, self.vocab.samplable)
         else:
             allowed = allowed_token_ids(mask)
             eos = next((t for t in self.vocab.eos_token_ids if t in allowed), None)

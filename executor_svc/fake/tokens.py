@@ -7,7 +7,7 @@ and a test can compute a sequence's expected completion without running any exec
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 
 from kvserve.protos.step import TokenLogprob
 
@@ -33,6 +33,24 @@ def context_hash(window: Sequence[int], length: int, seed: int, greedy: bool) ->
 
 def pick_token(h: int, samplable: Sequence[int]) -> int:
     return samplable[h % len(samplable)]
+
+
+def copied_token(context: Sequence[int], period: int, samplable: Container[int]) -> int | None:
+    """A copying model's greedy token: the context token `period` positions back, if it is ordinary.
+
+    Speculative decoding's tests need a model whose output follows its input, as text
+    rewriting does, so that lookup drafts are accepted; hashed tokens almost never are.
+    """
+    if period <= 0 or len(context) < period:
+        return None
+    token = context[-period]
+    return token if token in samplable else None
+
+
+def copies(h: int, greedy: bool) -> bool:
+    """Whether a copying model copies this draw: always when greedy; three draws in four (by the
+    draw's hash) when sampling, so a seeded request both accepts and rejects drafts."""
+    return greedy or h % 4 != 0
 
 
 def allowed_token_ids(row: bytes) -> list[int]:
@@ -86,6 +104,7 @@ def expected_completion(
     *,
     greedy: bool = False,
     context_window: int = DEFAULT_CONTEXT_WINDOW,
+    copy_period: int = 0,
 ) -> list[int]:
     """What an undisturbed run of one sequence yields on a fake executor whose vocabulary is
     plain `range(vocab_size)` (strict mode without a tokenizer; 50 is the scheduler tests' size)."""
@@ -94,7 +113,10 @@ def expected_completion(
     stop = set(stop_ids)
     out: list[int] = []
     while len(out) < max_tokens:
-        token = pick_token(context_hash(tokens[-context_window:], len(tokens), seed, greedy), samplable)
+        h = context_hash(tokens[-context_window:], len(tokens), seed, greedy)
+        token = copied_token(tokens, copy_period, samplable) if copies(h, greedy) else None
+        if token is None:
+            token = pick_token(h, samplable)
         tokens.append(token)
         out.append(token)
         if token in stop:

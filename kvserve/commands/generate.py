@@ -171,6 +171,10 @@ def usage_line(completion: Completion) -> str:
         f"[{completion.request_id}] finish={completion.finish_reason} prompt={u.prompt_tokens} "
         f"cached={u.cached_tokens} completion={u.completion_tokens} queue={u.queue_time_s:.3f}s "
         f"ttft={u.ttft_s:.3f}s e2e={u.e2e_s:.3f}s"
+    ) + (
+        f" drafts={u.speculative.accepted_tokens}/{u.speculative.proposed_tokens} accepted"
+        if u.speculative is not None
+        else ""
     )
 
 
@@ -182,7 +186,7 @@ def completion_json(completion: Completion, *, with_logprobs: bool) -> dict[str,
             "index": c.index,
             "text": c.text,
             "finish_reason": c.finish_reason,
-            "usage": asdict(c.usage),
+            "usage": {k: v for k, v in asdict(c.usage).items() if v is not None},  # speculative: only when on
             "token_ids": c.token_ids,
         }
         if c.tool_calls:

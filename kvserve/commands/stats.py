@@ -21,6 +21,7 @@ _STATS_LAYOUT: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("KV blocks", ("num_blocks", "blocks_free", "blocks_cached", "blocks_referenced", "kv_usage")),
     ("requests", ("requests_waiting", "requests_running", "requests_swapped", "num_preemptions", "num_swap_outs")),
     ("prefix cache", ("prefix_queried_tokens", "prefix_hit_tokens", "num_evicted_blocks")),
+    ("speculative decoding", ("draft_tokens_proposed", "draft_tokens_accepted", "draft_verify_steps")),
     ("executor", ("executor_state", "executor_restarts", "steps")),
 )
 
@@ -102,6 +103,13 @@ def render(health: str, model: dict[str, Any], stats: dict[str, Any]) -> str:
     queried, hit = stats.get("prefix_queried_tokens") or 0, stats.get("prefix_hit_tokens") or 0
     if queried:
         lines.append(f"prefix hit rate: {hit / queried:.1%}")
+    proposed, accepted = stats.get("draft_tokens_proposed") or 0, stats.get("draft_tokens_accepted") or 0
+    if proposed:
+        verified = stats.get("draft_verify_steps") or 0
+        lines.append(
+            f"draft acceptance: {accepted / proposed:.1%}  "
+            f"({(accepted + verified) / max(verified, 1):.2f} tokens per verifying step)"
+        )
     return "\n".join(lines)
 
 

@@ -7,7 +7,13 @@ import-linter contract): everything below is the core's public API.
 
 from kvserve.scheduler.core.invariants import InvariantError
 from kvserve.scheduler.core.kv_capacity import KvPlan, plan_kv
-from kvserve.scheduler.core.outputs import BlockCounts, SampledLogprob, SchedulerStats, SequenceOutput
+from kvserve.scheduler.core.outputs import (
+    BlockCounts,
+    DraftCounts,
+    SampledLogprob,
+    SchedulerStats,
+    SequenceOutput,
+)
 from kvserve.scheduler.core.prefix_tree import PrefixNode, PrefixTreeListener
 from kvserve.scheduler.core.request import RequestRejected, Sequence
 from kvserve.scheduler.core.scheduler import Scheduler
@@ -19,6 +25,7 @@ __all__ = [
     "KV_RESERVATIONS",
     "PREEMPTION_MODES",
     "BlockCounts",
+    "DraftCounts",
     "InvariantError",
     "KvPlan",
     "MatcherFactory",

@@ -67,6 +67,7 @@ class Scheduler:
         self.config = config
         self._state = SchedulerState.fresh(config, clock)
         self._steps = StepBuilder(self._state, proposer or proposer_for(config))
+        self._state.speculating = self._steps.proposer is not None
         self._results = ResultApplier(self._state)
 
     # --- requests --------------------------------------------------------------------

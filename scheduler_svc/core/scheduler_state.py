@@ -67,6 +67,8 @@ class SchedulerState:
     num_preemptions: int = 0
     num_swap_outs: int = 0
     """Preemptions that swapped the sequence's KV to CPU (the rest recompute)."""
+    speculating: bool = False
+    """A draft proposer is configured: outputs carry their request's `DraftCounts`."""
     num_drafts_proposed: int = 0
     num_drafts_accepted: int = 0
     num_verify_steps: int = 0

@@ -126,7 +126,7 @@ class ResultApplier:
                     queue_time_s=request.queue_time_s,
                     ttft_s=request.ttft_s,
                     blocks=request.blocks,
-                    drafts=request.drafts if drafts is not None or request.drafts.proposed else None,
+                    drafts=request.drafts if st.speculating else None,
                 )
             )
         if any_finished:

@@ -65,6 +65,10 @@ class StopStringMatcher:
         self._held = ""
         self.matched: str | None = None
 
+    @property
+    def has_stops(self) -> bool:
+        return bool(self._stop)
+
     def push(self, delta: str) -> str:
         """Return the text that is safe to emit. After a match, returns the text before it, then nothing."""
         if self.matched is not None:
@@ -118,6 +122,22 @@ class CompletionText:
         out = self._matcher.push(self._detokenizer.push(token_ids))
         self.text_len += len(out)
         return out
+
+    def push_until_stop(self, token_ids: list[int]) -> tuple[str, int]:
+        """Push tokens one at a time until a stop string completes: (text, tokens taken).
+
+        Several tokens arrive at once after verified draft tokens (speculative decoding). Plain
+        decoding would have ended the completion at the token that completed a stop string, so the
+        tokens after it must not reach the client; with no stop strings this is `push`.
+        """
+        if not self._matcher.has_stops or len(token_ids) < 2:
+            return self.push(token_ids), len(token_ids)
+        parts = []
+        for taken, token in enumerate(token_ids, start=1):
+            parts.append(self.push([token]))
+            if self.stopped:
+                return "".join(parts), taken
+        return "".join(parts), len(token_ids)
 
     def finish(self) -> str:
         out = self._matcher.push(self._detokenizer.flush())

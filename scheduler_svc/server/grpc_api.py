@@ -189,6 +189,9 @@ class KVServeServicer(api_pb2_grpc.KVServeServicer):
             num_preemptions=s.num_preemptions,
             num_swap_outs=s.num_swap_outs,
             num_evicted_blocks=s.num_evicted_blocks,
+            draft_tokens_proposed=s.draft_tokens_proposed,
+            draft_tokens_accepted=s.draft_tokens_accepted,
+            draft_verify_steps=s.draft_verify_steps,
             executor_state=_EXECUTOR_STATES[stats.executor_state],
             executor_restarts=self._restarts(),
             steps=stats.steps,
@@ -251,6 +254,14 @@ def _chunk_to_proto(request_id: str, chunk: CompletionChunk, called: bool = Fals
                 e2e_s=u.e2e_s,
             )
         )
+        if u.drafts is not None:
+            response.usage.speculative.CopyFrom(
+                api_pb2.SpeculativeUsage(
+                    proposed_tokens=u.drafts.proposed,
+                    accepted_tokens=u.drafts.accepted,
+                    verify_steps=u.drafts.verify_steps,
+                )
+            )
     return response
 
 

@@ -5,7 +5,7 @@ several servers in one process do not collide. The engine calls:
 
 - `observe_step(duration_s, stats, prompt_tokens, generation_tokens)` after every step:
   gauges from the `SchedulerStats` snapshot, token counters, step-time histogram. The
-  snapshot's prefix and preemption figures are cumulative; the counters advance by their
+  snapshot's prefix, preemption and speculative-decoding figures are cumulative; the counters advance by their
   growth (a reset after an executor re-sync counts from zero again). It also feeds the
   periodic stats log line (`kvserve.scheduler.server.stats_logger`).
 - `observe_first_token(ttft_s)`, `observe_token_gap(itl_s)` as tokens reach a request;
@@ -95,6 +95,8 @@ REQUEST_BUCKETS_S = (
     960.0,
     1920.0,
 )
+ACCEPTED_LENGTH_BUCKETS = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
+"""Accepted drafts per verifying sequence in a step: 0 up to --num-speculative-tokens (5 by default)."""
 STEP_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
@@ -168,7 +170,33 @@ class ServerMetrics:
             buckets=STEP_BUCKETS_S,
             registry=r,
         )
-        self._seen = {"queried": 0, "hits": 0, "preemptions": 0, "swap_outs": 0, "evictions": 0}
+        self.spec_draft_tokens = Counter(
+            PREFIX + "spec_decode_num_draft_tokens", "Draft tokens sent for verification.", registry=r
+        )
+        self.spec_accepted_tokens = Counter(
+            PREFIX + "spec_decode_num_accepted_tokens", "Draft tokens the model's own draws confirmed.", registry=r
+        )
+        self.spec_bonus_tokens = Counter(
+            PREFIX + "spec_decode_num_bonus_tokens",
+            "Tokens a verification yields beyond its accepted drafts (one per sequence and step).",
+            registry=r,
+        )
+        self.spec_mean_accepted_length = Histogram(
+            PREFIX + "spec_decode_mean_accepted_length",
+            "Per step that verified drafts: accepted drafts per verifying sequence.",
+            buckets=ACCEPTED_LENGTH_BUCKETS,
+            registry=r,
+        )
+        self._seen = {
+            "queried": 0,
+            "hits": 0,
+            "preemptions": 0,
+            "swap_outs": 0,
+            "evictions": 0,
+            "drafts": 0,
+            "accepted": 0,
+            "verify_steps": 0,
+        }
         self._lock = threading.Lock()
         self._http_server: Any = None
 
@@ -193,6 +221,11 @@ class ServerMetrics:
             self._advance(self.num_preemptions, "preemptions", stats.num_preemptions)
             self._advance(self.num_swap_outs, "swap_outs", stats.num_swap_outs)
             self._advance(self.prefix_cache_evictions, "evictions", stats.num_evicted_blocks)
+            verified = self._advance(self.spec_bonus_tokens, "verify_steps", stats.draft_verify_steps)
+            self._advance(self.spec_draft_tokens, "drafts", stats.draft_tokens_proposed)
+            accepted = self._advance(self.spec_accepted_tokens, "accepted", stats.draft_tokens_accepted)
+            if verified > 0:
+                self.spec_mean_accepted_length.observe(accepted / verified)
         self.stats_logger.observe_step(stats, prompt_tokens, generation_tokens)
 
     def observe_first_token(self, ttft_s: float) -> None:
@@ -232,10 +265,11 @@ class ServerMetrics:
             server.shutdown()
             server.server_close()
 
-    def _advance(self, counter: Counter, key: str, total: int) -> None:
-        """Move a counter by the growth of a cumulative total; a total that went down restarted at 0."""
+    def _advance(self, counter: Counter, key: str, total: int) -> int:
+        """Move a counter by the growth of a cumulative total (returned); a total that went down restarted at 0."""
         last = self._seen[key]
         delta = total - last if total >= last else total
         if delta > 0:
             counter.inc(delta)
         self._seen[key] = total
+        return delta

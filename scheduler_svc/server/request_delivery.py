@@ -113,11 +113,17 @@ class ActiveRequest:
         if self.blocks is None:
             self.blocks = output.blocks
         token_ids = list(output.new_token_ids)
+        logprobs = list(output.logprobs or [])
+        num_output_tokens = output.num_output_tokens
         finish = output.finish_reason
         # The token that finished a sequence (eos or a stop token id) is not part of the text.
         text_ids = token_ids[:-1] if finish in _TOKEN_FINISHES and token_ids else token_ids
-        text = completion.text.push(text_ids)
-        stopped = finish is None and completion.text.stopped
+        text, taken = completion.text.push_until_stop(text_ids)
+        stopped = completion.text.stopped and (finish is None or taken < len(token_ids))
+        if stopped and taken < len(token_ids):
+            # Tokens after the stop string (from verified drafts) are cut, as plain decoding never made them.
+            num_output_tokens -= len(token_ids) - taken
+            del token_ids[taken:], logprobs[taken:]
         calls: list[ToolCall] = []
         if completion.tools is not None:
             text = self._take_calls(completion.tools, text, calls)
@@ -137,11 +143,12 @@ class ActiveRequest:
             completion.finish_reason = finish
             usage = Usage(
                 prompt_tokens=output.num_prompt_tokens,
-                completion_tokens=output.num_output_tokens,
+                completion_tokens=num_output_tokens,
                 cached_tokens=output.num_cached_tokens,
                 queue_time_s=output.queue_time_s or 0.0,
                 ttft_s=output.ttft_s or 0.0,
                 e2e_s=self.clock() - self.arrival,
+                drafts=output.drafts,
             )
             self.usage[output.index] = usage
         if self.metrics is not None and token_ids:
@@ -157,7 +164,7 @@ class ActiveRequest:
                 index=output.index,
                 token_ids=token_ids,
                 text=text,
-                logprobs=list(output.logprobs or []),
+                logprobs=logprobs,
                 finish_reason=finish,
                 usage=usage,
                 tool_calls=calls,

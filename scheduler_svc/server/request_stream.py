@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from kvserve.protos.stop_rules import FinishReason
-from kvserve.scheduler.core import SampledLogprob
+from kvserve.scheduler.core import DraftCounts, SampledLogprob
 from kvserve.scheduler.server.tools.tool_use import ToolCall
 
 
@@ -44,6 +44,8 @@ class Usage:
     queue_time_s: float
     ttft_s: float
     e2e_s: float
+    drafts: DraftCounts | None = None
+    """The request's speculative-decoding counts (shared by its n completions); None: speculation off."""
 
 
 @dataclass(slots=True)

@@ -197,20 +197,32 @@ class TokenLogprobs(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ..., top: _Optional[_Iterable[_Union[Logprob, _Mapping]]] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens", "queue_time_s", "ttft_s", "e2e_s")
+    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens", "queue_time_s", "ttft_s", "e2e_s", "speculative")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_TIME_S_FIELD_NUMBER: _ClassVar[int]
     TTFT_S_FIELD_NUMBER: _ClassVar[int]
     E2E_S_FIELD_NUMBER: _ClassVar[int]
+    SPECULATIVE_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
     queue_time_s: float
     ttft_s: float
     e2e_s: float
-    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., queue_time_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., e2e_s: _Optional[float] = ...) -> None: ...
+    speculative: SpeculativeUsage
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., queue_time_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., e2e_s: _Optional[float] = ..., speculative: _Optional[_Union[SpeculativeUsage, _Mapping]] = ...) -> None: ...
+
+class SpeculativeUsage(_message.Message):
+    __slots__ = ("proposed_tokens", "accepted_tokens", "verify_steps")
+    PROPOSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_STEPS_FIELD_NUMBER: _ClassVar[int]
+    proposed_tokens: int
+    accepted_tokens: int
+    verify_steps: int
+    def __init__(self, proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., verify_steps: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("request_id", "index", "token_ids", "text", "logprobs", "finish_reason", "usage", "tool_calls")
@@ -295,7 +307,7 @@ class ServerStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServerStatsResponse(_message.Message):
-    __slots__ = ("num_blocks", "blocks_free", "blocks_cached", "blocks_referenced", "kv_usage", "requests_waiting", "requests_running", "requests_swapped", "prefix_queried_tokens", "prefix_hit_tokens", "num_preemptions", "executor_state", "executor_restarts", "steps", "num_swap_outs", "num_evicted_blocks")
+    __slots__ = ("num_blocks", "blocks_free", "blocks_cached", "blocks_referenced", "kv_usage", "requests_waiting", "requests_running", "requests_swapped", "prefix_queried_tokens", "prefix_hit_tokens", "num_preemptions", "executor_state", "executor_restarts", "steps", "num_swap_outs", "num_evicted_blocks", "draft_tokens_proposed", "draft_tokens_accepted", "draft_verify_steps")
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FREE_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_CACHED_FIELD_NUMBER: _ClassVar[int]
@@ -312,6 +324,9 @@ class ServerStatsResponse(_message.Message):
     STEPS_FIELD_NUMBER: _ClassVar[int]
     NUM_SWAP_OUTS_FIELD_NUMBER: _ClassVar[int]
     NUM_EVICTED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKENS_PROPOSED_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKENS_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_VERIFY_STEPS_FIELD_NUMBER: _ClassVar[int]
     num_blocks: int
     blocks_free: int
     blocks_cached: int
@@ -328,4 +343,7 @@ class ServerStatsResponse(_message.Message):
     steps: int
     num_swap_outs: int
     num_evicted_blocks: int
-    def __init__(self, num_blocks: _Optional[int] = ..., blocks_free: _Optional[int] = ..., blocks_cached: _Optional[int] = ..., blocks_referenced: _Optional[int] = ..., kv_usage: _Optional[float] = ..., requests_waiting: _Optional[int] = ..., requests_running: _Optional[int] = ..., requests_swapped: _Optional[int] = ..., prefix_queried_tokens: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., executor_state: _Optional[_Union[ExecutorState, str]] = ..., executor_restarts: _Optional[int] = ..., steps: _Optional[int] = ..., num_swap_outs: _Optional[int] = ..., num_evicted_blocks: _Optional[int] = ...) -> None: ...
+    draft_tokens_proposed: int
+    draft_tokens_accepted: int
+    draft_verify_steps: int
+    def __init__(self, num_blocks: _Optional[int] = ..., blocks_free: _Optional[int] = ..., blocks_cached: _Optional[int] = ..., blocks_referenced: _Optional[int] = ..., kv_usage: _Optional[float] = ..., requests_waiting: _Optional[int] = ..., requests_running: _Optional[int] = ..., requests_swapped: _Optional[int] = ..., prefix_queried_tokens: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., executor_state: _Optional[_Union[ExecutorState, str]] = ..., executor_restarts: _Optional[int] = ..., steps: _Optional[int] = ..., num_swap_outs: _Optional[int] = ..., num_evicted_blocks: _Optional[int] = ..., draft_tokens_proposed: _Optional[int] = ..., draft_tokens_accepted: _Optional[int] = ..., draft_verify_steps: _Optional[int] = ...) -> None: ...

@@ -94,6 +94,7 @@ def _message(choice: ChoiceState) -> dict[str, Any]:
 def usage_object(choices: list[ChoiceState], n: int) -> dict[str, Any]:
     """Totals over choices; the prompt of each of the request's prompts counts once, whatever n is."""
     prompt_tokens = cached = completion_tokens = 0
+    speculative: dict[str, int] | None = None
     for choice in choices:
         if choice.usage is None:
             continue
@@ -101,12 +102,21 @@ def usage_object(choices: list[ChoiceState], n: int) -> dict[str, Any]:
         if choice.index % n == 0:  # the first choice of its prompt
             prompt_tokens += choice.usage.prompt_tokens
             cached += choice.usage.cached_tokens
-    return {
+            drafts = choice.usage.drafts  # one request's counts, shared by its n choices
+            if drafts is not None:
+                speculative = speculative or dict.fromkeys(("proposed_tokens", "accepted_tokens", "verify_steps"), 0)
+                speculative["proposed_tokens"] += drafts.proposed
+                speculative["accepted_tokens"] += drafts.accepted
+                speculative["verify_steps"] += drafts.verify_steps
+    usage: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached},
     }
+    if speculative is not None:
+        usage["speculative"] = speculative  # a kvserve extension field
+    return usage
 
 
 def json_logprob(value: float) -> float:

@@ -1,0 +1,130 @@
+"""`kvserve serve --speculative ngram` over the real sockets: the same tokens as off, and its counts visible.
+
+Two fake-executor servers, speculation on and off, whose fake model copies its input
+(`--copy-period`: a greedy token repeats the token six positions back), so prompt-lookup
+drafts are accepted as they are on text a real model rewrites. Every answer must be the
+off server's, token for token; the on server reports its drafts in `usage.speculative`
+(HTTP, through the openai SDK, and gRPC, through the client), in `/metrics`, in
+`ServerStats` and in `kvserve stats`.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kvserve.clients import Client
+from kvserve.testing.server_launcher import ServeProcess, start_serve
+from tests.clients.test_cli_commands import port_args, run_cli
+from tests.http.http_clients import FAKE_ARGS, sdk
+
+pytestmark = pytest.mark.timeout(240)
+
+COPYING = ["--executor-args", "--copy-period 6"]
+PROMPT = "the quick brown fox jumps over"
+MODEL = "fake:smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[tuple[ServeProcess, ServeProcess]]:
+    """(speculation on, speculation off), both over one copying fake model."""
+    tmp_dir = Path(tempfile.mkdtemp(prefix="kvserve-spec-"))
+    on = start_serve([*FAKE_ARGS, *COPYING, "--speculative", "ngram", "--ngram-min", "1"], tmp_dir, http=True, name="on")
+    off = start_serve([*FAKE_ARGS, *COPYING], tmp_dir, http=True, name="off")
+    try:
+        on.wait_serving()
+        off.wait_serving()
+        yield on, off
+    finally:
+        on.stop()
+        off.stop()
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def _complete(server: ServeProcess, **kwargs):
+    return sdk(server).completions.create(model=MODEL, prompt=PROMPT, max_tokens=40, **kwargs)
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 1.0, "seed": 11}], ids=["greedy", "seeded"])
+def test_http_answers_equal_speculation_off_and_carry_their_draft_counts(servers, sampling: dict) -> None:
+    on, off = servers
+    spec = _complete(on, logprobs=2, **sampling)
+    plain = _complete(off, logprobs=2, **sampling)
+    assert spec.choices[0].text == plain.choices[0].text
+    assert spec.choices[0].logprobs.tokens == plain.choices[0].logprobs.tokens
+    assert spec.choices[0].logprobs.token_logprobs == plain.choices[0].logprobs.token_logprobs
+    assert spec.usage.completion_tokens == plain.usage.completion_tokens == 40
+    counts = spec.usage.model_extra["speculative"]
+    assert plain.usage.model_extra.get("speculative") is None  # speculation off: no extension field
+    assert 0 <= counts["accepted_tokens"] <= counts["proposed_tokens"]
+    if sampling["temperature"] == 0:
+        # The copying model follows the lookup: most of the 40 tokens came from accepted drafts.
+        assert counts["accepted_tokens"] >= 20
+        assert counts["verify_steps"] + counts["accepted_tokens"] <= 40
+    else:
+        assert counts["proposed_tokens"] > 0  # proposed, and (hashed draws) rarely accepted
+
+
+def test_grpc_usage_carries_the_same_counts(servers) -> None:
+    on, _ = servers
+    http = _complete(on, temperature=0).usage.model_extra["speculative"]
+    with Client(on.address) as client:
+        completion = client.generate(PROMPT, max_tokens=40, temperature=0)
+    spec = completion.usage.speculative
+    assert spec is not None
+    assert (spec.proposed_tokens, spec.accepted_tokens, spec.verify_steps) == (
+        http["proposed_tokens"],
+        http["accepted_tokens"],
+        http["verify_steps"],
+    )
+
+
+def test_stop_string_inside_accepted_drafts_ends_where_plain_decoding_ends(servers) -> None:
+    """Accepted drafts bring several tokens at once; the text and the token count still stop at the
+    token that completed the stop string, as without speculation."""
+    on, off = servers
+    plain = _complete(off, temperature=0).choices[0].text
+    stop = plain[len(plain) // 2 : len(plain) // 2 + 3]
+    answers = []
+    for server in (on, off):
+        stream = sdk(server).completions.create(
+            model=MODEL,
+            prompt=PROMPT,
+            max_tokens=40,
+            temperature=0,
+            stop=[stop],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = list(stream)
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        answers.append((text, chunks[-1].usage.completion_tokens))
+    assert answers[0] == answers[1]
+    assert stop not in answers[0][0] and answers[0][1] < 40
+
+
+def test_metrics_stats_and_cli_show_the_acceptance(servers) -> None:
+    on, off = servers
+    _complete(on, temperature=0)
+    stats = on.stats()
+    assert stats.draft_tokens_accepted > 0 and stats.draft_tokens_proposed >= stats.draft_tokens_accepted
+    metrics = httpx.get(f"{on.http_url}/metrics", timeout=30).text
+
+    def counter(name: str) -> float:
+        match = re.search(rf"^kvserve:{name}_total (\S+)$", metrics, re.MULTILINE)
+        assert match, name
+        return float(match.group(1))
+
+    assert counter("spec_decode_num_draft_tokens") == stats.draft_tokens_proposed
+    assert counter("spec_decode_num_accepted_tokens") == stats.draft_tokens_accepted
+    assert counter("spec_decode_num_bonus_tokens") == stats.draft_verify_steps
+    assert re.search(r"^kvserve:spec_decode_mean_accepted_length_count [1-9]", metrics, re.MULTILINE)
+    text = run_cli("stats", *port_args(on)).stdout
+    assert re.search(r"draft acceptance: \d+\.\d%", text), text
+    assert "draft acceptance" not in run_cli("stats", *port_args(off)).stdout
