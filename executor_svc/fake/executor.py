@@ -202,10 +202,15 @@ class FakeExecutor:
             if self.config.strict:
                 self.shadow.compare(seq.block_table, seq.step_tokens(), 0, seq.num_computed, f"seq {seq_id}", "context")
             if num_scheduled > 0 and seq.num_computed == len(seq.token_ids) + len(seq.drafts):
+                rows = masks.pop(seq_id, None)
+                if rows is not None and len(rows) != len(seq.drafts) + 1:
+                    raise PlanError(
+                        f"seq {seq_id}: {len(rows)} token masks for {len(seq.drafts) + 1} sampled positions"
+                    )
                 if seq.drafts:
-                    outputs.extend(self._verify(seq_id, seq))
+                    outputs.extend(self._verify(seq_id, seq, rows))
                 else:
-                    outputs.append(self._sample(seq_id, seq, seq.token_ids, masks.pop(seq_id, None)))
+                    outputs.append(self._sample(seq_id, seq, seq.token_ids, rows[0] if rows else None))
             seq.drafts = []
         if masks:
             raise PlanError(f"step {plan.step_id}: token masks for sequences that sample nothing: {sorted(masks)}")
@@ -327,12 +332,13 @@ class FakeExecutor:
 
     # --- sampling ------------------------------------------------------------------
 
-    def _verify(self, seq_id: int, seq: _Sequence) -> list[SampledToken]:
-        """Draw at every draft position as plain decoding would there; keep the draws up to the first miss."""
+    def _verify(self, seq_id: int, seq: _Sequence, masks: list[bytes] | None) -> list[SampledToken]:
+        """Draw at every draft position as plain decoding would there (under that position's mask); keep
+        the draws up to the first miss."""
         known, drafts = seq.token_ids, seq.drafts
         outputs: list[SampledToken] = []
         for j in range(len(drafts) + 1):
-            out = self._sample(seq_id, seq, known + drafts[:j], None)
+            out = self._sample(seq_id, seq, known + drafts[:j], masks[j] if masks else None)
             outputs.append(out)
             if j == len(drafts) or out.token_id != drafts[j]:
                 break
@@ -379,11 +385,15 @@ class FakeExecutor:
         )
 
 
-def _mask_rows(plan: StepPlan) -> dict[int, bytes]:
-    """Each constrained sequence's mask row (structured output), by sequence id."""
+def _mask_rows(plan: StepPlan) -> dict[int, list[bytes]]:
+    """Each constrained sequence's mask rows (structured output), by sequence id: one per sampled
+    position, in order (several when it verifies drafts)."""
     width = plan.mask_row_bytes
     masks = plan.token_masks
-    return {seq_id: masks[i * width : (i + 1) * width] for i, seq_id in enumerate(plan.mask_seq_ids)}
+    rows: dict[int, list[bytes]] = {}
+    for i, seq_id in enumerate(plan.mask_seq_ids):
+        rows.setdefault(seq_id, []).append(masks[i * width : (i + 1) * width])
+    return rows
 
 
 __all__ = ["FakeExecutor", "FakeExecutorConfig", "PlanError"]

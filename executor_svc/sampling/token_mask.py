@@ -50,16 +50,33 @@ def unpack_blocked(packed: bytes, num_rows: int, vocab: int, device: torch.devic
 def plan_token_masks(
     plan: StepPlan, sampling_seq_ids: Sequence[int], vocab: int, device: torch.device | str
 ) -> TokenMasks | None:
-    """The plan's masks, matched to the rows of the sampled logits (None: nothing is constrained)."""
+    """The plan's masks, matched to the rows of the sampled logits (None: nothing is constrained).
+
+    A sequence verifying draft tokens samples at several rows, in position order, and has as
+    many mask rows in the same order: the i-th mask of a sequence goes to its i-th row.
+    """
     if not plan.mask_seq_ids:
         return None
-    position = {seq_id: row for row, seq_id in enumerate(sampling_seq_ids)}
+    positions: dict[int, list[int]] = {}
+    for row, seq_id in enumerate(sampling_seq_ids):
+        positions.setdefault(seq_id, []).append(row)
+    taken: dict[int, int] = {}
     rows = []
     for seq_id in plan.mask_seq_ids:
-        row = position.get(seq_id)
-        if row is None:
+        seq_rows = positions.get(seq_id)
+        if seq_rows is None:
             raise PlanError(f"step {plan.step_id}: seq {seq_id} has a token mask but samples nothing this step")
-        rows.append(row)
+        index = taken.get(seq_id, 0)
+        if index >= len(seq_rows):
+            raise PlanError(f"step {plan.step_id}: seq {seq_id} has more token masks than sampled positions")
+        taken[seq_id] = index + 1
+        rows.append(seq_rows[index])
+    for seq_id, count in taken.items():
+        if count != len(positions[seq_id]):
+            raise PlanError(
+                f"step {plan.step_id}: seq {seq_id} samples at {len(positions[seq_id])} positions "
+                f"but has {count} token masks"
+            )
     blocked = unpack_blocked(plan.token_masks, len(rows), vocab, device)
     all_rows = rows == list(range(len(sampling_seq_ids)))
     return TokenMasks(torch.tensor(rows, dtype=torch.long, device=device), blocked, all_rows)

@@ -33,10 +33,12 @@ MAX_NUM_BATCHED_TOKENS = 2048
 MAX_NUM_SEQS = 256
 
 # --- Speculative decoding (docs/benchmarks.md "Speculative decoding" measures these) ---------
-SPECULATIVE_METHODS = ("off", "ngram")
+SPECULATIVE_METHODS = ("off", "ngram", "suffix")
 NUM_SPECULATIVE_TOKENS = 5
 NGRAM_MAX = 4
 NGRAM_MIN = 2
+SUFFIX_CACHE_TOKENS = 65_536
+"""Tokens of recent completions `--speculative suffix` keeps (all namespaces together), about 25 MB."""
 SPECULATIVE_MAX_BATCH = 8
 """Steps with more running sequences than this verify no drafts: the step is no longer overhead-bound."""
 SPECULATIVE_MIN_ACCEPTANCE = 0.2

@@ -13,11 +13,16 @@ from typing import Protocol
 from kvserve.scheduler.core.ngram_index import NgramIndex
 from kvserve.scheduler.core.request import Sequence
 from kvserve.scheduler.core.scheduler_config import SchedulerConfig
+from kvserve.scheduler.core.suffix_index import SuffixIndex
 
 
 class DraftProposer(Protocol):
     def propose(self, seq: Sequence, limit: int) -> list[int]:
         """At most `limit` (≥ 1) tokens that may follow `seq.token_ids`; [] to decode plainly."""
+        ...
+
+    def finished(self, seq: Sequence) -> None:
+        """`seq` ended (any reason): a proposer that learns from completions may keep its tokens."""
         ...
 
 
@@ -29,14 +34,47 @@ class NgramProposer:
         self.max_n = max_n
 
     def propose(self, seq: Sequence, limit: int) -> list[int]:
+        return self.match(seq, limit)[1]
+
+    def match(self, seq: Sequence, limit: int) -> tuple[int, list[int]]:
+        """(length of the suffix n-gram matched, its continuation); (0, []) if none."""
         index = seq.ngram
         if index is None:
             index = seq.ngram = NgramIndex(self.min_n, self.max_n)
         return index.propose(seq.token_ids, limit)
+
+    def finished(self, seq: Sequence) -> None:
+        seq.ngram = None  # its index dies with it
+
+
+class SuffixProposer:
+    """`--speculative suffix`: the sequence's own n-grams and its namespace's recent completions.
+
+    The longer suffix match wins (the sequence's own on a tie): a rewrite copies its prompt, a
+    repeated question follows an earlier answer. Completions are indexed as they end, and a
+    lookup reads only the sequence's own prefix namespace, so tenants never see each other's.
+    """
+
+    def __init__(self, min_n: int, max_n: int, capacity: int) -> None:
+        self.own = NgramProposer(min_n, max_n)
+        self.recent = SuffixIndex(min_n, max_n, capacity)
+
+    def propose(self, seq: Sequence, limit: int) -> list[int]:
+        n_own, own = self.own.match(seq, limit)
+        if n_own >= self.recent.max_n:
+            return own  # nothing in the index can match longer
+        n_recent, recent = self.recent.propose(seq.request.namespace, seq.token_ids, limit)
+        return recent if n_recent > n_own else own
+
+    def finished(self, seq: Sequence) -> None:
+        self.own.finished(seq)
+        self.recent.add(seq.request.namespace, seq.token_ids, seq.prompt_len)
 
 
 def proposer_for(config: SchedulerConfig) -> DraftProposer | None:
     """The proposer `config.speculative` names (None: off)."""
     if config.speculative == "ngram":
         return NgramProposer(config.ngram_min, config.ngram_max)
+    if config.speculative == "suffix":
+        return SuffixProposer(config.ngram_min, config.ngram_max, config.suffix_cache_tokens)
     return None

@@ -24,18 +24,18 @@ class NgramIndex:
         self._indexed = 0
         """n-grams ending before this position are in `_ends`."""
 
-    def propose(self, tokens: list[int], limit: int) -> list[int]:
-        """Up to `limit` tokens that followed the longest earlier match of the suffix ([] when none)."""
+    def propose(self, tokens: list[int], limit: int) -> tuple[int, list[int]]:
+        """(n, up to `limit` tokens) that followed the longest earlier match of the suffix; (0, []) if none."""
         if limit <= 0:
-            return []
+            return 0, []
         length = len(tokens)
         self._index_until(tokens, length - 1)  # every occurrence that has a continuation
         ends = self._ends
         for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
             start = ends.get(tuple(tokens[length - n :]))
             if start is not None:
-                return tokens[start : start + limit]
-        return []
+                return n, tokens[start : start + limit]
+        return 0, []
 
     def _index_until(self, tokens: list[int], stop: int) -> None:
         """Record every n-gram that ends at a position in [self._indexed, stop)."""

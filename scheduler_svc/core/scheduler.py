@@ -65,9 +65,8 @@ class Scheduler:
     ) -> None:
         """`proposer`: draft tokens for speculative decoding; None: the one `config.speculative` names."""
         self.config = config
-        self._state = SchedulerState.fresh(config, clock)
-        self._steps = StepBuilder(self._state, proposer or proposer_for(config))
-        self._state.speculating = self._steps.proposer is not None
+        self._state = SchedulerState.fresh(config, clock, proposer or proposer_for(config))
+        self._steps = StepBuilder(self._state)
         self._results = ResultApplier(self._state)
 
     # --- requests --------------------------------------------------------------------

@@ -52,8 +52,9 @@ class SchedulerConfig:
     speculative: str = field(
         default="off",
         metadata={
-            "help": "speculative decoding: ngram = propose the tokens that followed the last n tokens earlier in "
-            "the request's own prompt and output, verified in one forward pass (same tokens as off)",
+            "help": "speculative decoding, verified in one forward pass with the same tokens as off: ngram = "
+            "propose the tokens that followed the last n tokens earlier in the request's own prompt and output; "
+            "suffix = the same, and over the recent completions of its tenant's requests",
             "choices": defaults.SPECULATIVE_METHODS,
         },
     )
@@ -62,6 +63,10 @@ class SchedulerConfig:
     )
     ngram_max: int = field(default=defaults.NGRAM_MAX, metadata={"help": "longest suffix n-gram the lookup matches"})
     ngram_min: int = field(default=defaults.NGRAM_MIN, metadata={"help": "shortest suffix n-gram the lookup matches"})
+    suffix_cache_tokens: int = field(
+        default=defaults.SUFFIX_CACHE_TOKENS,
+        metadata={"help": "tokens of recent completions --speculative suffix looks up (all tenants; oldest go first)"},
+    )
     speculative_max_batch: int = field(
         default=defaults.SPECULATIVE_MAX_BATCH,
         metadata={"help": "no drafts in a step with more running sequences than this (the step is compute-bound)"},
@@ -101,6 +106,7 @@ class SchedulerConfig:
             "cache_aware_window",
             "num_speculative_tokens",
             "ngram_min",
+            "suffix_cache_tokens",
             "speculative_max_batch",
         )
         for name in positive:

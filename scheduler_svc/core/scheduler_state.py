@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kvserve.scheduler.core.draft_proposer import DraftProposer
 from kvserve.scheduler.core.kv_manager import KvManager
 from kvserve.scheduler.core.request import Request, Sequence
 from kvserve.scheduler.core.scheduler_config import SchedulerConfig
@@ -26,6 +27,8 @@ class ScheduledSequence:
     """The scheduled tokens reach the end of its known tokens, so the step returns its next token."""
     drafts: list[int] | None = None
     """Draft tokens the step verifies after its last known token (speculative decoding)."""
+    masks: list[bytes] | None = None
+    """Under a grammar, with drafts: the bitmask of each verified position (len(drafts) + 1 rows)."""
 
 
 @dataclass(slots=True)
@@ -67,16 +70,18 @@ class SchedulerState:
     num_preemptions: int = 0
     num_swap_outs: int = 0
     """Preemptions that swapped the sequence's KV to CPU (the rest recompute)."""
-    speculating: bool = False
-    """A draft proposer is configured: outputs carry their request's `DraftCounts`."""
+    proposer: DraftProposer | None = None
+    """Speculative decoding's draft source (None: off); with one, outputs carry their request's `DraftCounts`."""
     num_drafts_proposed: int = 0
     num_drafts_accepted: int = 0
     num_verify_steps: int = 0
 
     @classmethod
-    def fresh(cls, config: SchedulerConfig, clock: Callable[[], float]) -> SchedulerState:
+    def fresh(
+        cls, config: SchedulerConfig, clock: Callable[[], float], proposer: DraftProposer | None = None
+    ) -> SchedulerState:
         kv = KvManager(config.num_blocks, config.block_size, config.num_cpu_blocks, config.enable_prefix_caching)
-        return cls(config=config, clock=clock, kv=kv, eos=frozenset(config.eos_token_ids))
+        return cls(config=config, clock=clock, kv=kv, eos=frozenset(config.eos_token_ids), proposer=proposer)
 
     @property
     def block_size(self) -> int:

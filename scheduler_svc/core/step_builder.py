@@ -28,6 +28,7 @@ from kvserve.scheduler.core import admission
 from kvserve.scheduler.core.draft_proposer import DraftProposer
 from kvserve.scheduler.core.request import QUEUE_ORDER, Sequence, SequenceStatus
 from kvserve.scheduler.core.scheduler_state import InFlight, ScheduledSequence, SchedulerState
+from kvserve.scheduler.core.token_matcher import constrained_drafts
 
 log = structlog.get_logger(__name__)
 
@@ -47,21 +48,30 @@ def _attach_masks(plan: StepPlan, scheduled: list[ScheduledSequence]) -> None:
     """The bitmask of every constrained sequence that samples this step (structured output).
 
     One pass over the scheduled list: an unconstrained batch pays one attribute test per
-    sequence and sends no mask bytes.
+    sequence and sends no mask bytes. A sequence verifying drafts has a row per position, in order.
     """
-    rows = [(s.seq.seq_id, s.seq.matcher) for s in scheduled if s.samples and s.seq.matcher is not None]
-    if rows:
-        plan.mask_seq_ids = [seq_id for seq_id, _ in rows]
-        plan.token_masks = b"".join(matcher.next_token_bitmask() for _, matcher in rows if matcher is not None)
+    ids: list[int] = []
+    masks: list[bytes] = []
+    for s in scheduled:
+        matcher = s.seq.matcher
+        if matcher is None or not s.samples:
+            continue
+        if s.masks is None:
+            ids.append(s.seq.seq_id)
+            masks.append(matcher.next_token_bitmask())
+        else:  # verifying drafts: one row per position, built with the drafts
+            ids.extend([s.seq.seq_id] * len(s.masks))
+            masks.extend(s.masks)
+    if ids:
+        plan.mask_seq_ids = ids
+        plan.token_masks = b"".join(masks)
 
 
 class StepBuilder:
     """`build()`: packs running, swapped and waiting sequences into one plan; preempts when blocks run out."""
 
-    def __init__(self, state: SchedulerState, proposer: DraftProposer | None = None) -> None:
+    def __init__(self, state: SchedulerState) -> None:
         self.state = state
-        self.proposer = proposer
-        """Speculative decoding's draft source (None: off)."""
         self._num_drafts = 0
         """Draft tokens in the plan being built."""
 
@@ -94,7 +104,7 @@ class StepBuilder:
         cfg = st.config
         budget = cfg.max_num_batched_tokens
         # Drafts only where the step is overhead-bound (few sequences), from budget left after one token each.
-        speculate = self.proposer is not None and len(running) <= cfg.speculative_max_batch
+        proposer = st.proposer if len(running) <= cfg.speculative_max_batch else None
         self._num_drafts = 0
         add_cached = plan.known_seqs.append
         add_scheduled = scheduled.append
@@ -109,12 +119,15 @@ class StepBuilder:
             tokens = seq.token_ids
             num_tokens = len(tokens)
             drafts = None
+            masks: list[bytes] | None = None
             if num_tokens - computed == 1:
                 count = 1
                 if decodes_left is not None:
                     decodes_left -= 1
-                if speculate and seq.matcher is None:
-                    drafts = self._propose(seq, budget - (len(running) - i))
+                if proposer is not None:
+                    drafts = self._propose(proposer, seq, budget - (len(running) - i))
+                    if drafts and seq.matcher is not None:
+                        drafts, masks = constrained_drafts(seq.matcher, drafts)
                     count += len(drafts)
             else:
                 if decodes_left is None:
@@ -127,6 +140,8 @@ class StepBuilder:
             if drafts and computed + count > len(table) * bs:
                 drafts = self._fit_drafts(seq, drafts)
                 count = 1 + len(drafts)
+                if masks is not None:
+                    del masks[count:]
             if computed + count > len(table) * bs:
                 preemptions_before = st.num_preemptions
                 new_blocks = self._allocate_or_preempt(seq, (computed + count + bs - 1) // bs - len(table), plan)
@@ -144,7 +159,7 @@ class StepBuilder:
                         seq.seq_id, tokens[seq.sent_tokens :], computed, count, table[seq.sent_blocks :], drafts
                     )
                 )
-                add_scheduled(ScheduledSequence(seq, count, True, drafts))
+                add_scheduled(ScheduledSequence(seq, count, True, drafts, masks if drafts else None))
             else:
                 add_cached(
                     KnownSequence(seq.seq_id, tokens[seq.sent_tokens :], computed, count, table[seq.sent_blocks :])
@@ -165,7 +180,7 @@ class StepBuilder:
             return drafts
         return drafts[: max(0, len(table) * bs - seq.num_computed - 1)]
 
-    def _propose(self, seq: Sequence, room: int) -> list[int]:
+    def _propose(self, proposer: DraftProposer, seq: Sequence, room: int) -> list[int]:
         """Draft tokens for a decoding sequence: at most `room` - 1, none past its output limit or while paused."""
         if seq.draft_pause:
             seq.draft_pause -= 1
@@ -177,8 +192,7 @@ class StepBuilder:
         limit = min(cfg.num_speculative_tokens, room - 1, left)
         if limit <= 0:
             return []
-        assert self.proposer is not None  # only called when speculating
-        return self.proposer.propose(seq, limit)[:limit]
+        return proposer.propose(seq, limit)[:limit]
 
     def _allocate_or_preempt(self, seq: Sequence, need: int, plan: StepPlan) -> list[int] | None:
         """`need` blocks for `seq`, preempting from the tail of `running` until they fit (None: `seq` went)."""

@@ -126,7 +126,7 @@ class ResultApplier:
                     queue_time_s=request.queue_time_s,
                     ttft_s=request.ttft_s,
                     blocks=request.blocks,
-                    drafts=request.drafts if st.speculating else None,
+                    drafts=request.drafts if st.proposer is not None else None,
                 )
             )
         if any_finished:
@@ -208,6 +208,8 @@ class ResultApplier:
             seq.known = False
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
+        if st.proposer is not None:
+            st.proposer.finished(seq)
         request = seq.request
         if seq.index == 0:
             request.prompt_done = True  # completions waiting to fork from it fall back to a prefix match

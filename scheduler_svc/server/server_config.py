@@ -266,6 +266,7 @@ class ServerConfig:
     num_speculative_tokens: int = _policy("num_speculative_tokens")
     ngram_max: int = _policy("ngram_max")
     ngram_min: int = _policy("ngram_min")
+    suffix_cache_tokens: int = _policy("suffix_cache_tokens")
     speculative_max_batch: int = _policy("speculative_max_batch")
     speculative_min_acceptance: float = _policy("speculative_min_acceptance")
 

@@ -43,6 +43,10 @@ class ChoiceMatcher:
         self.fed.append(token_id)
         return True
 
+    def rollback(self, num_tokens: int) -> None:
+        assert 0 < num_tokens <= len(self.fed)
+        del self.fed[-num_tokens:]
+
     @property
     def is_finished(self) -> bool:
         return not self.allowed()

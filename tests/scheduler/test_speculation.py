@@ -52,6 +52,9 @@ class OracleProposer:
         self.proposed += 1
         return drafts
 
+    def finished(self, seq: Sequence) -> None:
+        pass
+
 
 def _tree_matches_kv(h: Harness) -> None:
     """Every prefix-tree block holds exactly its key's tokens: nothing unverified got in."""
@@ -184,7 +187,7 @@ def test_ngram_proposals_on_repeating_text_are_exact_and_rolled_back_when_wrong(
     off.add("r", prompt, max_tokens=30, ignore_eos=True)
     off.run()
     on = Harness(config)
-    assert isinstance(on.scheduler._steps.proposer, NgramProposer)
+    assert isinstance(on.scheduler._state.proposer, NgramProposer)
     on.add("r", prompt, max_tokens=30, ignore_eos=True)
     on.run()
     assert on.tokens("r") == off.tokens("r")

@@ -5,7 +5,8 @@ Two fake-executor servers, speculation on and off, whose fake model copies its i
 drafts are accepted as they are on text a real model rewrites. Every answer must be the
 off server's, token for token; the on server reports its drafts in `usage.speculative`
 (HTTP, through the openai SDK, and gRPC, through the client), in `/metrics`, in
-`ServerStats` and in `kvserve stats`.
+`ServerStats` and in `kvserve stats`. `--speculative suffix` reuses a tenant's earlier answers
+and never another tenant's.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import pytest
 from kvserve.clients import Client
 from kvserve.testing.server_launcher import ServeProcess, start_serve
 from tests.clients.test_cli_commands import port_args, run_cli
-from tests.http.http_clients import FAKE_ARGS, sdk
+from tests.http.http_clients import ALICE, BOB, FAKE_ARGS, sdk, token_file
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -35,7 +36,9 @@ MODEL = "fake:smollm2-135m-instruct"
 def servers() -> Iterator[tuple[ServeProcess, ServeProcess]]:
     """(speculation on, speculation off), both over one copying fake model."""
     tmp_dir = Path(tempfile.mkdtemp(prefix="kvserve-spec-"))
-    on = start_serve([*FAKE_ARGS, *COPYING, "--speculative", "ngram", "--ngram-min", "1"], tmp_dir, http=True, name="on")
+    on = start_serve(
+        [*FAKE_ARGS, *COPYING, "--speculative", "ngram", "--ngram-min", "1"], tmp_dir, http=True, name="on"
+    )
     off = start_serve([*FAKE_ARGS, *COPYING], tmp_dir, http=True, name="off")
     try:
         on.wait_serving()
@@ -128,3 +131,27 @@ def test_metrics_stats_and_cli_show_the_acceptance(servers) -> None:
     text = run_cli("stats", *port_args(on)).stdout
     assert re.search(r"draft acceptance: \d+\.\d%", text), text
     assert "draft acceptance" not in run_cli("stats", *port_args(off)).stdout
+
+
+def test_suffix_lookup_reuses_a_tenants_earlier_answer_and_no_one_elses(tmp_path: Path) -> None:
+    """Hashed fake outputs (no copying) can only be predicted from an earlier completion: Alice's
+    repeated request is answered mostly from accepted drafts; Bob's identical request, under his own
+    tenant, is offered none of Alice's tokens."""
+    tokens = token_file(tmp_path)
+    server = start_serve([*FAKE_ARGS, "--speculative", "suffix", "--auth-token-file", str(tokens)], tmp_path, http=True)
+    try:
+        server.wait_serving()
+
+        def ask(key: str) -> dict:
+            completion = sdk(server, api_key=key).completions.create(
+                model=MODEL, prompt=PROMPT, max_tokens=40, temperature=0
+            )
+            return {"text": completion.choices[0].text, **completion.usage.model_extra["speculative"]}
+
+        first, again, other = ask(ALICE), ask(ALICE), ask(BOB)
+    finally:
+        server.stop()
+    assert first["text"] == again["text"] == other["text"]
+    assert first["accepted_tokens"] == 0
+    assert again["accepted_tokens"] >= 30
+    assert other["accepted_tokens"] == 0

@@ -40,6 +40,10 @@ class LlguidanceMatcher:
     def accept(self, token_id: int) -> bool:
         return self._matcher.consume_token(token_id)
 
+    def rollback(self, num_tokens: int) -> None:
+        if not self._matcher.rollback(num_tokens):
+            raise RuntimeError(f"llguidance could not roll back {num_tokens} tokens: {self._matcher.get_error()}")
+
     @property
     def is_finished(self) -> bool:
         return self._matcher.is_stopped()
