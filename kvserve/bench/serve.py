@@ -40,6 +40,7 @@ from typing import Any
 import structlog
 
 from kvserve.bench import workloads as wl
+from kvserve.bench.copy_workload import ModelTextEncoder
 from kvserve.bench.load_driver import RunResult, SendTurn, run_workload, warm_up
 from kvserve.bench.openai_driver import HttpTarget, OpenAIDriver, WorkloadTokenizer
 from kvserve.bench.report import (
@@ -95,7 +96,8 @@ class BenchConfig:
             "mixed: 64-512 prompt, 32-256 output; shared-prefix: 1,500-token system prompt + 50-300-token "
             "questions; multi-turn: chats up to 10 turns; cold-warm: the shared-prefix requests on an empty "
             "then a primed cache; multi-prefix: 8 distinct 1,000-token system prompts at random (for replicas "
-            "behind a router: --target ROUTER, or bench scale-out); all: every one",
+            "behind a router: --target ROUTER, or bench scale-out); copy: real editing requests whose answers copy "
+            "their prompts (repeat, rewrite, fix spelling, fix a bug; for --speculative); all: every one",
             name="--workload",
             nargs="+",
             choices=(*wl.WORKLOAD_NAMES, "all"),
@@ -289,6 +291,17 @@ def _tokenizer(config: BenchConfig) -> WorkloadTokenizer:
     return WorkloadTokenizer(model_dir)
 
 
+def _text_encoder(config: BenchConfig) -> ModelTextEncoder:
+    """The chat template and tokenizer the `copy` workload renders its requests with, loaded only when needed."""
+
+    def model_dir() -> Path:
+        from kvserve.executor.weights.model_store import ensure_model_dir
+
+        return ensure_model_dir(config.model)
+
+    return ModelTextEncoder(model_dir)
+
+
 async def _model_info(target: str, timeout_s: float) -> dict:
     from kvserve.clients.async_client import AsyncClient
 
@@ -338,7 +351,12 @@ async def _kvserve_runs(
                     w
                     for workload in config.workloads
                     for w in wl.build(
-                        workload, config.num_requests, int(info["vocab_size"]), config.seed, config.max_tokens_cap
+                        workload,
+                        config.num_requests,
+                        int(info["vocab_size"]),
+                        config.seed,
+                        config.max_tokens_cap,
+                        _text_encoder(config),
                     )
                 ]
             runs += await _run_against(target, name, loads, config, _http_url(server, config))

@@ -15,8 +15,13 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-WORKLOAD_NAMES = ("mixed", "shared-prefix", "multi-turn", "cold-warm", "multi-prefix")
+if TYPE_CHECKING:
+    from kvserve.bench.copy_workload import TextEncoder
+
+WORKLOAD_NAMES = ("mixed", "shared-prefix", "multi-turn", "cold-warm", "multi-prefix", "copy")
+"""`copy` is real text (`copy_workload.py`), built with the model's tokenizer; the rest are token ids."""
 
 MIXED_PROMPT_LEN = (64, 512)
 MIXED_OUTPUT_LEN = (32, 256)
@@ -179,9 +184,21 @@ def cold_warm(
 
 
 def build(
-    name: str, num_requests: int, vocab_size: int, seed: int, max_tokens_cap: int | None = None
+    name: str,
+    num_requests: int,
+    vocab_size: int,
+    seed: int,
+    max_tokens_cap: int | None = None,
+    encoder: TextEncoder | None = None,
 ) -> list[Workload]:
-    """The workload(s) called `name`; `cold-warm` yields its cold and warm halves."""
+    """The workload(s) called `name`; `cold-warm` yields its cold and warm halves. `copy` needs the
+    model's `encoder` (`copy_workload.ModelTextEncoder`)."""
+    if name == "copy":
+        from kvserve.bench.copy_workload import copy_workload  # it builds on this module's types
+
+        if encoder is None:
+            raise ValueError("the copy workload is text: it needs the model's tokenizer (an encoder)")
+        return [copy_workload(num_requests, seed, encoder, max_tokens_cap)]
     if name == "mixed":
         return [mixed(num_requests, vocab_size, seed, max_tokens_cap)]
     if name == "shared-prefix":

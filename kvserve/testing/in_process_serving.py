@@ -15,6 +15,7 @@ from kvserve.executor.protocol import Executor
 from kvserve.protos import step_codec
 from kvserve.protos.kvserve.v1 import executor_link_pb2 as pb
 from kvserve.protos.sampling import SamplingParams
+from kvserve.scheduler.core.outputs import DraftCounts
 from kvserve.scheduler.core.scheduler import Scheduler
 from kvserve.scheduler.core.scheduler_config import SchedulerConfig
 
@@ -25,6 +26,8 @@ class Served:
 
     tokens: dict[tuple[str, int], list[int]] = field(default_factory=dict)
     logprobs: dict[tuple[str, int], list[float]] = field(default_factory=dict)
+    drafts: dict[str, DraftCounts] = field(default_factory=dict)
+    """Speculative decoding's counts per request (none when it is off)."""
     steps: int = 0
     scheduler: Scheduler | None = None
 
@@ -33,9 +36,11 @@ def serve_in_process(
     executor: Executor,
     requests: dict[str, tuple[list[int], SamplingParams]],
     max_steps: int = 100_000,
+    one_at_a_time: bool = False,
     **policy: Any,
 ) -> Served:
-    """Run `requests` (id → (prompt, sampling)) to completion under a scheduler with `policy`."""
+    """Run `requests` (id → (prompt, sampling)) to completion under a scheduler with `policy`:
+    all queued at once, or each added once the one before has finished (`one_at_a_time`)."""
     info = executor.info()
     config = SchedulerConfig(
         num_blocks=policy.pop("num_blocks", info.num_blocks),
@@ -46,9 +51,18 @@ def serve_in_process(
         **policy,
     )
     scheduler = Scheduler(config)
-    for request_id, (prompt, sampling) in requests.items():
-        scheduler.add_request(request_id, prompt, sampling)
+    queue = list(requests.items())
     served = Served(scheduler=scheduler)
+    while queue:
+        for request_id, (prompt, sampling) in queue[:1] if one_at_a_time else queue:
+            scheduler.add_request(request_id, prompt, sampling)
+        del queue[: 1 if one_at_a_time else len(queue)]
+        _run(executor, scheduler, served, max_steps)
+    return served
+
+
+def _run(executor: Executor, scheduler: Scheduler, served: Served, max_steps: int) -> None:
+    """Step until every queued request has finished."""
     while scheduler.has_unfinished():
         plan = scheduler.schedule()
         if plan.is_empty:
@@ -61,7 +75,8 @@ def serve_in_process(
             served.tokens.setdefault(key, []).extend(out.new_token_ids)
             if out.logprobs is not None:
                 served.logprobs.setdefault(key, []).extend(lp.logprob for lp in out.logprobs)
+            if out.drafts is not None:
+                served.drafts[out.request_id] = out.drafts
         served.steps += 1
         if served.steps >= max_steps:
             raise RuntimeError(f"requests unfinished after {max_steps} steps")
-    return served
