@@ -15,6 +15,7 @@ from kvserve.executor.protocol import Executor
 from kvserve.protos import step_codec
 from kvserve.protos.kvserve.v1 import executor_link_pb2 as pb
 from kvserve.protos.sampling import SamplingParams
+from kvserve.scheduler.core.draft_proposer import DraftProposer
 from kvserve.scheduler.core.outputs import DraftCounts
 from kvserve.scheduler.core.scheduler import Scheduler
 from kvserve.scheduler.core.scheduler_config import SchedulerConfig
@@ -37,10 +38,12 @@ def serve_in_process(
     requests: dict[str, tuple[list[int], SamplingParams]],
     max_steps: int = 100_000,
     one_at_a_time: bool = False,
+    proposer: DraftProposer | None = None,
     **policy: Any,
 ) -> Served:
     """Run `requests` (id → (prompt, sampling)) to completion under a scheduler with `policy`:
-    all queued at once, or each added once the one before has finished (`one_at_a_time`)."""
+    all queued at once, or each added once the one before has finished (`one_at_a_time`). A
+    `proposer` replaces the draft source `policy`'s `speculative` names."""
     info = executor.info()
     config = SchedulerConfig(
         num_blocks=policy.pop("num_blocks", info.num_blocks),
@@ -50,7 +53,7 @@ def serve_in_process(
         eos_token_ids=tuple(info.eos_token_ids),
         **policy,
     )
-    scheduler = Scheduler(config)
+    scheduler = Scheduler(config, proposer=proposer)
     queue = list(requests.items())
     served = Served(scheduler=scheduler)
     while queue:
