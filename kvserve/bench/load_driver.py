@@ -53,6 +53,8 @@ class RequestRecord:
     itl_s: list[float] = field(default_factory=list)
     finish_reason: str = ""
     error: str = ""
+    output_text: str = ""
+    """The reply's text, kept by the HTTP driver (bench speculative compares it across configurations)."""
 
     @property
     def ok(self) -> bool:

@@ -269,6 +269,7 @@ class OpenAIDriver:
         reported = usage.get("completion_tokens")
         record.output_tokens = int(reported) if reported is not None else (len(reply_ids) or token_chunks)
         record.cached_tokens = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        record.output_text = "".join(reply_text)
         if self.prompt_mode == "text" and usage.get("prompt_tokens"):
             record.prompt_tokens = int(usage["prompt_tokens"])  # the server's count of the decoded text
         return record, self._reply_ids(session, turn_index, record, reply_ids, "".join(reply_text))

@@ -266,7 +266,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "docs/scale-out.md.",
         formatter_class=HelpFormatter,
     )
-    add_flags(parser, ScaleOutBenchConfig)
+    add_flags(parser, ScaleOutBenchConfig, exclude=("command_line",))
     parser.set_defaults(func=run)
 
 

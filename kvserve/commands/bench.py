@@ -15,6 +15,7 @@ BENCHES = (
     "kvserve.bench.overload",
     "kvserve.bench.viewers",
     "kvserve.bench.scale_out",
+    "kvserve.bench.speculative",
 )
 
 
@@ -24,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "bench",
         help="run a benchmark (scheduler, executor, structured, quality, serve, baseline-hf, overload, viewers, "
-        "scale-out)",
+        "scale-out, speculative)",
         description="Benchmarks. Each reports ratios against a baseline measured in the same run.",
         formatter_class=HelpFormatter,
     )
