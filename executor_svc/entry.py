@@ -41,7 +41,7 @@ EPILOG = (
 _LINK = "link"
 _RUNNER = "model runner (--executor torch)"
 _FAKE = "fake executor (--executor fake)"
-_SHARED_WITH_FAKE = ("block_size", "max_model_len")
+_SHARED_WITH_FAKE = ("block_size", "max_model_len", "draft_model")
 """FakeExecutorConfig fields read from the runner's flags of the same name."""
 
 

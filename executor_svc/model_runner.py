@@ -21,9 +21,11 @@ import torch
 from kvserve.config import defaults
 from kvserve.executor.attention.cpu_backend import ensure_kernels
 from kvserve.executor.attention.registry import create_backend
+from kvserve.executor.config_error import ExecutorConfigError
 from kvserve.executor.cpu_features import has_native_bf16
 from kvserve.executor.disk_cache import cache_dir
 from kvserve.executor.model.decode_graphs import DecodeGraphs
+from kvserve.executor.model.draft_model import DraftModel, DraftModelSpec, log_loaded
 from kvserve.executor.model.input_batch import InputBatch, build_input_batch
 from kvserve.executor.model.kv_cache import CacheGeometry, PagedKVCache
 from kvserve.executor.model.llama import LlamaModel
@@ -143,11 +145,14 @@ class ModelRunner:
             getattr(torch, self.kv_dtype_name),
             layout=self.backend.kv_layout,
         )
+        self.draft = self._load_draft() if config.draft_model else None
         num_blocks = self._num_device_blocks()
-        num_cpu_blocks = self.geometry.blocks_for_bytes(config.swap_space_gb * GIB)
+        num_cpu_blocks = self._blocks_for_bytes(config.swap_space_gb * GIB)
         if self.group is not None:  # the scheduler plans one pool for all ranks: the smallest
             num_blocks, num_cpu_blocks = self.group.min_int(num_blocks), self.group.min_int(num_cpu_blocks)
         self.cache = PagedKVCache(self.geometry, num_blocks, num_cpu_blocks, self.device)
+        if self.draft is not None:
+            self.draft.allocate(num_blocks, num_cpu_blocks)
         self.seqs = SequenceTable()
         self.graphs = self._capture_decode_graphs(buckets) if compiled else None
         self.model_id = self._model_id()
@@ -187,6 +192,7 @@ class ModelRunner:
             dtype=self.dtype_name,
             attention_backend=self.backend_name,
             num_threads=torch.get_num_threads() if self.device == "cpu" else 0,
+            draft_model_id=self.draft.model_id if self.draft is not None else "",
         )
 
     def execute(self, plan: StepPlan) -> StepResult:
@@ -196,6 +202,8 @@ class ModelRunner:
         self.cache.swap_out(plan.swap_out)
         self.cache.swap_in(plan.swap_in)
         self.cache.copy_blocks(plan.copies)
+        if self.draft is not None:
+            self.draft.block_ops(plan.copies, plan.swap_out, plan.swap_in)
         scheduled: list[SequenceState] = []
         for new in plan.new_seqs:
             state = self.seqs.add(new)
@@ -206,6 +214,7 @@ class ModelRunner:
             if state.num_scheduled_tokens > 0:
                 scheduled.append(state)
         outputs = []
+        proposals: list[tuple[int, list[int]]] = []
         if scheduled:
             with torch.inference_mode():
                 batch = build_input_batch(
@@ -224,9 +233,18 @@ class ModelRunner:
                     outputs = sample(logits, rows, self.model_config.eos_token_ids, masks)
                     if counts is not None:
                         outputs = accepted_outputs(sampling, counts, outputs)
+                if self.draft is not None:
+                    self.draft.catch_up(scheduled, self.backend)
+                    if plan.draft_requests:
+                        proposals = self.draft.propose(scheduled, outputs, plan.draft_requests, self.backend)
             if self.device == "cpu" and batch.num_tokens >= TRIM_AFTER_TOKENS:
                 release_freed_heap()
-        return StepResult(step_id=plan.step_id, outputs=outputs, execute_time_s=time.perf_counter() - started)
+        return StepResult(
+            step_id=plan.step_id,
+            outputs=outputs,
+            execute_time_s=time.perf_counter() - started,
+            proposals=proposals,
+        )
 
     def reset(self) -> None:
         self.seqs.clear()
@@ -303,13 +321,39 @@ class ModelRunner:
             limit = cfg.sliding_window
         return limit
 
+    def _load_draft(self) -> DraftModel:
+        """The draft model for `--speculative draft`, on this device in this dtype, its KV like the model's."""
+        assert self.config.draft_model is not None
+        if self.group is not None:
+            raise ExecutorConfigError(
+                "--draft-model runs on one executor: it cannot be combined with tensor parallelism"
+            )
+        spec = DraftModelSpec(
+            source=self.config.draft_model,
+            vocab_size=self.model_config.vocab_size,
+            block_size=self.config.block_size,
+            kv_dtype=self.geometry.dtype,
+            kv_layout=self.geometry.layout,
+            max_model_len=self.max_model_len,
+        )
+        draft = DraftModel(spec, self.device, self.dtype)
+        log_loaded(draft)
+        return draft
+
+    def _blocks_for_bytes(self, budget_bytes: float) -> int:
+        """Blocks a KV budget holds: the model's K/V per block, and the draft model's beside it."""
+        per_block = self.geometry.bytes_per_block
+        if self.draft is not None:
+            per_block += self.draft.geometry.bytes_per_block
+        return max(0, int(budget_bytes // per_block))
+
     def _num_device_blocks(self) -> int:
         if not self.device.startswith("cuda"):
             budget = self.config.kv_cache_gb if self.config.kv_cache_gb is not None else defaults.KV_CACHE_GB_CPU
-            return self.geometry.blocks_for_bytes(budget * GIB)
+            return self._blocks_for_bytes(budget * GIB)
         if self.config.kv_cache_gb is not None:
-            return self.geometry.blocks_for_bytes(self.config.kv_cache_gb * GIB)
-        return self.geometry.blocks_for_bytes(self._profile_free_cuda_bytes())
+            return self._blocks_for_bytes(self.config.kv_cache_gb * GIB)
+        return self._blocks_for_bytes(self._profile_free_cuda_bytes())
 
     def _profile_free_cuda_bytes(self) -> float:
         """Run a forward at the largest batch, then give the KV cache what is left of the fraction."""

@@ -105,6 +105,14 @@ class RunnerConfig:
     )
     # One core is left to the scheduler process and the link: oversubscribed OpenMP threads
     # stall for whole seconds.
+    draft_model: str | None = field(
+        default=None,
+        metadata=flag(
+            "a smaller model with the same tokenizer that proposes draft tokens for the scheduler's "
+            "--speculative draft (an HF model directory, a .gguf file, or the default model's name); it runs "
+            "on every step's tokens and keeps its own KV in the same blocks, so the KV budget is shared"
+        ),
+    )
     compile: str = field(
         default="auto",
         metadata=flag(

@@ -34,6 +34,8 @@ exactly as an ordinary decode step would draw it there, and the sequence's outpu
 draws up to and including the first that differs from its draft (all of them when none does):
 consecutive `SampledToken`s with its id, in order. The scheduler rolls back the KV slots of
 rejected drafts by `trims` (applied with the drops), and nothing unverified is ever kept.
+With a draft model (`ExecutorInfo.draft_model_id`), the plan's `draft_requests` ask the
+executor to propose the next step's drafts itself, after sampling: `StepResult.proposals`.
 """
 
 from __future__ import annotations
@@ -98,6 +100,9 @@ class StepPlan:
     trims: list[tuple[int, int]] = field(default_factory=list)
     """(seq_id, num_blocks): keep only the first num_blocks of the sequence's block table (applied
     with the drops; speculative decoding's rollback of blocks that held only rejected drafts)."""
+    draft_requests: list[tuple[int, int]] = field(default_factory=list)
+    """(seq_id, num_tokens): after this step, the executor's draft model proposes that many tokens
+    to follow the sequence (speculative decoding with `--draft-model`), in `StepResult.proposals`."""
     mask_seq_ids: list[int] = field(default_factory=list)
     """Constrained sequences that sample this step, one row of `token_masks` each, in this order."""
     token_masks: bytes = b""
@@ -149,6 +154,8 @@ class StepResult:
     step_id: int
     outputs: list[SampledToken] = field(default_factory=list)
     execute_time_s: float = 0.0
+    proposals: list[tuple[int, list[int]]] = field(default_factory=list)
+    """(seq_id, draft tokens) the plan's `draft_requests` asked for, proposed after this step's tokens."""
 
 
 @dataclass(slots=True)
@@ -174,3 +181,5 @@ class ExecutorInfo:
     num_threads: int = 0
     """The executor's compute threads on a CPU (torch's intra-op threads); 0 on an accelerator or
     where no model runs (the fake executor)."""
+    draft_model_id: str = ""
+    """The draft model speculative decoding's `draft` method asks for proposals ("": none loaded)."""

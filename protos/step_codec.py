@@ -44,7 +44,7 @@ __all__ = [
 T = TypeVar("T")
 
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 """Sent in every Handshake; bump it when a change to executor_link.proto breaks old peers."""
 
 _seq_id = attrgetter("seq_id")
@@ -123,6 +123,9 @@ def encode_plan(plan: StepPlan, out: pb.StepPlan | None = None) -> pb.StepPlan:
     if plan.trims:
         msg.trim_seq_ids.extend([seq_id for seq_id, _ in plan.trims])
         msg.trim_block_counts.extend([count for _, count in plan.trims])
+    if plan.draft_requests:
+        msg.draft_request_seq_ids.extend([seq_id for seq_id, _ in plan.draft_requests])
+        msg.draft_request_counts.extend([count for _, count in plan.draft_requests])
     if plan.mask_seq_ids:
         msg.mask_seq_ids.extend(plan.mask_seq_ids)
         msg.token_masks = plan.token_masks
@@ -171,6 +174,7 @@ def decode_plan(msg: pb.StepPlan) -> StepPlan:
         swap_in=_decode_pairs(msg.swap_in),
         drop_seq_ids=list(msg.drop_seq_ids),
         trims=list(zip(msg.trim_seq_ids, msg.trim_block_counts, strict=True)),
+        draft_requests=list(zip(msg.draft_request_seq_ids, msg.draft_request_counts, strict=True)),
         mask_seq_ids=mask_seq_ids,
         token_masks=_token_masks(msg.token_masks, len(mask_seq_ids)),
     )
@@ -192,6 +196,10 @@ def encode_result(result: StepResult, out: pb.StepResult | None = None) -> pb.St
         msg.top_counts.extend([len(o.top_logprobs) for o in outputs])
         msg.top_token_ids.extend([t.token_id for o in outputs for t in o.top_logprobs])
         msg.top_logprobs.extend([t.logprob for o in outputs for t in o.top_logprobs])
+    if result.proposals:
+        msg.proposal_seq_ids.extend([seq_id for seq_id, _ in result.proposals])
+        msg.proposal_counts.extend([len(tokens) for _, tokens in result.proposals])
+        msg.proposal_token_ids.extend(chain.from_iterable(tokens for _, tokens in result.proposals))
     return msg
 
 
@@ -216,7 +224,12 @@ def decode_result(msg: pb.StepResult) -> StepResult:
             SampledToken(s, t, lp if has else None, top)
             for s, t, has, lp, top in zip(seq_ids, token_ids, msg.has_logprob, msg.logprobs, tops)
         ]
-    return StepResult(step_id=msg.step_id, outputs=outputs, execute_time_s=msg.execute_time_s)
+    proposals: list[tuple[int, list[int]]] = []
+    if msg.proposal_seq_ids:
+        proposed = msg.proposal_seq_ids[:]
+        tokens = _split(msg.proposal_token_ids[:], msg.proposal_counts[:], len(proposed), "proposal")
+        proposals = list(zip(proposed, tokens, strict=True))
+    return StepResult(step_id=msg.step_id, outputs=outputs, execute_time_s=msg.execute_time_s, proposals=proposals)
 
 
 # --- internals -------------------------------------------------------------------

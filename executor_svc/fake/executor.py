@@ -46,6 +46,7 @@ from kvserve.executor.fake.tokens import (
     copied_token,
     copies,
     fake_logprob,
+    hash_ints,
     pick_allowed,
     pick_token,
     top_logprobs,
@@ -96,6 +97,9 @@ class FakeExecutorConfig:
             "copies its input, as speculative decoding's lookup proposers expect"
         ),
     )
+    draft_model: str | None = None
+    """From the runner's --draft-model: any value makes this a fake draft model too (its proposals are its own
+    next tokens, each wrong on purpose one time in four)."""
     model_id: str | None = field(
         default=None, metadata=flag("model id reported to the scheduler; None: fake:<the tokenizer's model name>")
     )
@@ -164,6 +168,7 @@ class FakeExecutor:
             device="cpu",
             dtype="none",
             attention_backend="none",
+            draft_model_id="fake-draft" if cfg.draft_model else "",
         )
 
     def execute(self, plan: StepPlan) -> StepResult:
@@ -214,12 +219,31 @@ class FakeExecutor:
             seq.drafts = []
         if masks:
             raise PlanError(f"step {plan.step_id}: token masks for sequences that sample nothing: {sorted(masks)}")
+        proposals = self._proposals(plan, outputs) if plan.draft_requests else []
         self.steps += 1
         latency = self.config.step_latency_ms / 1000.0
         elapsed = time.perf_counter() - started
         if latency > elapsed:
             time.sleep(latency - elapsed)
-        return StepResult(step_id=plan.step_id, outputs=outputs, execute_time_s=time.perf_counter() - started)
+        return StepResult(
+            step_id=plan.step_id, outputs=outputs, execute_time_s=time.perf_counter() - started, proposals=proposals
+        )
+
+    def _proposals(self, plan: StepPlan, outputs: list[SampledToken]) -> list[tuple[int, list[int]]]:
+        if not self.config.draft_model:
+            raise PlanError(f"step {plan.step_id}: asks for draft proposals, but this executor has no --draft-model")
+        sampled: dict[int, list[int]] = {}
+        for out in outputs:
+            sampled.setdefault(out.seq_id, []).append(out.token_id)
+        proposals = []
+        for seq_id, count in plan.draft_requests:
+            tokens = sampled.get(seq_id)
+            if tokens is None or count < 1:
+                raise PlanError(
+                    f"step {plan.step_id}: asks for {count} proposals after seq {seq_id}, which sampled nothing"
+                )
+            proposals.append((seq_id, self._propose(self._known(seq_id), tokens, count)))
+        return proposals
 
     def reset(self) -> None:
         """Forget every sequence; the shadow KV becomes garbage, as a real cache's would."""
@@ -356,6 +380,18 @@ class FakeExecutor:
             f"seq {seq_id}",
             "context",
         )
+        token, h = self._draw(seq, context, window, mask)
+        seq.last_sampled = token
+        out = SampledToken(seq_id=seq_id, token_id=token)
+        if seq.sampling.logprobs is not None:
+            out.logprob = fake_logprob(h)
+            out.top_logprobs = top_logprobs(h, token, out.logprob, seq.sampling.logprobs, self.vocab.samplable)
+        return out
+
+    def _draw(self, seq: _Sequence, context: list[int], window: list[int], mask: bytes | None) -> tuple[int, int]:
+        """(the token that follows `context`, the draw's hash): a function of the context's last
+        tokens (`window`), its length and, when sampling, the seed."""
+        length = len(context)
         greedy = seq.sampling.temperature == 0.0
         h = context_hash(window, length, seq.seed, greedy)
         may_end = self._may_end_by_eos(seq, length - seq.prompt_len) and wants_eos(h, self.config.eos_probability)
@@ -369,12 +405,21 @@ class FakeExecutor:
             allowed = allowed_token_ids(mask)
             eos = next((t for t in self.vocab.eos_token_ids if t in allowed), None)
             token = eos if may_end and eos is not None else pick_allowed(h, allowed, self._samplable_set)
-        seq.last_sampled = token
-        out = SampledToken(seq_id=seq_id, token_id=token)
-        if seq.sampling.logprobs is not None:
-            out.logprob = fake_logprob(h)
-            out.top_logprobs = top_logprobs(h, token, out.logprob, seq.sampling.logprobs, self.vocab.samplable)
-        return out
+        return token, h
+
+    def _propose(self, seq: _Sequence, sampled: list[int], count: int) -> list[int]:
+        """A fake draft model's proposals after this step's `sampled` tokens: the tokens this fake model
+        would draw next, each wrong on purpose one time in four (by a hash of its context), so every
+        accept length occurs."""
+        context = seq.token_ids + sampled
+        proposals: list[int] = []
+        for _ in range(count):
+            token, h = self._draw(seq, context, context[-self.config.context_window :], None)
+            if hash_ints([h], 0xD4AF7, 0) % 4 == 0:
+                token = pick_token(h >> 7, self.vocab.samplable)
+            proposals.append(token)
+            context = context + [token]
+        return proposals
 
     def _may_end_by_eos(self, seq: _Sequence, num_output_before: int) -> bool:
         """eos may come only as the shared stop rules allow: not ignored, min_tokens reached."""

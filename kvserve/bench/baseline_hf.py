@@ -27,7 +27,7 @@ from tqdm import tqdm
 from kvserve.bench.load_driver import RequestRecord, RunResult
 from kvserve.bench.report import HF_GENERATE
 from kvserve.bench.report_output import ReportOutput, write_outputs
-from kvserve.bench.workloads import Workload
+from kvserve.bench.sessions import Workload
 from kvserve.config import defaults
 from kvserve.config.flags import HelpFormatter, add_flags, config_from_args, flag
 

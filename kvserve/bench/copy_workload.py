@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
-from kvserve.bench.workloads import Session, Turn, Workload
+from kvserve.bench.sessions import Session, Turn, Workload
 
 NAME = "copy"
 PROSE_TASKS = {

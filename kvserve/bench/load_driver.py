@@ -30,7 +30,7 @@ from typing import Any
 import structlog
 from tqdm import tqdm
 
-from kvserve.bench.workloads import Session, Workload
+from kvserve.bench.sessions import Session, Workload
 
 log = structlog.get_logger(__name__)
 

@@ -35,7 +35,7 @@ import httpx
 import structlog
 
 from kvserve.bench.load_driver import RequestRecord, TokenClock
-from kvserve.bench.workloads import Session
+from kvserve.bench.sessions import Session
 
 log = structlog.get_logger(__name__)
 

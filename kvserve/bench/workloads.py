@@ -14,11 +14,11 @@ actually returned, then the new user tokens (the load driver assembles it).
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from kvserve.bench.copy_workload import TextEncoder
+from kvserve.bench.copy_workload import TextEncoder, copy_workload
+from kvserve.bench.sessions import Session, Turn, Workload
+
+__all__ = ["WORKLOAD_NAMES", "Session", "TextEncoder", "Turn", "Workload", "build", "token_id_range"]
 
 WORKLOAD_NAMES = ("mixed", "shared-prefix", "multi-turn", "cold-warm", "multi-prefix", "copy")
 """`copy` is real text (`copy_workload.py`), built with the model's tokenizer; the rest are token ids."""
@@ -38,53 +38,6 @@ MULTI_TURN_OUTPUT_LEN = (16, 64)
 
 _FIRST_ORDINARY_TOKEN = 1000
 """Ids below this are left out: small vocabularies put special and byte tokens first."""
-
-
-@dataclass(slots=True)
-class Turn:
-    """One request of a session: the tokens this turn adds and how many to generate."""
-
-    new_token_ids: list[int]
-    max_tokens: int
-
-
-@dataclass(slots=True)
-class Session:
-    """Turns sent sequentially; `cache_salt` isolates a session's prefix cache when set."""
-
-    session_id: str
-    turns: list[Turn]
-    cache_salt: str = ""
-
-    @property
-    def first_prompt_len(self) -> int:
-        return len(self.turns[0].new_token_ids)
-
-
-@dataclass(slots=True)
-class Workload:
-    """A named list of sessions. `phase` labels cold/warm halves of `cold-warm`."""
-
-    name: str
-    sessions: list[Session]
-    phase: str = ""
-    warmup: list[Session] = field(default_factory=list)
-    """Sessions sent (and not measured) before the measured ones: primes the cache."""
-
-    @property
-    def num_requests(self) -> int:
-        return sum(len(s.turns) for s in self.sessions)
-
-    def max_request_len(self) -> int:
-        """Largest prompt + max_tokens of any request, assuming each turn resends the conversation."""
-        longest = 0
-        for session in self.sessions:
-            history = 0
-            for turn in session.turns:
-                prompt = history + len(turn.new_token_ids)
-                longest = max(longest, prompt + turn.max_tokens)
-                history = prompt + turn.max_tokens
-        return longest
 
 
 def token_id_range(vocab_size: int) -> tuple[int, int]:
@@ -194,8 +147,6 @@ def build(
     """The workload(s) called `name`; `cold-warm` yields its cold and warm halves. `copy` needs the
     model's `encoder` (`copy_workload.ModelTextEncoder`)."""
     if name == "copy":
-        from kvserve.bench.copy_workload import copy_workload  # it builds on this module's types
-
         if encoder is None:
             raise ValueError("the copy workload is text: it needs the model's tokenizer (an encoder)")
         return [copy_workload(num_requests, seed, encoder, max_tokens_cap)]

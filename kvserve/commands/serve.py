@@ -41,6 +41,14 @@ class ServeConfig:
         default=defaults.DEFAULT_MODEL,
         metadata=flag("the default model's name, an HF model directory, or a .gguf file", group=_EXECUTOR),
     )
+    draft_model: str | None = field(
+        default=None,
+        metadata=flag(
+            "for --speculative draft: a smaller model with the same tokenizer that proposes draft tokens (an HF "
+            "model directory, a .gguf file, or the default model's name); its KV shares the budget",
+            group=_EXECUTOR,
+        ),
+    )
     block_size: int = field(
         default=defaults.BLOCK_SIZE,
         # int choices (argparse checks them after type=int); flag() takes str choices only
@@ -125,6 +133,8 @@ def executor_args(serve: ServeConfig, server: ServerConfig, endpoint: str) -> li
         argv += ["--max-model-len", str(server.max_model_len)]
     if serve.kv_cache_gb is not None:
         argv += ["--kv-cache-gb", str(serve.kv_cache_gb)]
+    if serve.draft_model is not None:
+        argv += ["--draft-model", serve.draft_model]
     if serve.tensor_parallel_size != 1:
         argv += ["--tensor-parallel-size", str(serve.tensor_parallel_size)]
     if serve.num_blocks is not None:

@@ -33,7 +33,7 @@ MAX_NUM_BATCHED_TOKENS = 2048
 MAX_NUM_SEQS = 256
 
 # --- Speculative decoding (docs/benchmarks.md "Speculative decoding" measures these) ---------
-SPECULATIVE_METHODS = ("off", "ngram", "suffix")
+SPECULATIVE_METHODS = ("off", "ngram", "suffix", "draft")
 NUM_SPECULATIVE_TOKENS = 5
 NGRAM_MAX = 4
 NGRAM_MIN = 2

@@ -155,6 +155,8 @@ class Sequence:
     """Steps left before it proposes again."""
     draft_pause_len: int = 0
     """Length of its last pause: doubled while acceptance stays low, reset once it recovers."""
+    executor_drafts: list[int] = field(default_factory=list)
+    """`--speculative draft`: what the executor's draft model proposed after its last step."""
 
     @property
     def is_finished(self) -> bool:

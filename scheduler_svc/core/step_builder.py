@@ -67,6 +67,21 @@ def _attach_masks(plan: StepPlan, scheduled: list[ScheduledSequence]) -> None:
         plan.token_masks = b"".join(masks)
 
 
+def _draft_requests(scheduled: list[ScheduledSequence], k: int) -> list[tuple[int, int]]:
+    """(seq_id, count) for every sequence that samples this step and may still use drafts next step
+    (`--speculative draft`: the executor's draft model proposes them after this step's tokens)."""
+    requests = []
+    for s in scheduled:
+        seq = s.seq
+        if not s.samples or seq.draft_pause:
+            continue
+        # Next step yields its accepted drafts plus one, after at least this step's token.
+        left = seq.request.max_output_tokens - (len(seq.token_ids) - seq.prompt_len) - 2
+        if left > 0:
+            requests.append((seq.seq_id, min(k, left)))
+    return requests
+
+
 class StepBuilder:
     """`build()`: packs running, swapped and waiting sequences into one plan; preempts when blocks run out."""
 
@@ -93,6 +108,9 @@ class StepBuilder:
             dropped = set(plan.drop_seq_ids)
             plan.trims = [trim for trim in plan.trims if trim[0] not in dropped]
         _attach_masks(plan, scheduled)
+        proposer = st.proposer
+        if proposer is not None and proposer.from_executor and len(st.running) <= st.config.speculative_max_batch:
+            plan.draft_requests = _draft_requests(scheduled, st.config.num_speculative_tokens)
         if not plan.is_empty:
             st.inflight = InFlight(plan.step_id, scheduled, self._num_drafts)
         return plan

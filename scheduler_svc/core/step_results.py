@@ -16,7 +16,7 @@ from kvserve.protos.step import SampledToken, StepResult
 from kvserve.protos.stop_rules import FinishReason, stop_reason
 from kvserve.scheduler.core.outputs import SampledLogprob, SequenceOutput
 from kvserve.scheduler.core.request import WAITING_STATES, Sequence, SequenceStatus
-from kvserve.scheduler.core.scheduler_state import SchedulerState
+from kvserve.scheduler.core.scheduler_state import ScheduledSequence, SchedulerState
 
 log = structlog.get_logger(__name__)
 
@@ -131,7 +131,17 @@ class ResultApplier:
             )
         if any_finished:
             st.running = [s for s in st.running if s.status is _RUNNING]
+        if result.proposals:
+            self._keep_proposals(inflight.scheduled, result.proposals)
         return outputs
+
+    def _keep_proposals(self, scheduled: list[ScheduledSequence], proposals: list[tuple[int, list[int]]]) -> None:
+        """The draft model's proposals for the next step, kept on the sequences still running."""
+        running = {s.seq.seq_id: s.seq for s in scheduled if s.seq.status is _RUNNING}
+        for seq_id, tokens in proposals:
+            seq = running.get(seq_id)
+            if seq is not None:
+                seq.executor_drafts = tokens
 
     def _settle_drafts(self, seq: Sequence, drafts: list[int], accepted: int, finishing: bool) -> None:
         """Count a verification, adapt the sequence's proposing, and give back blocks only rejected drafts used."""

@@ -248,6 +248,20 @@ async def run_service(
         info = await _first_executor(link, supervisor, shutdown, config.executor_start_timeout_s)
         if info is None:
             return 0
+        if config.speculative == "draft" and not info.draft_model_id:
+            print(
+                "kvserve: --speculative draft needs a draft model in the executor: start it with --draft-model PATH "
+                "(kvserve serve --draft-model PATH)",
+                file=sys.stderr,
+                flush=True,
+            )
+            return 2
+        if info.draft_model_id and config.speculative != "draft":
+            log.warning(
+                "the executor runs a draft model that --speculative does not use: it costs a forward pass a step",
+                draft_model=info.draft_model_id,
+                speculative=config.speculative,
+            )
         tokenizer = Tokenizer.from_dir(
             info.tokenizer_path,
             chat_template=chat_template,

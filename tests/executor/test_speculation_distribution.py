@@ -59,6 +59,8 @@ def runner(model: Any, tmp_path_factory: pytest.TempPathFactory) -> ModelRunner:
 class GreedyProposer:
     """One draft: the model's most likely next token (memoized by context)."""
 
+    from_executor = False
+
     def __init__(self, model: Any) -> None:
         self.model = model
         self.memo: dict[tuple[int, ...], int] = {}

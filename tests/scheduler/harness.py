@@ -13,8 +13,11 @@ from kvserve.scheduler.core.scheduler import Scheduler
 from kvserve.scheduler.core.scheduler_config import SchedulerConfig
 
 
-def strict_executor(num_blocks: int, block_size: int, num_cpu_blocks: int = 0, vocab_size: int = 50) -> FakeExecutor:
-    """A strict fake executor over a plain vocabulary: checks every plan, needs no model files."""
+def strict_executor(
+    num_blocks: int, block_size: int, num_cpu_blocks: int = 0, vocab_size: int = 50, *, draft: bool = False
+) -> FakeExecutor:
+    """A strict fake executor over a plain vocabulary: checks every plan, needs no model files.
+    `draft`: it is also a (fake) draft model, for `--speculative draft`."""
     return FakeExecutor(
         FakeExecutorConfig(
             num_blocks=num_blocks,
@@ -22,6 +25,7 @@ def strict_executor(num_blocks: int, block_size: int, num_cpu_blocks: int = 0, v
             num_cpu_blocks=num_cpu_blocks,
             vocab_size=vocab_size,
             strict=True,
+            draft_model="fake" if draft else None,
         )
     )
 
@@ -56,7 +60,11 @@ class Harness:
     def __post_init__(self) -> None:
         self.scheduler = Scheduler(self.config, clock=self.clock)
         self.executor = strict_executor(
-            self.config.num_blocks, self.config.block_size, self.config.num_cpu_blocks, self.vocab_size
+            self.config.num_blocks,
+            self.config.block_size,
+            self.config.num_cpu_blocks,
+            self.vocab_size,
+            draft=self.config.speculative == "draft",
         )
 
     def add(self, request_id: str, prompt: list[int], **sampling_and_options) -> None:

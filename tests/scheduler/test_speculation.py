@@ -11,6 +11,7 @@ ever entered the tree.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 
@@ -19,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvserve.executor.fake.tokens import expected_completion
-from kvserve.protos.step import StepResult
+from kvserve.protos.step import PlanError, StepResult
 from kvserve.scheduler.core.draft_proposer import NgramProposer
 from kvserve.scheduler.core.request import RequestRejected, Sequence, derive_seed
 from kvserve.scheduler.core.scheduler import Scheduler
@@ -32,6 +33,8 @@ VOCAB = 50
 
 class OracleProposer:
     """The true continuation, cut to a random length and wrong from a random position (or never)."""
+
+    from_executor = False
 
     def __init__(self, rng: random.Random) -> None:
         self.rng = rng
@@ -89,15 +92,23 @@ def configs(draw, kv_reservation: str) -> SchedulerConfig:
 OPS = ("add", "add", "add", "step", "step", "step", "step", "abort", "finish", "reset")
 
 
+@pytest.mark.parametrize("source", ["oracle", "draft-model"])
 @pytest.mark.parametrize("kv_reservation", KV_RESERVATIONS)
 @settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), ops=st.lists(st.sampled_from(OPS), min_size=4, max_size=50), seed=st.integers(0, 2**32))
-def test_random_accept_lengths_keep_every_invariant(kv_reservation: str, data, ops: list[str], seed: int) -> None:
+def test_random_accept_lengths_keep_every_invariant(
+    kv_reservation: str, source: str, data, ops: list[str], seed: int
+) -> None:
+    """`oracle`: drafts from the scheduler side; `draft-model`: `--speculative draft`, proposals asked of
+    the (fake) executor's draft model in one plan and sent back as drafts in the next."""
     config = data.draw(configs(kv_reservation), label="config")
+    draft = source == "draft-model"
+    if draft:
+        config = dataclasses.replace(config, speculative="draft")
     rng = random.Random(seed)
-    oracle = OracleProposer(random.Random(seed + 1))
     h = Harness(config)
-    h.scheduler = Scheduler(config, clock=h.clock, proposer=oracle)
+    if not draft:
+        h.scheduler = Scheduler(config, clock=h.clock, proposer=OracleProposer(random.Random(seed + 1)))
     sched = h.scheduler
     prompts: dict[str, tuple[list[int], int, bool]] = {}
     for number, op in enumerate(ops):
@@ -133,7 +144,9 @@ def test_random_accept_lengths_keep_every_invariant(kv_reservation: str, data, o
         elif op == "reset":
             plan = h.schedule()  # lost with the executor
             h.collect(sched.reset_executor())
-            h.executor = strict_executor(config.num_blocks, config.block_size, config.num_cpu_blocks, VOCAB)
+            h.executor = strict_executor(
+                config.num_blocks, config.block_size, config.num_cpu_blocks, VOCAB, draft=draft
+            )
             if not plan.is_empty:
                 h.collect(sched.update(StepResult(plan.step_id)))  # late: ignored
         sched.check_invariants()
@@ -212,3 +225,33 @@ def test_drafts_never_preempt_and_respect_max_tokens() -> None:
             # The last output token is never computed: positions stop one short of prompt + max_tokens.
             assert known.num_computed_tokens + known.num_scheduled_tokens <= 5 + 6 - 1
     assert len(h.tokens("a")) == len(h.tokens("b")) == 6
+
+
+def test_draft_model_proposals_come_one_step_ahead_and_save_steps() -> None:
+    """`--speculative draft`: a plan asks for proposals, the result brings them, the next plan sends
+    them as drafts; tokens equal speculation off, and the (fake) draft model's deliberate misses
+    make both accepted and rejected drafts."""
+    config = SchedulerConfig(num_blocks=64, block_size=4, max_model_len=128, num_speculative_tokens=4)
+    plain = Harness(config)
+    plain.add("r", [1, 2, 3], max_tokens=60, temperature=0.0, ignore_eos=True)
+    plain_steps = plain.run()
+    spec = Harness(dataclasses.replace(config, speculative="draft"))
+    spec.add("r", [1, 2, 3], max_tokens=60, temperature=0.0, ignore_eos=True)
+    spec_steps = spec.run()
+    assert spec.tokens("r") == plain.tokens("r")
+    stats = spec.scheduler.stats()
+    assert 0 < stats.draft_tokens_accepted < stats.draft_tokens_proposed
+    assert spec_steps == plain_steps - stats.draft_tokens_accepted
+    asked = [plan for plan in spec.plans if plan.draft_requests]
+    assert asked and all(count <= 4 for plan in asked for _, count in plan.draft_requests)
+    for before, after in zip(spec.plans, spec.plans[1:], strict=False):
+        if before.draft_requests and after.known_seqs:
+            assert len(after.known_seqs[0].draft_token_ids) <= dict(before.draft_requests)[after.known_seqs[0].seq_id]
+
+
+def test_a_plan_asking_a_fake_without_a_draft_model_for_proposals_is_refused() -> None:
+    h = Harness(SchedulerConfig(num_blocks=16, block_size=4, max_model_len=64, speculative="draft"))
+    h.executor = strict_executor(16, 4, vocab_size=VOCAB)  # no draft model
+    h.add("r", [1, 2, 3], max_tokens=5, ignore_eos=True)
+    with pytest.raises(PlanError, match="no --draft-model"):
+        h.run()

@@ -40,6 +40,8 @@ def test_drafts_stop_before_a_refused_token_and_before_the_grammars_end() -> Non
 class ChoiceProposer:
     """Drafts from one of the choices the output still agrees with, sometimes with a wrong token."""
 
+    from_executor = False
+
     def __init__(self, rng: random.Random) -> None:
         self.rng = rng
 

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from kvserve.clients import Client
-from kvserve.testing.server_launcher import ServeProcess, start_serve
+from kvserve.testing.server_launcher import ServeProcess, serving, start_serve
 from tests.clients.test_cli_commands import port_args, run_cli
 from tests.http.http_clients import ALICE, BOB, FAKE_ARGS, sdk, token_file
 
@@ -155,3 +155,23 @@ def test_suffix_lookup_reuses_a_tenants_earlier_answer_and_no_one_elses(tmp_path
     assert first["accepted_tokens"] == 0
     assert again["accepted_tokens"] >= 30
     assert other["accepted_tokens"] == 0
+
+
+def test_draft_method_proposals_from_the_executor_over_the_link(servers, tmp_path: Path) -> None:
+    """`--speculative draft --draft-model`: the (fake) draft model proposes in the executor process,
+    proposals cross the link in the result and come back as drafts; the text is speculation off's."""
+    _, off = servers
+    args = [*FAKE_ARGS, *COPYING, "--speculative", "draft", "--draft-model", "fake"]
+    with serving(args, tmp_path, http=True, name="draft") as server:
+        spec = _complete(server, temperature=0)
+    plain = _complete(off, temperature=0)
+    assert spec.choices[0].text == plain.choices[0].text
+    counts = spec.usage.model_extra["speculative"]
+    assert 0 < counts["accepted_tokens"] < counts["proposed_tokens"]  # the fake draft errs one time in four
+
+
+def test_draft_method_without_a_draft_model_stops_with_a_clear_error(tmp_path: Path) -> None:
+    server = start_serve([*FAKE_ARGS, "--speculative", "draft"], tmp_path, name="no-draft")
+    assert server.process.wait(timeout=120) == 2
+    log = server.log_text()
+    assert "--speculative draft needs a draft model" in log and "Traceback" not in log
