@@ -46,8 +46,15 @@ class SpeculativeBenchConfig:
     """`kvserve bench speculative`'s flags."""
 
     methods: tuple[str, ...] = field(
-        default=defaults.SPECULATIVE_METHODS,
-        metadata=flag("--speculative methods to measure (off is always measured, first)", nargs="+"),
+        default=("ngram", "suffix"),
+        metadata=flag(
+            f"--speculative methods to measure, of {', '.join(defaults.SPECULATIVE_METHODS)} (off is always "
+            "measured, first; draft needs --draft-model)",
+            nargs="+",
+        ),
+    )
+    draft_model: str | None = field(
+        default=None, metadata=flag("the draft model of the draft method's servers (kvserve serve --draft-model)")
     )
     workloads: tuple[str, ...] = field(
         default=("copy", "mixed"),
@@ -90,6 +97,8 @@ class SpeculativeBenchConfig:
         if unknown:
             raise ValueError(f"--methods: unknown {sorted(unknown)}; choose from {defaults.SPECULATIVE_METHODS}")
         self.methods = (OFF, *(m for m in self.methods if m != OFF))
+        if "draft" in self.methods and not self.draft_model:
+            raise ValueError("--methods draft needs --draft-model")
         if self.max_tokens_cap == 0:
             self.max_tokens_cap = None
         if any(c < 1 for c in self.concurrency):
@@ -176,6 +185,9 @@ def run_speculative_bench(config: SpeculativeBenchConfig, progress: Callable[[st
                 name = f"kvserve {method}"
                 progress(f"concurrency {concurrency}: {name}: starting")
                 args = ["--executor", config.executor, "--speculative", method, *extra]
+                if method == "draft":
+                    assert config.draft_model is not None
+                    args += ["--draft-model", config.draft_model]
                 with serving(
                     args, Path(tmp), name=f"{method}-c{concurrency}", timeout_s=config.startup_timeout_s, http=True
                 ) as server:

@@ -40,9 +40,11 @@ NGRAM_MIN = 2
 SUFFIX_CACHE_TOKENS = 65_536
 """Tokens of recent completions `--speculative suffix` keeps (all namespaces together), about 25 MB."""
 SPECULATIVE_MAX_BATCH = 8
-"""Steps with more running sequences than this verify no drafts: the step is no longer overhead-bound."""
+"""Steps with more running sequences than this verify no drafts: the step is no longer overhead-bound
+(measured on 2 CPU cores: 1.26x at 8 sequences, break-even at 16)."""
 SPECULATIVE_MIN_ACCEPTANCE = 0.2
-"""A sequence whose recent share of accepted drafts falls below this stops proposing for a while."""
+"""A sequence whose recent share of accepted drafts falls below this stops proposing for a while
+(measured: drafts pay from ~10% accepted at batch 1 to ~24% at batch 4)."""
 
 # --- Request limits (validated by the API and by SamplingParams) -------------
 MAX_N = 16

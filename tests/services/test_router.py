@@ -3,7 +3,8 @@
 `kv_aware` reads each replica's KV events: two long system prompts, each first served by a
 different replica directly, must then be routed to the replica that holds them. Asserted on
 each replica's own counters (finished requests and prefix-cache hit tokens), not on anything
-the router says. `round_robin` spreads the same requests over both.
+the router says. `cache_aware` (the router's own prefix tree) keeps requests that share a long
+token-id prefix on one replica. `round_robin` spreads the same requests over both.
 """
 
 from __future__ import annotations
@@ -85,6 +86,22 @@ def test_kv_aware_sends_each_prefix_to_the_replica_that_holds_it(replicas, start
         finished, hits = _counters(server)
         assert finished - before[which][0] == ROUTED, f"replica {which} served only its own prefix's requests"
         assert hits - before[which][1] >= ROUTED * 100, "and each hit its cache"
+
+
+TOKEN_PROMPTS = {0: list(range(1000, 1400)), 1: list(range(3000, 3400))}
+"""Long token-id prompts: what vllm-router's `cache_aware` matches on (it skips text and chat)."""
+
+
+def test_cache_aware_keeps_each_token_prefix_on_one_replica(replicas, start_router) -> None:
+    router = start_router("cache_aware")
+    for which, prefix in TOKEN_PROMPTS.items():
+        before = [_counters(server)[0] for server, _ in replicas]
+        for i in range(ROUTED):
+            body = {"prompt": [*prefix, 5000 + i], "max_tokens": 4}
+            response = httpx.post(router + "/v1/completions", json=body, timeout=60)
+            assert response.status_code == 200, response.text
+        served = [_counters(server)[0] - before[k] for k, (server, _) in enumerate(replicas)]
+        assert sorted(served) == [0, ROUTED], f"prefix {which}'s requests were split: {served}"
 
 
 def test_round_robin_spreads_the_same_requests(replicas, start_router) -> None:

@@ -11,17 +11,22 @@ served one after another, are the reference. With speculation they must be the s
   index of recent completions);
 - `ngram`, all 16 at once, every sequence verifying drafts in one batch;
 - all at once under a 24-token step budget (prompts chunked, drafts squeezed by the budget);
-- all at once in a KV pool too small for them, preempted by recompute, and by swap to CPU;
+- all at once in a KV pool too small for them, preempted by recompute, and by swap to CPU
+  (`suffix` too, batched and swapped);
 
-and seeded sampled requests with n = 3 give the tokens and logprobs of speculation off. One more check runs
+and seeded sampled requests with n = 3 give the tokens and logprobs of speculation off. The
+JSON-schema requests of the structured-output tests, through real servers with speculation on
+and off, give the same valid JSON. One more check runs
 the real `kvserve serve --speculative ngram` process: the openai SDK gets the reference text and
 the draft counts.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
+import jsonschema
 import pytest
 
 from kvserve.bench.copy_workload import ModelTextEncoder, copy_workload
@@ -32,6 +37,7 @@ from kvserve.protos.sampling import SamplingParams
 from kvserve.testing.in_process_serving import Served, serve_in_process
 from kvserve.testing.server_launcher import serving
 from tests.http.http_clients import sdk
+from tests.services.test_structured_real_model import PEOPLE, PERSON, _ask_all, _person_prompt
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
@@ -109,10 +115,13 @@ SERVINGS = {
 }
 
 
-@pytest.mark.parametrize("serving_name", list(SERVINGS))
-def test_all_at_once_gives_the_reference(runner, prompts, reference, serving_name: str) -> None:
+@pytest.mark.parametrize(
+    ("method", "serving_name"),
+    [("ngram", name) for name in SERVINGS] + [("suffix", "batched"), ("suffix", "preempted-swap")],
+)
+def test_all_at_once_gives_the_reference(runner, prompts, reference, method: str, serving_name: str) -> None:
     policy = SERVINGS[serving_name]
-    served = serve_in_process(runner, _greedy(prompts), speculative="ngram", **policy)
+    served = serve_in_process(runner, _greedy(prompts), speculative=method, **policy)
     assert _tokens(served) == reference
     assert served.scheduler is not None
     stats = served.scheduler.stats()
@@ -149,3 +158,20 @@ def test_the_served_process_gives_the_reference_text(prompts, reference, encoder
         )
     assert completion.choices[0].text == encoder._get().decode(reference[rid])
     assert completion.usage.model_extra["speculative"]["accepted_tokens"] > 0
+
+
+def test_json_schema_answers_stay_valid_and_equal_speculation_off() -> None:
+    """The structured-output tests' 12 person descriptions under their schema: drafts are checked
+    against the grammar at every position, and the JSON is speculation off's, and valid."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    requests = [dict(messages=_person_prompt(p), max_tokens=200, temperature=0, response_format=fmt) for p in PEOPLE]
+    answers = {}
+    for method in ("off", "ngram"):
+        args = ["--executor", "torch", "--kv-cache-gb", "0.25", "--speculative", method]
+        with serving(args, http=True, name=method) as server:
+            answers[method] = _ask_all(server, requests)
+    for on, off in zip(answers["ngram"], answers["off"], strict=True):
+        text = on.choices[0].message.content
+        assert text == off.choices[0].message.content
+        jsonschema.validate(json.loads(text), PERSON)
+    assert sum(r.usage.model_extra["speculative"]["accepted_tokens"] for r in answers["ngram"]) > 0

@@ -11,6 +11,7 @@ and never another tenant's.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import tempfile
@@ -18,12 +19,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import jsonschema
 import pytest
 
 from kvserve.clients import Client
 from kvserve.testing.server_launcher import ServeProcess, serving, start_serve
 from tests.clients.test_cli_commands import port_args, run_cli
 from tests.http.http_clients import ALICE, BOB, FAKE_ARGS, sdk, token_file
+from tests.services.test_structured_fake_service import ENUM_SCHEMA
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -175,3 +178,26 @@ def test_draft_method_without_a_draft_model_stops_with_a_clear_error(tmp_path: P
     assert server.process.wait(timeout=120) == 2
     log = server.log_text()
     assert "--speculative draft needs a draft model" in log and "Traceback" not in log
+
+
+def test_json_schema_output_under_speculation_is_valid_and_that_of_off(servers) -> None:
+    """Drafts under a grammar are cut where it refuses them and verified under a mask per position:
+    the JSON is valid and speculation off's, for greedy and seeded requests."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "item", "schema": ENUM_SCHEMA, "strict": True}}
+    on, off = servers
+    for sampling in ({"temperature": 0}, {"temperature": 1.0, "seed": 3}):
+        texts = [
+            sdk(server)
+            .chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "Describe an item."}],
+                max_tokens=64,
+                response_format=fmt,
+                **sampling,
+            )
+            .choices[0]
+            .message.content
+            for server in (on, off)
+        ]
+        assert texts[0] == texts[1]
+        jsonschema.validate(json.loads(texts[0]), ENUM_SCHEMA)
