@@ -26,6 +26,7 @@ from kvserve.scheduler.core.request import RequestRejected, Sequence, derive_see
 from kvserve.scheduler.core.scheduler import Scheduler
 from kvserve.scheduler.core.scheduler_config import KV_RESERVATIONS, SchedulerConfig
 from tests.scheduler.harness import Harness, strict_executor
+from tests.scheduler.test_properties import configs as scheduling_configs
 
 MAX_EXAMPLES = int(os.environ.get("KVSERVE_PROPERTY_EXAMPLES", "150"))
 VOCAB = 50
@@ -71,18 +72,9 @@ def _tree_matches_kv(h: Harness) -> None:
 
 @st.composite
 def configs(draw, kv_reservation: str) -> SchedulerConfig:
-    block_size = draw(st.sampled_from([1, 2, 4]))
-    kv_tokens = draw(st.integers(10 if kv_reservation == "paged" else 24, 40 if kv_reservation == "paged" else 60))
-    return SchedulerConfig(
-        kv_reservation=kv_reservation,
-        num_blocks=-(-kv_tokens // block_size),
-        block_size=block_size,
-        num_cpu_blocks=draw(st.sampled_from([0, 4, 12, 40])),
-        max_model_len=24,
-        max_num_batched_tokens=draw(st.integers(1, 16)),
-        max_num_seqs=draw(st.integers(1, 6)),
-        preemption_mode=draw(st.sampled_from(["recompute", "swap"])),
-        enable_prefix_caching=draw(st.booleans()),
+    """The scheduling property tests' tight configurations, with speculation's own knobs drawn too."""
+    return dataclasses.replace(
+        draw(scheduling_configs(kv_reservation)),
         num_speculative_tokens=draw(st.integers(1, 6)),
         speculative_max_batch=draw(st.sampled_from([1, 3, 8])),
         speculative_min_acceptance=draw(st.sampled_from([0.0, 0.5])),
