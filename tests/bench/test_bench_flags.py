@@ -45,7 +45,7 @@ def test_config_to_argv_round_trips_every_form() -> None:
 def test_bench_configs_parse_their_spellings() -> None:
     serve = _parse(BenchConfig, ["--workload", "all", "--concurrency", "0", "--request-rate", "inf"])
     assert isinstance(serve, BenchConfig)
-    assert serve.workloads == ("mixed", "shared-prefix", "multi-turn", "cold-warm", "multi-prefix")
+    assert serve.workloads == ("mixed", "shared-prefix", "multi-turn", "cold-warm", "multi-prefix", "copy")
     assert serve.concurrency is None and serve.request_rate is None  # no limit, one spelling in the meta
     bench = _parse(ExecutorBenchConfig, ["--batches", "1", "64", "--prefill-batches"])
     assert bench == ExecutorBenchConfig(batches=(1, 64), prefill_batches=())

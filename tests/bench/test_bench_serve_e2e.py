@@ -73,7 +73,7 @@ def test_bench_serve_fake_executor_all_workloads(tmp_path, kvserve_cli):
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads(out.read_text())
-    single = ("mixed", "shared-prefix", "multi-turn", "multi-prefix")
+    single = ("mixed", "shared-prefix", "multi-turn", "multi-prefix", "copy")
     kv = [("kvserve", w) for w in (*single, "cold-warm/cold", "cold-warm/warm")]
     nc = [("kvserve-no-cache", w) for w in single]
     pa = [("kvserve-prealloc", w) for w in single]  # one server per workload

@@ -26,9 +26,9 @@ def test_openai_api_drives_kvserve_over_http(tmp_path, kvserve_cli):
     assert data["meta"]["api"] == "openai"
     kv = {
         ("kvserve", w)
-        for w in ("mixed", "shared-prefix", "multi-turn", "multi-prefix", "cold-warm/cold", "cold-warm/warm")
+        for w in ("mixed", "shared-prefix", "multi-turn", "multi-prefix", "copy", "cold-warm/cold", "cold-warm/warm")
     }
-    nc = {("kvserve-no-cache", w) for w in ("mixed", "shared-prefix", "multi-turn", "multi-prefix")}
+    nc = {("kvserve-no-cache", w) for w in ("mixed", "shared-prefix", "multi-turn", "multi-prefix", "copy")}
     assert set(by) == kv | nc
     mixed = by[("kvserve", "mixed")]
     assert mixed["num_requests"] == 6
