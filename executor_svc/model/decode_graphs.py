@@ -1,10 +1,15 @@
 """The decode forward compiled once per batch-size bucket (`--compile on`).
 
-A decode step (every sequence one new token, every one sampling) of B rows pads up to the
-smallest bucket that holds it and runs that bucket's compiled graph (`torch.compile`, inductor's
+A step in which every scheduled row samples (a decode step: one new token per sequence; or a
+speculative verification step: each sequence's last token and its drafts) of R rows pads up to the
+smallest bucket that holds R and runs that bucket's compiled graph (`torch.compile`, inductor's
 C++ backend, static shapes); a step past the largest bucket, or any step with a prefill in it,
 runs eagerly. Padding rows read block 0 and write nowhere (slot -1, which the KV store skips),
 and their logits are dropped.
+
+A bucket of B rows always holds B sequences, so one graph serves decode and verification alike:
+a step's S sequences, then one padding sequence per padding row, then R - S empty sequences (no
+query rows, no context), which the attention kernel skips.
 
 Compiled and eager rows are bit-identical, so a request's tokens do not depend on which path
 its steps took: every reduction runs in an op the graph calls as it is (kvserve's CPU kernels,
@@ -54,27 +59,31 @@ def bucket_for(rows: int, buckets: tuple[int, ...]) -> int | None:
     return next((size for size in buckets if size >= rows), None)
 
 
-def is_decode_step(batch: InputBatch) -> bool:
-    """Every sequence schedules one token and samples it: the only steps a graph serves."""
-    return batch.attention.max_query_len == 1 and len(batch.sampling_seqs) == batch.num_tokens
+def every_row_samples(batch: InputBatch) -> bool:
+    """Each scheduled row is sampled: a decode or a verification step, the steps a graph serves.
+    A prefill (or a chunk of one) has rows that do not sample."""
+    return batch.sample_indices.shape[0] == batch.num_tokens
 
 
 def pad_decode_batch(batch: InputBatch, bucket: int, table_width: int) -> InputBatch:
-    """`batch` (a decode step of at most `bucket` rows) padded to `bucket` rows and `table_width`
-    block-table columns. Padding rows: token 0 at position 0, slot -1, a one-token context in block 0."""
+    """`batch` (every row sampling, at most `bucket` rows) padded to `bucket` rows, `bucket`
+    sequences and `table_width` block-table columns. Padding rows: token 0 at position 0, slot -1,
+    each its own one-token sequence in block 0; then empty sequences up to `bucket`."""
     meta, rows = batch.attention, batch.num_tokens
-    pad = bucket - rows
+    seqs = meta.seq_lens.shape[0]
+    pad, empty = bucket - rows, rows - seqs
     device = batch.input_ids.device
     tables = torch.zeros(bucket, table_width, dtype=torch.int32, device=device)
-    tables[:rows, : meta.block_tables.shape[1]] = meta.block_tables
+    tables[:seqs, : meta.block_tables.shape[1]] = meta.block_tables
+    starts = torch.arange(rows + 1, rows + pad + 1, dtype=torch.int32, device=device)
     padded_meta = AttentionMetadata(
         slot_mapping=_extend(meta.slot_mapping, pad, PAD_SLOT),
-        query_start_loc=torch.arange(bucket + 1, dtype=torch.int32, device=device),
-        seq_lens=_extend(meta.seq_lens, pad, 1),
+        query_start_loc=_extend(torch.cat([meta.query_start_loc, starts]), empty, bucket),
+        seq_lens=_extend(_extend(meta.seq_lens, pad, 1), empty, 0),
         block_tables=tables,
-        query_lens_cpu=[1] * bucket,
-        seq_lens_cpu=meta.seq_lens_cpu + [1] * pad,
-        max_query_len=1,
+        query_lens_cpu=meta.query_lens_cpu + [1] * pad + [0] * empty,
+        seq_lens_cpu=meta.seq_lens_cpu + [1] * pad + [0] * empty,
+        max_query_len=meta.max_query_len,
         max_seq_len=max(meta.max_seq_len, 1),
         scale=meta.scale,
         block_size=meta.block_size,
@@ -87,6 +96,7 @@ def pad_decode_batch(batch: InputBatch, bucket: int, table_width: int) -> InputB
         attention=padded_meta,
         sample_indices=torch.arange(bucket, dtype=torch.long, device=device),
         sampling_seqs=batch.sampling_seqs,
+        sample_counts=batch.sample_counts,
     )
 
 
@@ -167,8 +177,9 @@ class DecodeGraphs:
         return captured
 
     def forward(self, batch: InputBatch) -> torch.Tensor | None:
-        """Logits of a decode step through its bucket's graph; None when no graph serves the step (run it eagerly)."""
-        bucket = bucket_for(batch.num_tokens, self.buckets) if is_decode_step(batch) else None
+        """Logits of a decode or verification step through its bucket's graph; None when no graph
+        serves the step (run it eagerly)."""
+        bucket = bucket_for(batch.num_tokens, self.buckets) if every_row_samples(batch) else None
         if bucket is None:
             return None
         logits = self._compiled(pad_decode_batch(batch, bucket, self.table_width))

@@ -3,8 +3,9 @@
 The padding helpers and the flag's refusals are checked without compiling. The rest runs the
 default model's native path (the one `--compile on` serves) compiled at buckets 1, 4 and 16
 against an eager runner: alone, padded into a larger bucket, at a full bucket, past the largest
-bucket (eager), prefix-shared, and sampled under a fixed seed with logprobs. Of two fresh processes
-on one compile cache, the first must report inductor cache misses and the second only hits.
+bucket (eager), prefix-shared, sampled under a fixed seed with logprobs, and verifying `ngram`
+drafts (the same graphs, no recompile). Of two fresh processes on one compile cache, the first
+must report inductor cache misses and the second only hits.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ import torch
 from kvserve.child_python import PYTHON
 from kvserve.executor.attention.base import AttentionMetadata
 from kvserve.executor.config_error import ExecutorConfigError
-from kvserve.executor.model.decode_graphs import PAD_SLOT, bucket_for, is_decode_step, pad_decode_batch
+from kvserve.executor.model.decode_graphs import PAD_SLOT, bucket_for, every_row_samples, pad_decode_batch
 from kvserve.executor.model.input_batch import InputBatch
 from kvserve.executor.model_runner import ModelRunner
 from kvserve.executor.runner_config import RunnerConfig, compile_buckets, resolve_compile
 from kvserve.protos.sampling import SamplingParams
+from kvserve.testing.in_process_serving import serve_in_process
 from kvserve.testing.plan_driver import PlanDriver
 
 BUCKETS = "1,4,16"
@@ -74,11 +76,49 @@ def test_padding_rows_write_nowhere_and_read_one_token_of_block_0() -> None:
     assert padded.sample_indices.tolist() == [0, 1, 2, 3]
 
 
-def test_only_pure_decode_steps_are_served_by_a_graph() -> None:
-    batch = decode_batch(3, 2)
-    assert is_decode_step(batch)
-    batch.attention.max_query_len = 4  # a prefill shares the step
-    assert not is_decode_step(batch)
+def verification_batch() -> InputBatch:
+    """Two sequences verifying drafts: 3 rows (2 drafts) with a 10-token context, 2 rows with 6."""
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor([107, 108, 109, 200, 201]),
+        query_start_loc=torch.tensor([0, 3, 5], dtype=torch.int32),
+        seq_lens=torch.tensor([10, 6], dtype=torch.int32),
+        block_tables=torch.tensor([[1, 2], [3, 0]], dtype=torch.int32),
+        query_lens_cpu=[3, 2],
+        seq_lens_cpu=[10, 6],
+        max_query_len=3,
+        max_seq_len=10,
+        scale=0.125,
+        block_size=8,
+    )
+    return InputBatch(
+        input_ids=torch.tensor([5, 6, 7, 8, 9]),
+        positions=torch.tensor([7, 8, 9, 4, 5]),
+        attention=meta,
+        sample_indices=torch.arange(5),
+        sampling_seqs=[object()] * 2,  # type: ignore[list-item]
+        sample_counts=[3, 2],
+    )
+
+
+def test_a_verification_step_pads_to_as_many_sequences_as_rows() -> None:
+    """5 rows of 2 sequences into bucket 8: 3 one-token padding sequences, then 3 empty ones, so
+    the graph sees 8 sequences whatever the step's mix of decode and drafts."""
+    padded = pad_decode_batch(verification_batch(), 8, 4)
+    meta = padded.attention
+    assert padded.input_ids.tolist() == [5, 6, 7, 8, 9, 0, 0, 0]
+    assert meta.query_start_loc.tolist() == [0, 3, 5, 6, 7, 8, 8, 8, 8]
+    assert meta.seq_lens.tolist() == [10, 6, 1, 1, 1, 0, 0, 0]
+    assert meta.slot_mapping.tolist() == [107, 108, 109, 200, 201, PAD_SLOT, PAD_SLOT, PAD_SLOT]
+    assert meta.block_tables.shape == (8, 4) and meta.block_tables[:2, :2].tolist() == [[1, 2], [3, 0]]
+    assert not meta.block_tables[2:].any()
+    assert padded.sample_indices.tolist() == list(range(8)) and padded.sample_counts == [3, 2]
+
+
+def test_steps_where_every_row_samples_are_served_by_a_graph() -> None:
+    assert every_row_samples(decode_batch(3, 2)) and every_row_samples(verification_batch())
+    prefill = decode_batch(3, 2)
+    prefill.sample_indices = prefill.sample_indices[1:]  # a prefill chunk shares the step: its row does not sample
+    assert not every_row_samples(prefill)
 
 
 @pytest.mark.parametrize(
@@ -170,6 +210,46 @@ def test_sampled_tokens_and_logprobs_under_a_seed_match_eager_exactly(runners) -
     eager, compiled = runners
     sampling = SamplingParams(temperature=0.9, top_p=0.95, logprobs=0)
     assert run(compiled, 3, sampling) == run(eager, 3, sampling)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("count", [1, 2], ids=["alone", "two-verifying"])
+def test_verification_steps_run_in_the_graphs_with_the_tokens_of_eager_without_drafts(
+    runners, count, monkeypatch
+) -> None:
+    """`ngram` speculation on the compiled runner: its verification steps (up to 6 rows a
+    sequence, 12 for two, padded into bucket 16) go through a graph, and the greedy tokens are
+    those of the eager runner with speculation off. The prompts repeat a random phrase, which
+    the model goes on repeating, so drafts are accepted."""
+    eager, compiled = runners
+    greedy = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    requests = {f"r{i}": (ids[:8] * 4, greedy) for i, ids in enumerate(prompts(count))}
+    reference = serve_in_process(eager, requests)
+    graphs = compiled.graphs
+    assert graphs is not None
+    verified_in_a_graph: list[int] = []
+    forward = graphs.forward
+
+    def spy(batch):
+        logits = forward(batch)
+        if logits is not None and batch.attention.max_query_len > 1:
+            verified_in_a_graph.append(batch.num_tokens)
+        return logits
+
+    monkeypatch.setattr(graphs, "forward", spy)
+    compiles = inductor_compiles()
+    served = serve_in_process(compiled, requests, speculative="ngram")
+    assert served.tokens == reference.tokens
+    assert served.scheduler is not None and served.scheduler.stats().draft_tokens_accepted > 0
+    assert verified_in_a_graph, "no verification step ran in a graph"
+    assert inductor_compiles() == compiles, "verification steps recompiled instead of reusing the decode graphs"
+
+
+def inductor_compiles() -> int:
+    """Graphs inductor has compiled or loaded from its cache in this process: a recompile adds one."""
+    from torch._dynamo.utils import counters
+
+    return counters["inductor"]["fxgraph_cache_hit"] + counters["inductor"]["fxgraph_cache_miss"]
 
 
 START = """
