@@ -324,15 +324,16 @@ class Engine:
     # --- executor failures -----------------------------------------------------------
 
     def _observe_step(self, plan: StepPlan, outputs: list[SequenceOutput], duration_s: float) -> None:
-        """Prefill tokens: new sequences and multi-token chunks; decode rows: one-token steps; generation
-        tokens: what came back. Into the step history, and the metrics when configured."""
+        """Prefill tokens: new sequences and multi-token chunks; decode rows: a decoding sequence's
+        token and the drafts it verifies; generation tokens: what came back. Into the step
+        history, and the metrics when configured."""
         prompt_tokens = sum(s.num_scheduled_tokens for s in plan.new_seqs)
         decode_rows = 0
         for known in plan.known_seqs:
-            if known.num_scheduled_tokens > 1:
-                prompt_tokens += known.num_scheduled_tokens
-            else:
+            if known.num_scheduled_tokens == 1 + len(known.draft_token_ids):
                 decode_rows += known.num_scheduled_tokens
+            else:
+                prompt_tokens += known.num_scheduled_tokens
         generated = sum(len(o.new_token_ids) for o in outputs if o.finish_reason is not FinishReason.ABORT)
         stats = self._scheduler.stats()
         self.history.record(prompt_tokens, decode_rows, generated, stats.prefix_queried_tokens, stats.prefix_hit_tokens)

@@ -23,7 +23,7 @@ class StepRecord:
     prefill_tokens: int
     """Prompt tokens computed: new sequences and multi-token chunks."""
     decode_rows: int
-    """Sequences that decoded one token."""
+    """Rows of decoding sequences: one each, plus the drafts each verified (speculative decoding)."""
 
 
 @dataclass(slots=True)

@@ -28,9 +28,11 @@ pytestmark = pytest.mark.timeout(60)
 class InProcessLink:
     """Just enough of ExecutorLink: step() runs the fake executor; `kill()`/`revive()` simulate faults."""
 
-    def __init__(self, num_blocks: int = 256) -> None:
+    def __init__(self, num_blocks: int = 256, copy_period: int = 0) -> None:
         self.num_blocks = num_blocks
-        self.executor = FakeExecutor(FakeExecutorConfig(num_blocks=num_blocks, step_latency_ms=0.0))
+        self.executor = FakeExecutor(
+            FakeExecutorConfig(num_blocks=num_blocks, step_latency_ms=0.0, copy_period=copy_period)
+        )
         self.generation = 1
         self._connected = asyncio.Event()
         self._connected.set()
@@ -331,6 +333,32 @@ def test_metrics_follow_the_requests(tokenizer: Tokenizer) -> None:
     assert value("kvserve:time_to_first_token_seconds_count") == 2
     assert value("kvserve:inter_token_latency_seconds_count") == 6
     assert value("kvserve:executor_up") == 1
+
+
+def test_verified_drafts_count_as_decode_rows_not_prompt_tokens(tokenizer: Tokenizer) -> None:
+    """Under speculation a decoding sequence schedules its token and its drafts: several rows,
+    but none of them prompt. The prompt-token counter and the step history's prefill must hold
+    the prompt alone, and the verified rows go to decode."""
+    from kvserve.scheduler.server.metrics import ServerMetrics
+
+    async def scenario():
+        link = InProcessLink(copy_period=6)  # a fake model that copies: drafts are accepted
+        server_config = ServerConfig(speculative="ngram", ngram_min=1)
+        metrics = ServerMetrics()
+        scheduler = build_scheduler(server_config, link.executor.info())
+        engine = Engine(scheduler, link, tokenizer, server_config, metrics=metrics)
+        await _run(engine, _drain(engine.submit(_request("s1", list(range(1000, 1100)), max_tokens=40), "ns")))
+        return metrics, engine
+
+    metrics, engine = asyncio.run(scenario())
+    value = metrics.registry.get_sample_value
+    assert value("kvserve:spec_decode_num_accepted_tokens_total") > 0
+    assert value("kvserve:prompt_tokens_total") == 100
+    assert sum(step.prefill_tokens for step in engine.history.steps) == 100
+    verified_rows = value("kvserve:spec_decode_num_draft_tokens_total") + value(
+        "kvserve:spec_decode_num_bonus_tokens_total"
+    )
+    assert sum(step.decode_rows for step in engine.history.steps) >= verified_rows
 
 
 def test_a_request_that_can_never_fit_is_rejected_naming_a_field(tokenizer: Tokenizer) -> None:
