@@ -38,7 +38,7 @@ from kvserve.scheduler.server.request_delivery import ActiveRequest
 from kvserve.scheduler.server.request_parsing import ValidatedRequest
 from kvserve.scheduler.server.request_stream import FailureKind, RequestFailed, RequestStream
 from kvserve.scheduler.server.server_config import ServerConfig
-from kvserve.scheduler.server.step_history import StepHistory
+from kvserve.scheduler.server.step_history import StepHistory, step_composition
 from kvserve.scheduler.server.tokenizer import Tokenizer
 
 log = structlog.get_logger(__name__)
@@ -324,16 +324,9 @@ class Engine:
     # --- executor failures -----------------------------------------------------------
 
     def _observe_step(self, plan: StepPlan, outputs: list[SequenceOutput], duration_s: float) -> None:
-        """Prefill tokens: new sequences and multi-token chunks; decode rows: a decoding sequence's
-        token and the drafts it verifies; generation tokens: what came back. Into the step
-        history, and the metrics when configured."""
-        prompt_tokens = sum(s.num_scheduled_tokens for s in plan.new_seqs)
-        decode_rows = 0
-        for known in plan.known_seqs:
-            if known.num_scheduled_tokens == 1 + len(known.draft_token_ids):
-                decode_rows += known.num_scheduled_tokens
-            else:
-                prompt_tokens += known.num_scheduled_tokens
+        """The step's composition and the tokens that came back, into the step history, and the
+        metrics when configured."""
+        prompt_tokens, decode_rows = step_composition(plan)
         generated = sum(len(o.new_token_ids) for o in outputs if o.finish_reason is not FinishReason.ABORT)
         stats = self._scheduler.stats()
         self.history.record(prompt_tokens, decode_rows, generated, stats.prefix_queried_tokens, stats.prefix_hit_tokens)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvserve.config import defaults
+from kvserve.protos.step import StepPlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +25,20 @@ class StepRecord:
     """Prompt tokens computed: new sequences and multi-token chunks."""
     decode_rows: int
     """Rows of decoding sequences: one each, plus the drafts each verified (speculative decoding)."""
+
+
+def step_composition(plan: StepPlan) -> tuple[int, int]:
+    """(prefill tokens, decode rows) of a plan. A known sequence decodes when it schedules its
+    next token and the drafts it verifies, nothing more; anything else it schedules is prompt (a
+    chunk of a long prompt, or a recompute)."""
+    prefill = sum(s.num_scheduled_tokens for s in plan.new_seqs)
+    decode = 0
+    for known in plan.known_seqs:
+        if known.num_scheduled_tokens == 1 + len(known.draft_token_ids):
+            decode += known.num_scheduled_tokens
+        else:
+            prefill += known.num_scheduled_tokens
+    return prefill, decode
 
 
 @dataclass(slots=True)
