@@ -83,9 +83,11 @@ async def _chat(client: httpx.AsyncClient, index: int, max_tokens: int) -> int:
     return int(response.json()["usage"]["completion_tokens"])
 
 
-def _build_seconds(client_url: str) -> float:
+async def _build_seconds(client: httpx.AsyncClient) -> float:
     """The server's total engine-view build time so far (`kvserve:ui_view_build_seconds_sum`)."""
-    for family in text_string_to_metric_families(httpx.get(client_url + "/metrics", timeout=30).text):
+    response = await client.get("/metrics")
+    response.raise_for_status()
+    for family in text_string_to_metric_families(response.text):
         for sample in family.samples:
             if sample.name == "kvserve:ui_view_build_seconds_sum":
                 return float(sample.value)
@@ -121,12 +123,13 @@ async def _run(server: ServeProcess, config: ViewersBenchConfig, viewers: int) -
                 got = await _chat(client, index, config.max_tokens)  # `tokens += await ...` would read tokens first
                 tokens += got
 
-        steps_before, build_before = server.stats().steps, _build_seconds(server.http_url)
+        # Read off the loop: the viewers' streams keep being read while the gRPC call waits.
+        steps_before, build_before = (await asyncio.to_thread(server.stats)).steps, await _build_seconds(client)
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(config.concurrency)))
         seconds = time.perf_counter() - started
-        steps = server.stats().steps - steps_before
-        build_seconds = _build_seconds(server.http_url) - build_before
+        steps = (await asyncio.to_thread(server.stats)).steps - steps_before
+        build_seconds = await _build_seconds(client) - build_before
         updates = len(received) - viewers
         stop.set()
         for task in watchers:
