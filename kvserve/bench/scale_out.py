@@ -21,10 +21,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import json
 import shlex
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -38,8 +36,9 @@ from kvserve.bench import workloads as wl
 from kvserve.bench.load_driver import RunResult, run_workload
 from kvserve.bench.openai_driver import OpenAIDriver
 from kvserve.bench.report import summarize_run
+from kvserve.bench.report_command import run_report_command
 from kvserve.bench.run_meta import run_meta
-from kvserve.config.flags import HelpFormatter, add_flags, config_from_args, flag
+from kvserve.config.flags import HelpFormatter, add_flags, flag
 from kvserve.replicas.router_command import POLICIES
 from kvserve.testing.replica_launcher import serving_replicas, serving_router
 from kvserve.testing.server_launcher import serving
@@ -271,10 +270,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvserve.log_config import configure_logging
-
-    configure_logging(level="WARNING")
-    config = config_from_args(ScaleOutBenchConfig, args, command_line=shlex.join(["kvserve", *sys.argv[1:]]))
-    report = run_scale_out_bench(config, progress=(lambda _line: None) if config.json else print)
-    print(json.dumps(report, indent=2) if config.json else render(report))
-    return 0
+    return run_report_command(ScaleOutBenchConfig, args, run_scale_out_bench, render)

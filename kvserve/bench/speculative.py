@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import json
 import shlex
-import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,9 +30,10 @@ from kvserve.bench.copy_workload import ModelTextEncoder
 from kvserve.bench.load_driver import RunResult, run_workload
 from kvserve.bench.openai_driver import HttpTarget, OpenAIDriver
 from kvserve.bench.report import summarize_run
+from kvserve.bench.report_command import run_report_command
 from kvserve.bench.run_meta import run_meta
 from kvserve.config import defaults
-from kvserve.config.flags import HelpFormatter, add_flags, config_from_args, flag
+from kvserve.config.flags import HelpFormatter, add_flags, flag
 from kvserve.testing.server_launcher import serving
 
 OFF = "off"
@@ -272,10 +271,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvserve.log_config import configure_logging
-
-    configure_logging(level="WARNING")
-    config = config_from_args(SpeculativeBenchConfig, args, command_line=shlex.join(["kvserve", *sys.argv[1:]]))
-    report = run_speculative_bench(config, progress=(lambda _line: None) if config.json else print)
-    print(json.dumps(report, indent=2) if config.json else render(report))
-    return 0
+    return run_report_command(SpeculativeBenchConfig, args, run_speculative_bench, render)
