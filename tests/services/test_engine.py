@@ -29,10 +29,8 @@ class InProcessLink:
     """Just enough of ExecutorLink: step() runs the fake executor; `kill()`/`revive()` simulate faults."""
 
     def __init__(self, num_blocks: int = 256, copy_period: int = 0) -> None:
-        self.num_blocks = num_blocks
-        self.executor = FakeExecutor(
-            FakeExecutorConfig(num_blocks=num_blocks, step_latency_ms=0.0, copy_period=copy_period)
-        )
+        self._executor_config = FakeExecutorConfig(num_blocks=num_blocks, step_latency_ms=0.0, copy_period=copy_period)
+        self.executor = FakeExecutor(self._executor_config)
         self.generation = 1
         self._connected = asyncio.Event()
         self._connected.set()
@@ -51,7 +49,7 @@ class InProcessLink:
         self._connected.clear()
 
     def revive(self) -> None:
-        self.executor = FakeExecutor(FakeExecutorConfig(num_blocks=self.num_blocks))
+        self.executor = FakeExecutor(self._executor_config)  # a fresh process of the same model
         self.generation += 1
         self._connected.set()
 
