@@ -50,9 +50,9 @@ from kvserve.executor.tensor_parallel.config import RankPlace, TensorParallelCon
 from kvserve.executor.tensor_parallel.group import RankLostError, TensorParallelGroup
 from kvserve.executor.tensor_parallel.layout import plan_layout
 from kvserve.executor.weights import model_store
-from kvserve.executor.weights.int4_linear import Int4Linear
 from kvserve.executor.weights.invariance import fix_model_rows, gemm_padding, probe_cache
 from kvserve.executor.weights.loader import load_weights, weight_files
+from kvserve.executor.weights.q4_1_linear import Q4_1Linear
 from kvserve.kernels import cpu_ops
 from kvserve.protos.kv_geometry import GIB
 from kvserve.protos.step import ExecutorInfo, StepPlan, StepResult
@@ -373,7 +373,7 @@ class ModelRunner:
         )
         return max(0.0, budget)
 
-    def _native_linears(self) -> list[dict[str, Int4Linear]]:
+    def _native_linears(self) -> list[dict[str, Q4_1Linear]]:
         from kvserve.executor.weights.gguf_weights import NativeWeightsUnavailable, native_layer_linears
 
         source = model_store.resolve_source(self.config.model)

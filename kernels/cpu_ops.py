@@ -25,10 +25,13 @@ from pathlib import Path
 import torch
 
 SOURCE_DIR = Path(__file__).with_name("cpu")
-SOURCES = ("paged_attention.cpp", "silu_mul.cpp", "q8_linear.cpp")
-HEADERS = ("vec8.h",)
-CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno")
-"""-ffp-contract=off: only the explicit fused multiply-adds fuse, so vector and scalar code agree bit for bit."""
+SOURCES = ("paged_attention.cpp", "silu_mul.cpp", "q8_linear.cpp", "q4_1_linear.cpp")
+HEADERS = ("vec8.h", "quant_linear.h")
+CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fopenmp")
+"""-ffp-contract=off: only the explicit fused multiply-adds fuse, so vector and scalar code agree bit for bit.
+-fopenmp: `at::parallel_for` is an OpenMP loop in torch's headers; without it every kernel ran on one thread."""
+LDFLAGS = ("-fopenmp",)
+"""The library then needs libgomp.so.1, which resolves to the copy torch has already loaded: one thread pool."""
 
 _lock = threading.Lock()
 _loaded: Path | None = None
@@ -39,7 +42,7 @@ def build_name() -> str:
     digest = hashlib.sha256()
     for name in SOURCES + HEADERS:
         digest.update((SOURCE_DIR / name).read_bytes())
-    digest.update(" ".join(CFLAGS).encode())
+    digest.update(" ".join(CFLAGS + LDFLAGS).encode())
     digest.update(cpu_identity().encode())
     digest.update(torch.__version__.encode())
     return f"kvserve_cpu_{digest.hexdigest()[:16]}"
@@ -70,6 +73,7 @@ def load(build_root: Path, verbose: bool = False) -> Path:
             name=name,
             sources=[str(SOURCE_DIR / source) for source in SOURCES],
             extra_cflags=list(CFLAGS),
+            extra_ldflags=list(LDFLAGS),
             build_directory=str(directory),
             is_python_module=False,
             verbose=verbose,
@@ -100,6 +104,7 @@ def _register_shapes() -> None:
         "store_kv": store,
         "silu_mul": silu_mul,
         "q8_linear": q8_linear,
+        "q4_1_linear": q8_linear,  # the same [rows, out] float32 result
     }
     for name, shape in shapes.items():
         torch.library.register_fake(f"kvserve_cpu::{name}", shape)
@@ -150,6 +155,14 @@ def q8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> tor
     [out, in / 32] (fp16 values held in float32), one per group of 32 inputs. float32 [rows, out], each
     row summed in one fixed order."""
     return torch.ops.kvserve_cpu.q8_linear(x, codes, scales)
+
+
+def q4_1_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """`x` [rows, in] (float32 or bfloat16) times Q4_1 weights: uint8 `codes` [out, in / 2] in GGUF's
+    byte order (per group of 32 inputs, byte j holds input j in its low nibble and j + 16 in its high
+    one) and `scales` [out, in / 32, 2] (fp16 d and m held in float32), w = d·q + m. float32 [rows,
+    out], each row summed in one fixed order."""
+    return torch.ops.kvserve_cpu.q4_1_linear(x, codes, scales)
 
 
 def _put_ninja_on_path() -> None:

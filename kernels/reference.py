@@ -67,3 +67,12 @@ def q8_linear_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tens
     """`x` [rows, in] times Q8_0 weights (int8 `codes` [out, in], `scales` [out, in / 32]), in float64."""
     weight = codes.double().reshape(codes.shape[0], -1, 32) * scales.double()[..., None]
     return (x.double() @ weight.reshape(codes.shape).t()).float()
+
+
+def q4_1_linear_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """`x` [rows, in] times Q4_1 weights (`cpu_ops.q4_1_linear`'s packed `codes` and (d, m) `scales`), in float64."""
+    out_features, groups = scales.shape[0], scales.shape[1]
+    packed = codes.reshape(out_features, groups, 16).long()
+    q = torch.cat([packed & 0x0F, packed >> 4], dim=-1).double()  # [out, groups, 32] in input order
+    weight = q * scales[..., 0:1].double() + scales[..., 1:2].double()
+    return (x.double() @ weight.reshape(out_features, groups * 32).t()).float()

@@ -13,7 +13,7 @@ query rows, no context), which the attention kernel skips.
 
 Compiled and eager rows are bit-identical, so a request's tokens do not depend on which path
 its steps took: every reduction runs in an op the graph calls as it is (kvserve's CPU kernels,
-torch's int4 GEMM and `opaque_norm`'s RMSNorm), and inductor fuses only elementwise work. The
+its Q4_1 GEMM among them, and `opaque_norm`'s RMSNorm), and inductor fuses only elementwise work. The
 block tables are padded to the longest context, so a graph's shapes never change with the
 sequences' lengths and one capture serves a bucket for the whole run.
 

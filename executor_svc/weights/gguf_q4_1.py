@@ -1,11 +1,10 @@
-"""GGUF Q4_1 weights as they ship, and in the layout of torch's CPU int4 GEMM.
+"""GGUF Q4_1 weights as they ship, and packed for kvserve's CPU kernel.
 
 Q4_1 stores each run of 32 weights along a row as an fp16 scale `d`, an fp16 minimum `m`
 and 16 bytes of 4-bit codes (byte j holds weight j in its low nibble and weight j + 16 in
-its high one): w = d·q + m. torch's `_weight_int4pack_mm_for_cpu` computes the
-asymmetric group-wise form w = (q − 8)·scale + zero with groups of 32 along K, so the
-same codes serve it unchanged with scale = d and zero = m + 8d: the weights stay 4-bit
-(about an eighth of fp32) instead of being dequantized at load.
+its high one): w = d·q + m. kvserve's CPU kernel (`kvserve.kernels.cpu_ops.q4_1_linear`)
+reads the codes packed in that same order, so the weights stay 4-bit instead of being
+dequantized at load.
 
 Rows are independent (a group never spans two rows), so concatenating q/k/v or gate/up
 and permuting rows are exact on the codes.
@@ -21,8 +20,6 @@ import torch
 GROUP = 32
 BLOCK_BYTES = 20
 """2 (d, fp16) + 2 (m, fp16) + 16 (32 four-bit codes)."""
-CODE_OFFSET = 8
-"""The kernel's codes are centred: w = (q − 8)·scale + zero."""
 
 
 @dataclass(slots=True)
@@ -84,26 +81,13 @@ def select_columns(weight: Q4_1Weight, columns: slice) -> Q4_1Weight:
     )
 
 
-def kernel_scales(weight: Q4_1Weight, dtype: torch.dtype) -> torch.Tensor:
-    """[in / 32, out, 2] (scale, zero) in `dtype` for `_weight_int4pack_mm_for_cpu`: scale = d, zero = m + 8d.
-
-    m + 8d is formed in float32 from the fp16 values, then rounded once to `dtype`: in float32 the
-    kernel's weights equal d·q + m to float32 rounding; in bfloat16 each of scale and zero carries
-    a relative rounding error of at most 2^-8 (8 significand bits).
-    """
-    d = weight.d.float()
-    zero = weight.m.float() + CODE_OFFSET * d
-    return torch.stack([d, zero], dim=-1).transpose(0, 1).contiguous().to(dtype)
+def pack_codes(weight: Q4_1Weight) -> torch.Tensor:
+    """[out, in / 2] uint8: the codes packed back in GGUF's byte order, what `cpu_ops.q4_1_linear` reads."""
+    rows, width = weight.codes.shape
+    groups = weight.codes.reshape(rows, width // GROUP, 2, GROUP // 2)
+    return (groups[:, :, 0] | (groups[:, :, 1] << 4)).reshape(rows, width // 2).contiguous()
 
 
-def kernel_weight(weight: Q4_1Weight) -> torch.Tensor:
-    """The codes packed for `_weight_int4pack_mm_for_cpu` (torch's CPU int4 layout)."""
-    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(weight.codes.to(torch.int32), 1)
-
-
-def kernel_dequantize(weight: Q4_1Weight, dtype: torch.dtype) -> torch.Tensor:
-    """[out, in] float32: the weights the kernel computes with, (q − 8)·scale + zero at `dtype` scales."""
-    scales = kernel_scales(weight, dtype).float().transpose(0, 1)  # [out, groups, 2]
-    scale = scales[..., 0].repeat_interleave(GROUP, dim=1)
-    zero = scales[..., 1].repeat_interleave(GROUP, dim=1)
-    return (weight.codes.float() - CODE_OFFSET) * scale + zero
+def kernel_scales(weight: Q4_1Weight) -> torch.Tensor:
+    """[out, in / 32, 2] float32 (d, m) side by side, what `cpu_ops.q4_1_linear` reads: fp16 widened exactly."""
+    return torch.stack([weight.d.float(), weight.m.float()], dim=-1).contiguous()

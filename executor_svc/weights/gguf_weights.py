@@ -1,4 +1,4 @@
-"""`--weights native`: serve a GGUF's Q4_1 linear layers as they ship, through `Int4Linear`.
+"""`--weights native`: serve a GGUF's Q4_1 linear layers as they ship, through `Q4_1Linear`.
 
 Each layer's q/k/v, o, gate/up and down matrices come from the GGUF's own 4-bit codes, and
 `load_weights` reads everything else from the converted fp32 directory without ever reading
@@ -24,7 +24,7 @@ from kvserve.executor.config_error import ExecutorConfigError
 from kvserve.executor.model_config import ModelConfig
 from kvserve.executor.tensor_parallel.layout import TensorParallelLayout, check_fits, plan_layout
 from kvserve.executor.weights.gguf_q4_1 import GROUP, Q4_1Weight, concat_rows, parse_q4_1, select_columns, select_rows
-from kvserve.executor.weights.int4_linear import Int4Linear, make_int4_linear
+from kvserve.executor.weights.q4_1_linear import Q4_1Linear, make_q4_1_linear
 
 log = structlog.get_logger(__name__)
 
@@ -55,8 +55,8 @@ def read_q4_1_layers(gguf_path: Path, config: ModelConfig) -> list[dict[str, Q4_
 
 def native_layer_linears(
     gguf_path: Path, config: ModelConfig, layout: TensorParallelLayout | None = None
-) -> list[dict[str, Int4Linear]]:
-    """Each layer's `Int4Linear`s on the GGUF's codes, by `weights.LINEAR_NAMES`, for `load_weights`;
+) -> list[dict[str, Q4_1Linear]]:
+    """Each layer's `Q4_1Linear`s on the GGUF's codes, by `weights.LINEAR_NAMES`, for `load_weights`;
     under tensor parallelism, this rank's rows and columns of them (`kvserve.executor.tensor_parallel.layout`)."""
     if config.attention_bias:
         raise NativeWeightsUnavailable("q/k/v biases are not read from GGUF files")
@@ -65,21 +65,21 @@ def native_layer_linears(
     q, kv, mlp = layout.q_rows, layout.kv_rows, layout.mlp_rows
     linears = [
         {
-            "qkv": make_int4_linear(
+            "qkv": make_q4_1_linear(
                 concat_rows(
                     [select_rows(q4["attn_q"], q), select_rows(q4["attn_k"], kv), select_rows(q4["attn_v"], kv)]
                 )
             ),
-            "o_proj": make_int4_linear(select_columns(q4["attn_output"], q)),
-            "gate_up": make_int4_linear(
+            "o_proj": make_q4_1_linear(select_columns(q4["attn_output"], q)),
+            "gate_up": make_q4_1_linear(
                 concat_rows([select_rows(q4["ffn_gate"], mlp), select_rows(q4["ffn_up"], mlp)])
             ),
-            "down": make_int4_linear(select_columns(q4["ffn_down"], mlp)),
+            "down": make_q4_1_linear(select_columns(q4["ffn_down"], mlp)),
         }
         for q4 in read_q4_1_layers(gguf_path, config)
     ]
     log.info(
-        "native Q4_1 weights: every layer's linear matrices run 4-bit (bfloat16 activations)",
+        "native Q4_1 weights: every layer's linear matrices run from 4-bit codes (float32 activations)",
         layers=len(linears),
         kept_fp32="token embedding lookups and norms (the lm_head runs Q8_0)",
     )

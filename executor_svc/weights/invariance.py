@@ -26,9 +26,10 @@ from kvserve.child_python import python_module
 from kvserve.executor.disk_cache import cache_dir
 from kvserve.executor.model_config import ModelConfig
 from kvserve.executor.weights.gguf_q4_1 import GROUP, Q4_1Weight
-from kvserve.executor.weights.int4_linear import make_int4_linear
 from kvserve.executor.weights.linear import MATMUL, PACKED, WIDENED, Linear, linear_kind, make_linear
 from kvserve.executor.weights.loader import LINEAR_NAMES, ModelWeights
+from kvserve.executor.weights.q4_1_linear import KIND as Q4_1
+from kvserve.executor.weights.q4_1_linear import make_q4_1_linear
 from kvserve.executor.weights.q8_0 import KIND as Q8
 from kvserve.executor.weights.q8_0 import quantize
 from kvserve.executor.weights.row_invariance import (
@@ -45,8 +46,6 @@ from kvserve.executor.weights.row_invariance import (
 from kvserve.kernels.cpu_ops import cpu_identity
 
 log = structlog.get_logger(__name__)
-
-INT4 = "int4pack"
 
 
 def probe_cache() -> ProbeCache:
@@ -91,7 +90,7 @@ def model_gemms(
     for name, (n_in, n_out) in linear_shapes(config, vocab_rows).items():
         kind, dtype = kinds[name]
         rows = lm_head_rows(max_num_seqs) if name == "lm_head" else MAX_ROWS
-        bias = name == "qkv" and config.attention_bias and kind != INT4
+        bias = name == "qkv" and config.attention_bias and kind != Q4_1
         shapes[name] = GemmShape(kind, str(dtype).removeprefix("torch."), n_in, n_out, bias, rows)
     return shapes
 
@@ -174,23 +173,23 @@ def fix_model_rows(
 
 
 def _kind_and_dtype(linear: RowKernel, dtype: torch.dtype) -> tuple[str, torch.dtype]:
-    """A matrix's kernel and the dtype it is called with: `dtype`, but float32 for the int4 and Q8_0
+    """A matrix's kernel and the dtype it is called with: `dtype`, but float32 for the Q4_1 and Q8_0
     layers of `--weights native`."""
     kind = linear.kind.removesuffix("+bias")
-    return kind, torch.float32 if kind in (INT4, Q8) else dtype
+    return kind, torch.float32 if kind in (Q4_1, Q8) else dtype
 
 
 def random_layer(shape: GemmShape) -> RowKernel:
     """A layer of `shape`'s kernel with random weights (dispatch depends on shapes, not values)."""
     generator = torch.Generator().manual_seed(0)
     dtype = getattr(torch, shape.dtype)
-    if shape.kind == INT4:
+    if shape.kind == Q4_1:
         q4 = Q4_1Weight(
             codes=torch.randint(0, 16, (shape.n_out, shape.n_in), generator=generator, dtype=torch.uint8),
             d=(torch.rand(shape.n_out, shape.n_in // GROUP, generator=generator) * 0.01).half(),
             m=(-torch.rand(shape.n_out, shape.n_in // GROUP, generator=generator) * 0.05).half(),
         )
-        return make_int4_linear(q4)
+        return make_q4_1_linear(q4)
     weight = (torch.randn(shape.n_out, shape.n_in, generator=generator) * 0.05).to(dtype)
     if shape.kind == Q8:
         return quantize(weight)
@@ -210,7 +209,7 @@ def _probe_main() -> int:
     {key: min_rows or GFLOP/s} on stdout."""
     request = json.load(sys.stdin)
     torch.set_num_threads(request["threads"])
-    if any(fields["kind"] == Q8 for fields in request["shapes"]):
+    if any(fields["kind"] in (Q8, Q4_1) for fields in request["shapes"]):
         from kvserve.executor.attention.cpu_backend import ensure_kernels
 
         ensure_kernels()

@@ -4,7 +4,7 @@ q/k/v projections are concatenated into one matrix and gate/up into another at l
 time, so each layer runs 4 matmuls instead of 7: fewer kernel launches and better
 GEMM shapes, which matters most for small-batch decode. Each matrix becomes a `Linear`
 (one copy, in the layout its device multiplies fastest; see `kvserve.executor.weights.linear`), or, with
-`--weights native`, an `Int4Linear` on a GGUF's own 4-bit codes (`kvserve.executor.weights.gguf_weights`)
+`--weights native`, a `Q4_1Linear` on a GGUF's own 4-bit codes (`kvserve.executor.weights.gguf_weights`)
 and a Q8_0 lm_head (`kvserve.executor.weights.q8_0`).
 
 Every tensor kept is copied out of the file, so the file's mapping (and every page of it the
@@ -29,8 +29,8 @@ from safetensors import safe_open
 
 from kvserve.executor.model_config import ModelConfig
 from kvserve.executor.tensor_parallel.layout import TensorParallelLayout, plan_layout
-from kvserve.executor.weights.int4_linear import Int4Linear
 from kvserve.executor.weights.linear import Linear, make_linear
+from kvserve.executor.weights.q4_1_linear import Q4_1Linear
 from kvserve.executor.weights.q8_0 import Q8Linear, quantize
 from kvserve.executor.weights.row_invariance import RowFixedLinear
 from kvserve.executor.weights.token_embedding import TokenEmbedding, mapped_table
@@ -38,7 +38,7 @@ from kvserve.executor.weights.token_embedding import TokenEmbedding, mapped_tabl
 log = structlog.get_logger(__name__)
 
 
-Matrix = Linear | Int4Linear | RowFixedLinear
+Matrix = Linear | Q4_1Linear | RowFixedLinear
 """A layer matrix: as loaded, or in fixed GEMM call shapes (`kvserve.executor.weights.invariance`)."""
 
 
@@ -84,7 +84,7 @@ def load_weights(
     config: ModelConfig,
     device: str,
     dtype: torch.dtype,
-    layer_linears: list[dict[str, Int4Linear]] | None = None,
+    layer_linears: list[dict[str, Q4_1Linear]] | None = None,
     layout: TensorParallelLayout | None = None,
     q8_lm_head: bool = False,
 ) -> ModelWeights:
@@ -114,7 +114,7 @@ def _build(
     config: ModelConfig,
     device: str,
     dtype: torch.dtype,
-    layer_linears: list[dict[str, Int4Linear]] | None,
+    layer_linears: list[dict[str, Q4_1Linear]] | None,
     mapped_embed: torch.Tensor | None,
     layout: TensorParallelLayout,
     head: Callable[[torch.Tensor], Linear | Q8Linear],
@@ -141,7 +141,7 @@ def _build(
     layers = []
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
-        linears: Mapping[str, Linear | Int4Linear]
+        linears: Mapping[str, Linear | Q4_1Linear]
         if layer_linears is None:
             linears = _fused_linears(take, p, config, layout)
         else:

@@ -54,6 +54,15 @@ struct Vec8 {
   static Vec8 load(const int8_t* p) {  // exact: every int8 is a float
     return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))))};
   }
+  // The low (high) four bits of eight bytes, as floats 0..15: exact.
+  static Vec8 load_low_nibbles(const uint8_t* p) {
+    const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    return {_mm256_cvtepi32_ps(_mm256_and_si256(bytes, _mm256_set1_epi32(0x0f)))};
+  }
+  static Vec8 load_high_nibbles(const uint8_t* p) {
+    const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    return {_mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4))};
+  }
   // A mask of the lanes whose index, counted from `first`, is below `n`.
   static Vec8 iota_below(int64_t first, int64_t n) {
     const __m256i lane = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int32_t>(first)),
@@ -120,6 +129,16 @@ struct Vec8 {
   static Vec8 load(const T* p) {
     Vec8 r;
     for (int i = 0; i < 8; ++i) r.x[i] = to_float(p[i]);
+    return r;
+  }
+  static Vec8 load_low_nibbles(const uint8_t* p) {
+    Vec8 r;
+    for (int i = 0; i < 8; ++i) r.x[i] = static_cast<float>(p[i] & 0x0f);
+    return r;
+  }
+  static Vec8 load_high_nibbles(const uint8_t* p) {
+    Vec8 r;
+    for (int i = 0; i < 8; ++i) r.x[i] = static_cast<float>(p[i] >> 4);
     return r;
   }
   static Vec8 iota_below(int64_t first, int64_t n) {

@@ -2,7 +2,7 @@
 
 At batch 1 a decode step reads each matrix whole to produce one token, so no implementation can
 beat bytes read per token ÷ memory bandwidth. `kvserve bench executor` reports each decode batch
-against that limit: the bytes its runner holds for the layers, norms and lm_head (as stored: int4,
+against that limit: the bytes its runner holds for the layers, norms and lm_head (as stored: Q4_1,
 Q8_0, bfloat16 or packed float32), one embedding row per token, and each sequence's KV context,
 with the bandwidth of a large copy measured in the same run (STREAM's convention: bytes read plus
 bytes written, per second). The same arithmetic over a GGUF file's tensors gives llama.cpp's limit

@@ -22,7 +22,7 @@ OVERHEAD_BOUND = 400e6
 
 _PROBE = """
 import json, sys
-from kvserve.executor.weights.int4_linear import Int4Linear
+from kvserve.executor.weights.q4_1_linear import Q4_1Linear
 from kvserve.executor.model_runner import ModelRunner
 from kvserve.executor.process_memory import resident_bytes
 from kvserve.executor.runner_config import RunnerConfig
@@ -38,9 +38,10 @@ runner.cache.tensor.fill_(1.0)
 weight_bytes = runner.model_config.num_params * 4
 for layer in runner.model.weights.layers:
     for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down):
-        if isinstance(linear, Int4Linear):
-            k, n = linear.scales.shape[0] * 32, linear.scales.shape[1]
-            weight_bytes += linear.packed.nbytes + linear.scales.nbytes - k * n * 4
+        linear = getattr(linear, "inner", linear)  # a RowFixedLinear's kernel
+        if isinstance(linear, Q4_1Linear):
+            n, k = linear.codes.shape[0], linear.codes.shape[1] * 2
+            weight_bytes += linear.codes.nbytes + linear.scales.nbytes - k * n * 4
 print(json.dumps({"rss": resident_bytes(), "weights": weight_bytes, "kv": runner.cache.tensor.nbytes}))
 """
 

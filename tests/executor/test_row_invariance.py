@@ -12,9 +12,9 @@ import torch
 
 from kvserve.executor.cpu_features import has_native_bf16
 from kvserve.executor.weights.gguf_q4_1 import GROUP, Q4_1Weight
-from kvserve.executor.weights.int4_linear import make_int4_linear
 from kvserve.executor.weights.invariance import GemmShape, Padding, min_rows, random_layer
 from kvserve.executor.weights.linear import PACKED, WIDENED, Linear, make_linear
+from kvserve.executor.weights.q4_1_linear import make_q4_1_linear
 from kvserve.executor.weights.row_invariance import (
     AFFORDABLE_MIN_ROWS,
     MAX_ROWS,
@@ -79,7 +79,7 @@ def test_the_child_process_probes_random_layers_of_each_shape_and_caches_them(tm
     cache = ProbeCache(tmp_path, "test", torch.get_num_threads())
     shapes = [
         GemmShape("onednn-packed", "float32", 1536, 576, False, 64),
-        GemmShape("int4pack", "float32", 576, 96, False, 64),
+        GemmShape("q4_1", "float32", 576, 96, False, 64),
     ]
     found = min_rows(shapes, cache)
     assert set(found) == {s.key for s in shapes} and all(1 <= v <= 64 for v in found.values())
@@ -118,7 +118,7 @@ def _paths() -> list[tuple[str, object, int, torch.dtype]]:
             d=(torch.rand(n_out, n_in // GROUP, generator=gen) * 0.01).half(),
             m=(-torch.rand(n_out, n_in // GROUP, generator=gen) * 0.05).half(),
         )
-        paths.append((f"int4 {n_in}x{n_out}", make_int4_linear(q4), n_in, torch.float32))
+        paths.append((f"q4_1 {n_in}x{n_out}", make_q4_1_linear(q4), n_in, torch.float32))
     return paths
 
 

@@ -3,7 +3,7 @@
 Correctness: paged attention against `paged_attention_reference` over shuffled block tables,
 every block size, GQA ratios 1/3/4, head_dim 64/128, fp32/bf16/fp16 activations and a KV cache
 of another dtype; the store against `store_kv_reference`; silu_mul against torch; q8_linear
-against `q8_linear_reference`.
+against `q8_linear_reference`; q4_1_linear against `q4_1_linear_reference`.
 
 Invariance, bit for bit: a token's attention output is the same alone or beside other
 sequences, as a decode or inside a prefill, whole or chunked, from any physical blocks, and the
@@ -19,7 +19,12 @@ import torch.nn.functional as F
 from kvserve.config.defaults import BLOCK_SIZES
 from kvserve.executor.attention.cpu_backend import ensure_kernels
 from kvserve.kernels import cpu_ops
-from kvserve.kernels.reference import paged_attention_reference, q8_linear_reference, store_kv_reference
+from kvserve.kernels.reference import (
+    paged_attention_reference,
+    q4_1_linear_reference,
+    q8_linear_reference,
+    store_kv_reference,
+)
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
@@ -238,3 +243,54 @@ def test_q8_linear_refuses_what_it_cannot_multiply():
         cpu_ops.q8_linear(torch.randn(2, 64), codes, scales.half())
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):
         cpu_ops.q8_linear(torch.randn(2, 64).half(), codes, scales)
+
+
+def _q4_1_case(out_features: int, in_features: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    codes = torch.randint(0, 256, (out_features, in_features // 2), generator=gen, dtype=torch.uint8)
+    d = torch.rand(out_features, in_features // 32, generator=gen) * 0.01
+    m = -torch.rand(out_features, in_features // 32, generator=gen) * 0.05
+    return codes, torch.stack([d, m], dim=-1).half().float().contiguous()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_q4_1_linear_matches_the_reference_and_every_row_count_gives_the_same_bits(dtype):
+    """101 outputs (a ragged last block of eight); 1–2 rows take the in-register path, more the
+    dequantized-block path; 110 rows cross the kernel's 48-row passes."""
+    gen = torch.Generator().manual_seed(9)
+    codes, scales = _q4_1_case(101, 96, gen)
+    x = torch.randn(110, 96, generator=gen).to(dtype)
+    got = cpu_ops.q4_1_linear(x, codes, scales)
+    assert got.dtype == torch.float32 and got.shape == (110, 101)
+    torch.testing.assert_close(got, q4_1_linear_reference(x, codes, scales), rtol=1e-5, atol=1e-5)
+    for rows in (1, 2, 3, 4, 7, 64):
+        pieces = [cpu_ops.q4_1_linear(x[start : start + rows], codes, scales) for start in range(0, 110, rows)]
+        assert torch.equal(torch.cat(pieces), got), rows
+
+
+def test_q4_1_linear_gives_the_same_bits_on_one_thread_and_on_two():
+    gen = torch.Generator().manual_seed(10)
+    codes, scales = _q4_1_case(1000, 64, gen)
+    x = torch.randn(5, 64, generator=gen)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = cpu_ops.q4_1_linear(x, codes, scales)
+        torch.set_num_threads(2)
+        assert torch.equal(cpu_ops.q4_1_linear(x, codes, scales), one)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_q4_1_linear_refuses_what_it_cannot_multiply():
+    gen = torch.Generator().manual_seed(11)
+    codes, scales = _q4_1_case(16, 64, gen)
+    with pytest.raises(RuntimeError, match="columns"):
+        cpu_ops.q4_1_linear(torch.randn(2, 32), codes, scales)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        cpu_ops.q4_1_linear(torch.randn(2, 40), codes[:, :20].contiguous(), scales[:, :1].contiguous())
+    with pytest.raises(RuntimeError, match="scales"):
+        cpu_ops.q4_1_linear(torch.randn(2, 64), codes, scales[..., 0].contiguous())
+    with pytest.raises(RuntimeError, match="uint8"):
+        cpu_ops.q4_1_linear(torch.randn(2, 64), codes.to(torch.int8), scales)
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        cpu_ops.q4_1_linear(torch.randn(2, 64).half(), codes, scales)

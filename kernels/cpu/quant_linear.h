@@ -1,0 +1,118 @@
+// The part of kvserve's quantized linear layers (q8_linear.cpp, q4_1_linear.cpp) that does not
+// depend on the weight format: tiles of float32 multiply-adds, the loop over blocks of output rows,
+// and the op's threading. A format supplies how its codes become float32 weights.
+//
+// Every output is one chain, whatever the batch: a vector accumulator over the input in chunks of
+// eight, in order, then its lanes reduced (i, i + 4), (i, i + 2), (0, 1). Tile shapes, the row
+// count and the threads only decide which chains run side by side, so a token's logits do not
+// depend on what it was batched with.
+//
+// A format is a struct with
+//   void dequantize(int64_t row, int64_t rows, float* w) const   // rows [row, row + rows) into w [rows][k]
+//   template <typename T>
+//   void dot8(int64_t row, const T* x, float* out) const          // tile<8, 1> on rows [row, row + 8),
+//                                                                  // decoded in registers, the same bits
+//   const void* row_start(int64_t row) const;  int64_t row_bytes;  // for prefetching
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "vec8.h"
+
+namespace kvserve_cpu {
+
+constexpr int64_t kQuantGroup = 32;  // both formats scale runs of 32 inputs along a row
+constexpr int64_t kBlockRows = 8;    // output rows decoded at a time (18 KB at 576 inputs: in L1)
+constexpr int64_t kChunkRows = 48;   // activation rows per pass over a thread's blocks (in L2)
+
+// A tile of NR output rows by MR activation rows from decoded weights w [NR][k].
+template <int NR, int MR, typename T>
+inline void tile(const float* w, int64_t k, const T* x, int64_t x_stride, float* out, int64_t out_stride) {
+  Vec8 acc[NR][MR];
+#pragma GCC unroll 8
+  for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
+    for (int t = 0; t < MR; ++t) acc[r][t] = Vec8::zero();
+  for (int64_t i = 0; i < k; i += 8) {
+    Vec8 xs[MR];
+#pragma GCC unroll 4
+    for (int t = 0; t < MR; ++t) xs[t] = Vec8::load(x + t * x_stride + i);
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; ++r) {
+      const Vec8 wr = Vec8::load(w + r * k + i);
+#pragma GCC unroll 4
+      for (int t = 0; t < MR; ++t) acc[r][t] = fma(wr, xs[t], acc[r][t]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
+    for (int t = 0; t < MR; ++t) out[t * out_stride + r] = sum_lanes(acc[r][t]);
+}
+
+// Output blocks [first_block, last_block) for activation rows [0, m).
+template <typename Format, typename T>
+void linear_blocks(const Format& f, const T* x, int64_t m, int64_t n, int64_t k, float* out, int64_t first_block,
+                   int64_t last_block) {
+  std::vector<float> w(kBlockRows * k);
+  for (int64_t chunk = 0; chunk < m; chunk += kChunkRows) {
+    const int64_t rows_here = std::min(kChunkRows, m - chunk);
+    const T* xc = x + chunk * k;
+    float* oc = out + chunk * n;
+    for (int64_t block = first_block; block < last_block; ++block) {
+      const int64_t row = block * kBlockRows, rows = std::min(kBlockRows, n - row);
+      // The block after next: the hardware prefetcher alone left a cold call at float32's speed.
+      if (row + 3 * kBlockRows <= n) {
+        const char* ahead = static_cast<const char*>(f.row_start(row + 2 * kBlockRows));
+        for (int64_t b = 0; b < kBlockRows * f.row_bytes; b += 64) __builtin_prefetch(ahead + b);
+      }
+      if (rows == kBlockRows && rows_here <= 2) {  // decoding in registers beats a pass through memory
+        for (int64_t t = 0; t < rows_here; ++t) f.dot8(row, xc + t * k, oc + t * n + row);
+        continue;
+      }
+      f.dequantize(row, rows, w.data());
+      float* dst = oc + row;
+      if (rows < kBlockRows) {  // the matrix's last few rows
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t t = 0; t < rows_here; ++t) tile<1, 1>(w.data() + r * k, k, xc + t * k, k, dst + t * n + r, n);
+        continue;
+      }
+      int64_t t = 0;
+      for (; t + 3 <= rows_here; t += 3) {  // 4 x 3 tiles: twelve chains, seven loads per twelve multiply-adds
+        tile<4, 3>(w.data(), k, xc + t * k, k, dst + t * n, n);
+        tile<4, 3>(w.data() + 4 * k, k, xc + t * k, k, dst + t * n + 4, n);
+      }
+      for (; t < rows_here; ++t) tile<8, 1>(w.data(), k, xc + t * k, k, dst + t * n, n);
+    }
+  }
+}
+
+// `x` [m, k] (float32 or bfloat16) times the format's [n, k] weights: float32 [m, n].
+template <typename Format>
+at::Tensor quant_linear(const char* op, const at::Tensor& x, const Format& f, int64_t n, int64_t k) {
+  TORCH_CHECK(x.device().is_cpu(), op, " runs on the CPU");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), op, ": x must be a contiguous [rows, in] matrix");
+  TORCH_CHECK(x.size(1) == k, op, ": x has ", x.size(1), " columns, the codes ", k);
+  const int64_t m = x.size(0);
+  at::Tensor out = at::empty({m, n}, x.options().dtype(at::kFloat));
+  const int64_t blocks = (n + kBlockRows - 1) / kBlockRows;
+  auto run = [&](auto element) {
+    using T = decltype(element);
+    const auto* xp = static_cast<const T*>(x.data_ptr());
+    at::parallel_for(0, blocks, 64, [&](int64_t first, int64_t last) {
+      linear_blocks(f, xp, m, n, k, out.data_ptr<float>(), first, last);
+    });
+  };
+  switch (x.scalar_type()) {
+    case at::kFloat: run(float{}); break;
+    case at::kBFloat16: run(Bf16{}); break;
+    default: TORCH_CHECK(false, op, ": x must be float32 or bfloat16, got ", x.scalar_type());
+  }
+  return out;
+}
+
+}  // namespace kvserve_cpu
