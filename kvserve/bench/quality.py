@@ -10,8 +10,9 @@ Two measures, both through the runner's own forward pass (`kvserve.executor.toke
   difference does not count as many). Free-running greedy continuations that come out
   identical to the reference's are counted too.
 
-Native Q4_1 and the dequantized fp32 weights hold the same quantized values, so only kernel
-arithmetic (bfloat16 activations, bfloat16 scales) separates them.
+Native Q4_1 and the dequantized fp32 weights hold the same quantized values, and kvserve's Q4_1
+kernel decodes them to the same float32 weights, so the layers differ only in summation order; the
+native lm_head's Q8_0 rounding of the tied embedding is what separates them.
 
 `kvserve bench quality` (`register`, `run`) prints a table, or `--json`. The model loads
 inside `run`, so registering the command keeps `kvserve --help` free of torch.
