@@ -37,7 +37,7 @@ from kvserve.protos.sampling import SamplingParams
 from kvserve.testing.in_process_serving import Served, serve_in_process
 from kvserve.testing.server_launcher import serving
 from tests.http.http_clients import sdk
-from tests.services.test_structured_real_model import PEOPLE, PERSON, _ask_all, _person_prompt
+from tests.services.person_requests import PEOPLE, PERSON, ask_all, person_prompt
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
@@ -164,12 +164,12 @@ def test_json_schema_answers_stay_valid_and_equal_speculation_off() -> None:
     """The structured-output tests' 12 person descriptions under their schema: drafts are checked
     against the grammar at every position, and the JSON is speculation off's, and valid."""
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
-    requests = [dict(messages=_person_prompt(p), max_tokens=200, temperature=0, response_format=fmt) for p in PEOPLE]
+    requests = [dict(messages=person_prompt(p), max_tokens=200, temperature=0, response_format=fmt) for p in PEOPLE]
     answers = {}
     for method in ("off", "ngram"):
         args = ["--executor", "torch", "--kv-cache-gb", "0.25", "--speculative", method]
         with serving(args, http=True, name=method) as server:
-            answers[method] = _ask_all(server, requests)
+            answers[method] = ask_all(server, requests)
     for on, off in zip(answers["ngram"], answers["off"], strict=True):
         text = on.choices[0].message.content
         assert text == off.choices[0].message.content

@@ -16,30 +16,15 @@ import signal
 from collections.abc import Iterator
 
 import jsonschema
-import openai
 import pytest
 from grpc_health.v1 import health_pb2
 
 from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from kvserve.testing.server_launcher import ServeProcess, serving
+from tests.services.person_requests import PEOPLE, PERSON, ask_all, person_prompt
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 40},
-        "age": {"type": "integer", "minimum": 0, "maximum": 150},
-        "mood": {"enum": ["happy", "sad", "neutral"]},
-        "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 30}, "minItems": 1, "maxItems": 3},
-    },
-    "required": ["name", "age", "mood", "hobbies"],
-    "additionalProperties": False,
-}
-PEOPLE = [
-    "a retired sailor", "a young painter", "a busy doctor", "a curious child", "a famous chef", "a quiet librarian",
-    "a marathon runner", "a jazz musician", "a software engineer", "a farmer", "an astronaut", "a gardener",
-]  # fmt: skip
 QUESTIONS = [
     "What is the capital of France?", "How many legs does a spider have?", "What color is the sky?",
     "Who wrote Hamlet?", "What is 7 times 6?", "What is the largest ocean?", "What gas do plants absorb?",
@@ -51,35 +36,17 @@ SENTIMENTS = ["positive", "negative", "neutral"]
 SERVE_ARGS = ["--executor", "torch", "--kv-cache-gb", "0.25"]
 
 
-def _person_prompt(who: str) -> list[dict]:
-    return [{"role": "user", "content": f"Describe {who} as JSON with name, age, mood and hobbies."}]
-
-
 @pytest.fixture(scope="module")
 def real_server() -> Iterator[ServeProcess]:
     with serving(SERVE_ARGS, http=True) as server:
         yield server
 
 
-def _ask_all(server: ServeProcess, requests: list[dict]) -> list:
-    """Every chat completion request at once, through the async OpenAI SDK."""
-
-    async def scenario() -> list:
-        client = openai.AsyncOpenAI(base_url=f"{server.http_url}/v1", api_key="unused", max_retries=0, timeout=600)
-        model = (await client.models.list()).data[0].id
-        try:
-            return await asyncio.gather(*(client.chat.completions.create(model=model, **r) for r in requests))
-        finally:
-            await client.close()
-
-    return asyncio.run(scenario())
-
-
 def test_twelve_prompts_under_a_json_schema_all_validate(real_server) -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
-    responses = _ask_all(
+    responses = ask_all(
         real_server,
-        [dict(messages=_person_prompt(p), max_tokens=200, temperature=0, response_format=fmt) for p in PEOPLE],
+        [dict(messages=person_prompt(p), max_tokens=200, temperature=0, response_format=fmt) for p in PEOPLE],
     )
     for who, response in zip(PEOPLE, responses, strict=True):
         text = response.choices[0].message.content
@@ -88,7 +55,7 @@ def test_twelve_prompts_under_a_json_schema_all_validate(real_server) -> None:
 
 
 def test_twelve_prompts_under_json_object_all_parse(real_server) -> None:
-    responses = _ask_all(
+    responses = ask_all(
         real_server,
         [
             dict(
@@ -108,7 +75,7 @@ def test_twelve_prompts_under_json_object_all_parse(real_server) -> None:
 def test_an_iso_date_regex_matches_in_full_and_choice_picks_a_choice(real_server) -> None:
     date_questions = ["On what date did World War II end in Europe?", "When was the first Moon landing?"]
     reviews = ["I loved this film!", "Terrible service, never again.", "It was fine, I guess.", "Best pizza ever."]
-    responses = _ask_all(
+    responses = ask_all(
         real_server,
         [
             dict(
@@ -139,11 +106,11 @@ def test_an_iso_date_regex_matches_in_full_and_choice_picks_a_choice(real_server
 
 def test_four_seeded_samples_are_all_valid(real_server) -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
-    (response,) = _ask_all(
+    (response,) = ask_all(
         real_server,
         [
             dict(
-                messages=_person_prompt("a lighthouse keeper"),
+                messages=person_prompt("a lighthouse keeper"),
                 max_tokens=200,
                 n=4,
                 seed=11,
@@ -159,7 +126,7 @@ def test_four_seeded_samples_are_all_valid(real_server) -> None:
 
 def _grpc_request(who: str) -> api_pb2.GenerateRequest:
     return api_pb2.GenerateRequest(
-        chat=api_pb2.ChatPrompt(messages=[api_pb2.ChatMessage(**m) for m in _person_prompt(who)]),
+        chat=api_pb2.ChatPrompt(messages=[api_pb2.ChatMessage(**m) for m in person_prompt(who)]),
         sampling=api_pb2.SamplingParams(temperature=0.0, max_tokens=200),
         structured=api_pb2.StructuredOutput(json_schema=json.dumps(PERSON)),
     )
