@@ -51,6 +51,16 @@ def parse_q4_1(raw: np.ndarray) -> Q4_1Weight:
     return Q4_1Weight(torch.from_numpy(codes), torch.from_numpy(d), torch.from_numpy(m))
 
 
+def random_q4_1(n_out: int, n_in: int, generator: torch.Generator) -> Q4_1Weight:
+    """Random codes, scales and minimums of a trained layer's magnitude: for the GEMM probe, which
+    depends on shapes, not values, and for benchmarks and tests of the kernels."""
+    return Q4_1Weight(
+        codes=torch.randint(0, 16, (n_out, n_in), generator=generator, dtype=torch.uint8),
+        d=(torch.rand(n_out, n_in // GROUP, generator=generator) * 0.01).half(),
+        m=(-torch.rand(n_out, n_in // GROUP, generator=generator) * 0.05).half(),
+    )
+
+
 def dequantize(weight: Q4_1Weight) -> torch.Tensor:
     """[out, in] float32, d·q + m exactly as GGUF defines it (what the dequantized path loads)."""
     d = weight.d.float().repeat_interleave(GROUP, dim=1)

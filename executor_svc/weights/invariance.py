@@ -25,7 +25,7 @@ import torch
 from kvserve.child_python import python_module
 from kvserve.executor.disk_cache import cache_dir
 from kvserve.executor.model_config import ModelConfig
-from kvserve.executor.weights.gguf_q4_1 import GROUP, Q4_1Weight
+from kvserve.executor.weights.gguf_q4_1 import random_q4_1
 from kvserve.executor.weights.linear import MATMUL, PACKED, WIDENED, Linear, linear_kind, make_linear
 from kvserve.executor.weights.loader import LINEAR_NAMES, ModelWeights
 from kvserve.executor.weights.q4_1_linear import KIND as Q4_1
@@ -184,12 +184,7 @@ def random_layer(shape: GemmShape) -> RowKernel:
     generator = torch.Generator().manual_seed(0)
     dtype = getattr(torch, shape.dtype)
     if shape.kind == Q4_1:
-        q4 = Q4_1Weight(
-            codes=torch.randint(0, 16, (shape.n_out, shape.n_in), generator=generator, dtype=torch.uint8),
-            d=(torch.rand(shape.n_out, shape.n_in // GROUP, generator=generator) * 0.01).half(),
-            m=(-torch.rand(shape.n_out, shape.n_in // GROUP, generator=generator) * 0.05).half(),
-        )
-        return make_q4_1_linear(q4)
+        return make_q4_1_linear(random_q4_1(shape.n_out, shape.n_in, generator))
     weight = (torch.randn(shape.n_out, shape.n_in, generator=generator) * 0.05).to(dtype)
     if shape.kind == Q8:
         return quantize(weight)

@@ -21,7 +21,7 @@ import torch
 from kvserve.config.flags import HelpFormatter, add_flags, config_from_args, flag
 from kvserve.executor.attention.cpu_backend import ensure_kernels
 from kvserve.executor.model_config import load_model_config
-from kvserve.executor.weights.gguf_q4_1 import GROUP, Q4_1Weight, dequantize
+from kvserve.executor.weights.gguf_q4_1 import GROUP, dequantize, random_q4_1
 from kvserve.executor.weights.invariance import linear_shapes
 from kvserve.executor.weights.linear import make_linear
 from kvserve.executor.weights.model_store import ensure_model_dir
@@ -44,11 +44,7 @@ class GemmKernelsConfig:
 
 def kernels_for(n_in: int, n_out: int, generator: torch.Generator) -> dict[str, Kernel]:
     """One random Q4_1 matrix of [n_out, n_in], as each kernel holds it."""
-    weight = Q4_1Weight(
-        codes=torch.randint(0, 16, (n_out, n_in), generator=generator, dtype=torch.uint8),
-        d=(torch.rand(n_out, n_in // GROUP, generator=generator) * 0.01).half(),
-        m=(-torch.rand(n_out, n_in // GROUP, generator=generator) * 0.05).half(),
-    )
+    weight = random_q4_1(n_out, n_in, generator)
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(weight.codes.to(torch.int32), 1)
     zero = weight.m.float() + 8 * weight.d.float()  # its form: (q - 8)·scale + zero
     scales = torch.stack([weight.d.float(), zero], dim=-1).transpose(0, 1).contiguous().bfloat16()

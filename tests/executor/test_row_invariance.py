@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kvserve.executor.cpu_features import has_native_bf16
-from kvserve.executor.weights.gguf_q4_1 import GROUP, Q4_1Weight
+from kvserve.executor.weights.gguf_q4_1 import random_q4_1
 from kvserve.executor.weights.invariance import GemmShape, Padding, min_rows, random_layer
 from kvserve.executor.weights.linear import PACKED, WIDENED, Linear, make_linear
 from kvserve.executor.weights.q4_1_linear import make_q4_1_linear
@@ -113,12 +113,8 @@ def _paths() -> list[tuple[str, object, int, torch.dtype]]:
         paths.append((f"bf16 {bf16.kind} {n_in}x{n_out}", bf16, n_in, torch.bfloat16))
         widened = Linear(weight=weight.bfloat16(), widen=True)
         paths.append((f"bf16 widened {n_in}x{n_out}", widened, n_in, torch.bfloat16))
-        q4 = Q4_1Weight(
-            codes=torch.randint(0, 16, (n_out, n_in), generator=gen, dtype=torch.uint8),
-            d=(torch.rand(n_out, n_in // GROUP, generator=gen) * 0.01).half(),
-            m=(-torch.rand(n_out, n_in // GROUP, generator=gen) * 0.05).half(),
-        )
-        paths.append((f"q4_1 {n_in}x{n_out}", make_q4_1_linear(q4), n_in, torch.float32))
+        q4 = make_q4_1_linear(random_q4_1(n_out, n_in, gen))
+        paths.append((f"q4_1 {n_in}x{n_out}", q4, n_in, torch.float32))
     return paths
 
 
