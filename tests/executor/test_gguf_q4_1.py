@@ -8,6 +8,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, quants
 
+from kvserve.executor.attention.cpu_backend import ensure_kernels
 from kvserve.executor.weights import model_store
 from kvserve.executor.weights.gguf_q4_1 import (
     BLOCK_BYTES,
@@ -20,6 +21,12 @@ from kvserve.executor.weights.gguf_q4_1 import (
 )
 from kvserve.executor.weights.q4_1_linear import make_q4_1_linear
 from kvserve.kernels.reference import q4_1_linear_reference
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _kernels() -> None:
+    """The Q4_1 layers call kvserve's CPU kernels, which this module must not rely on another to have loaded."""
+    ensure_kernels()
 
 
 def _random_q4_1(rows: int, cols: int, seed: int = 0) -> np.ndarray:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvserve.executor.attention.cpu_backend import ensure_kernels
 from kvserve.executor.cpu_features import has_native_bf16
 from kvserve.executor.weights.gguf_q4_1 import random_q4_1
 from kvserve.executor.weights.invariance import GemmShape, Padding, min_rows, random_layer
@@ -24,6 +25,13 @@ from kvserve.executor.weights.row_invariance import (
     matmul_key,
     probe,
 )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _kernels() -> None:
+    """The Q4_1 layers call kvserve's CPU kernels, which this module must not rely on another to have loaded."""
+    ensure_kernels()
+
 
 ROWS = [1, 7, 16, 64, 300]
 
