@@ -55,14 +55,14 @@ struct Q4_1Format {
   void dot8(int64_t row, const T* x, float* out) const {
     const uint8_t* q = codes + row * row_bytes;
     const float* dm = scales + row * groups * 2;
-    Vec8 acc[kBlockRows];
+    Vec8 acc[kDotRows];
 #pragma GCC unroll 8
-    for (int r = 0; r < kBlockRows; ++r) acc[r] = Vec8::zero();
+    for (int r = 0; r < kDotRows; ++r) acc[r] = Vec8::zero();
     for (int64_t g = 0; g < groups; ++g) {
       const T* xg = x + g * kQuantGroup;
       const Vec8 x0 = Vec8::load(xg), x1 = Vec8::load(xg + 8), x2 = Vec8::load(xg + 16), x3 = Vec8::load(xg + 24);
 #pragma GCC unroll 8
-      for (int r = 0; r < kBlockRows; ++r) {
+      for (int r = 0; r < kDotRows; ++r) {
         Vec8 w[4];
         decode_group(q + r * row_bytes + g * kGroupBytes, dm + r * groups * 2 + 2 * g, w);
         acc[r] = fma(w[0], x0, acc[r]);
@@ -72,7 +72,7 @@ struct Q4_1Format {
       }
     }
 #pragma GCC unroll 8
-    for (int r = 0; r < kBlockRows; ++r) out[r] = sum_lanes(acc[r]);
+    for (int r = 0; r < kDotRows; ++r) out[r] = sum_lanes(acc[r]);
   }
 };
 

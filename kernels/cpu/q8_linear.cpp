@@ -40,22 +40,22 @@ struct Q8Format {
   void dot8(int64_t row, const T* x, float* out) const {
     const int8_t* c = codes + row * k;
     const float* d = scales + row * groups;
-    Vec8 acc[kBlockRows];
+    Vec8 acc[kDotRows];
 #pragma GCC unroll 8
-    for (int r = 0; r < kBlockRows; ++r) acc[r] = Vec8::zero();
+    for (int r = 0; r < kDotRows; ++r) acc[r] = Vec8::zero();
     for (int64_t g = 0; g < groups; ++g) {
 #pragma GCC unroll 4
       for (int64_t i = g * kQuantGroup; i < (g + 1) * kQuantGroup; i += 8) {
         const Vec8 xs = Vec8::load(x + i);
 #pragma GCC unroll 8
-        for (int r = 0; r < kBlockRows; ++r) {
+        for (int r = 0; r < kDotRows; ++r) {
           const Vec8 wr = Vec8::load(c + r * k + i) * Vec8::broadcast(d[r * groups + g]);
           acc[r] = fma(wr, xs, acc[r]);
         }
       }
     }
 #pragma GCC unroll 8
-    for (int r = 0; r < kBlockRows; ++r) out[r] = sum_lanes(acc[r]);
+    for (int r = 0; r < kDotRows; ++r) out[r] = sum_lanes(acc[r]);
   }
 };
 

@@ -26,32 +26,61 @@
 namespace kvserve_cpu {
 
 constexpr int64_t kQuantGroup = 32;  // both formats scale runs of 32 inputs along a row
-constexpr int64_t kBlockRows = 8;    // output rows decoded at a time (18 KB at 576 inputs: in L1)
-constexpr int64_t kChunkRows = 48;   // activation rows per pass over a thread's blocks (in L2)
+constexpr int64_t kDotRows = 8;      // output rows a format's dot8 decodes in registers
+constexpr int64_t kBlockRows = 24;   // output rows decoded at a time (55 KB at 576 inputs: in L2)
+constexpr int64_t kThreadRows = 512;  // output rows below which a thread of its own does not pay
+constexpr int64_t kChunkRows = 96;   // activation rows per pass over a thread's blocks
 
-// A tile of NR output rows by MR activation rows from decoded weights w [NR][k].
+// A tile of NR output rows by MR activation rows from decoded weights w [NR][k]. Every loop over
+// NR or MR is unrolled whole: one left partly rolled keeps the accumulators in memory.
 template <int NR, int MR, typename T>
 inline void tile(const float* w, int64_t k, const T* x, int64_t x_stride, float* out, int64_t out_stride) {
   Vec8 acc[NR][MR];
 #pragma GCC unroll 8
   for (int r = 0; r < NR; ++r)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int t = 0; t < MR; ++t) acc[r][t] = Vec8::zero();
   for (int64_t i = 0; i < k; i += 8) {
     Vec8 xs[MR];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int t = 0; t < MR; ++t) xs[t] = Vec8::load(x + t * x_stride + i);
 #pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
       const Vec8 wr = Vec8::load(w + r * k + i);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int t = 0; t < MR; ++t) acc[r][t] = fma(wr, xs[t], acc[r][t]);
     }
   }
 #pragma GCC unroll 8
   for (int r = 0; r < NR; ++r)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int t = 0; t < MR; ++t) out[t * out_stride + r] = sum_lanes(acc[r][t]);
+}
+
+// Tiles of two output rows by up to six activation rows. At 2 x 6 the six activation vectors and
+// twelve accumulators fill the registers: eight loads per twelve multiply-adds, the weights
+// streaming from the decoded block. At 4 x 3 the compiler reloaded the activations for every
+// multiply-add, sixteen loads per twelve: a step's layer GEMMs at 64 rows took 132 ms against 103
+// on an AVX2 EPYC (`python -m kvserve.bench.gemm_kernels`, docs/benchmarks.md).
+template <typename T>
+inline void tile_pair(int64_t rows, const float* w, int64_t k, const T* x, float* out, int64_t n) {
+  switch (rows) {
+    case 6: tile<2, 6>(w, k, x, k, out, n); break;
+    case 5: tile<2, 5>(w, k, x, k, out, n); break;
+    case 4: tile<2, 4>(w, k, x, k, out, n); break;
+    case 3: tile<2, 3>(w, k, x, k, out, n); break;
+    case 2: tile<2, 2>(w, k, x, k, out, n); break;
+    default: tile<2, 1>(w, k, x, k, out, n); break;
+  }
+}
+
+// Rows [row, row + rows) of the codes, towards L1, if the matrix has them: the hardware
+// prefetcher alone left a cold call at float32's speed.
+template <typename Format>
+inline void prefetch(const Format& f, int64_t row, int64_t rows, int64_t n) {
+  if (row + rows > n) return;
+  const char* ahead = static_cast<const char*>(f.row_start(row));
+  for (int64_t b = 0; b < rows * f.row_bytes; b += 64) __builtin_prefetch(ahead + b);
 }
 
 // Output blocks [first_block, last_block) for activation rows [0, m).
@@ -64,29 +93,28 @@ void linear_blocks(const Format& f, const T* x, int64_t m, int64_t n, int64_t k,
     const T* xc = x + chunk * k;
     float* oc = out + chunk * n;
     for (int64_t block = first_block; block < last_block; ++block) {
-      const int64_t row = block * kBlockRows, rows = std::min(kBlockRows, n - row);
-      // The block after next: the hardware prefetcher alone left a cold call at float32's speed.
-      if (row + 3 * kBlockRows <= n) {
-        const char* ahead = static_cast<const char*>(f.row_start(row + 2 * kBlockRows));
-        for (int64_t b = 0; b < kBlockRows * f.row_bytes; b += 64) __builtin_prefetch(ahead + b);
+      int64_t row = block * kBlockRows;
+      const int64_t block_end = std::min(row + kBlockRows, n);
+      if (rows_here <= 2) {  // decoding in registers beats a pass through memory
+        for (; row + kDotRows <= block_end; row += kDotRows) {
+          prefetch(f, row + 2 * kDotRows, kDotRows, n);
+          for (int64_t t = 0; t < rows_here; ++t) f.dot8(row, xc + t * k, oc + t * n + row);
+        }
+        if (row == block_end) continue;
+      } else {
+        prefetch(f, block_end, kBlockRows, n);
       }
-      if (rows == kBlockRows && rows_here <= 2) {  // decoding in registers beats a pass through memory
-        for (int64_t t = 0; t < rows_here; ++t) f.dot8(row, xc + t * k, oc + t * n + row);
-        continue;
-      }
+      const int64_t rows = block_end - row;
       f.dequantize(row, rows, w.data());
       float* dst = oc + row;
-      if (rows < kBlockRows) {  // the matrix's last few rows
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t t = 0; t < rows_here; ++t) tile<1, 1>(w.data() + r * k, k, xc + t * k, k, dst + t * n + r, n);
-        continue;
+      const int64_t pairs = rows / 2 * 2;
+      for (int64_t t = 0; t < rows_here; t += 6) {  // six activation rows at a time, against every pair
+        const int64_t tile_rows = std::min<int64_t>(6, rows_here - t);
+        for (int64_t r = 0; r < pairs; r += 2) tile_pair(tile_rows, w.data() + r * k, k, xc + t * k, dst + t * n + r, n);
       }
-      int64_t t = 0;
-      for (; t + 3 <= rows_here; t += 3) {  // 4 x 3 tiles: twelve chains, seven loads per twelve multiply-adds
-        tile<4, 3>(w.data(), k, xc + t * k, k, dst + t * n, n);
-        tile<4, 3>(w.data() + 4 * k, k, xc + t * k, k, dst + t * n + 4, n);
-      }
-      for (; t < rows_here; ++t) tile<8, 1>(w.data(), k, xc + t * k, k, dst + t * n, n);
+      if (pairs < rows)  // the matrix's last odd row
+        for (int64_t t = 0; t < rows_here; ++t)
+          tile<1, 1>(w.data() + pairs * k, k, xc + t * k, k, dst + t * n + pairs, n);
     }
   }
 }
@@ -103,7 +131,7 @@ at::Tensor quant_linear(const char* op, const at::Tensor& x, const Format& f, in
   auto run = [&](auto element) {
     using T = decltype(element);
     const auto* xp = static_cast<const T*>(x.data_ptr());
-    at::parallel_for(0, blocks, 64, [&](int64_t first, int64_t last) {
+    at::parallel_for(0, blocks, kThreadRows / kBlockRows, [&](int64_t first, int64_t last) {
       linear_blocks(f, xp, m, n, k, out.data_ptr<float>(), first, last);
     });
   };
