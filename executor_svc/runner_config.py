@@ -208,9 +208,10 @@ def resolve_kv_cache_dtype(config: RunnerConfig, dtype: str, attention_backend: 
 def resolve_weights(config: RunnerConfig, device: str, dtype: str) -> str:
     """dequantized or native; native needs the cpu, float32 activations around it, and a GGUF source.
 
-    auto is dequantized: with kvserve's Q4_1 kernel native decodes 2.2x faster at batch 1 and 1.3x
-    at 8 on an AVX2 CPU, but 0.89x at 64, prefills at 0.73x and serves 0.84x, and serving throughput
-    follows prefill (docs/benchmarks.md, "kvserve's own Q4_1 kernel")."""
+    auto is dequantized: with kvserve's Q4_1 kernel native decodes 1.9x faster at batch 1, 1.3x at 8
+    and as fast at 32 on an AVX2 CPU, but 0.83-1.0x at 64 and 0.71x at prefill, where the default
+    meets the prefill goal and native does not (docs/benchmarks.md, "Tiles of two outputs by six
+    activation rows")."""
     check_choice("weights", config.weights, WEIGHTS)
     if config.weights != "native":
         return "dequantized"
