@@ -19,7 +19,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <vector>
+#include <memory>
 
 #include "vec8.h"
 
@@ -87,7 +87,9 @@ inline void prefetch(const Format& f, int64_t row, int64_t rows, int64_t n) {
 template <typename Format, typename T>
 void linear_blocks(const Format& f, const T* x, int64_t m, int64_t n, int64_t k, float* out, int64_t first_block,
                    int64_t last_block) {
-  std::vector<float> w(kBlockRows * k);
+  // Only passes of three rows or more, and a matrix's last rows, decode into memory: at one or two
+  // rows the buffer is neither allocated nor zeroed (147 KB at 1536 inputs, on every call).
+  std::unique_ptr<float[]> w;
   for (int64_t chunk = 0; chunk < m; chunk += kChunkRows) {
     const int64_t rows_here = std::min(kChunkRows, m - chunk);
     const T* xc = x + chunk * k;
@@ -105,16 +107,17 @@ void linear_blocks(const Format& f, const T* x, int64_t m, int64_t n, int64_t k,
         prefetch(f, block_end, kBlockRows, n);
       }
       const int64_t rows = block_end - row;
-      f.dequantize(row, rows, w.data());
+      if (!w) w.reset(new float[kBlockRows * k]);
+      f.dequantize(row, rows, w.get());
       float* dst = oc + row;
       const int64_t pairs = rows / 2 * 2;
       for (int64_t t = 0; t < rows_here; t += 6) {  // six activation rows at a time, against every pair
         const int64_t tile_rows = std::min<int64_t>(6, rows_here - t);
-        for (int64_t r = 0; r < pairs; r += 2) tile_pair(tile_rows, w.data() + r * k, k, xc + t * k, dst + t * n + r, n);
+        for (int64_t r = 0; r < pairs; r += 2) tile_pair(tile_rows, w.get() + r * k, k, xc + t * k, dst + t * n + r, n);
       }
       if (pairs < rows)  // the matrix's last odd row
         for (int64_t t = 0; t < rows_here; ++t)
-          tile<1, 1>(w.data() + pairs * k, k, xc + t * k, k, dst + t * n + pairs, n);
+          tile<1, 1>(w.get() + pairs * k, k, xc + t * k, k, dst + t * n + pairs, n);
     }
   }
 }
