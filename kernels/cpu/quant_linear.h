@@ -10,8 +10,8 @@
 // A format is a struct with
 //   void dequantize(int64_t row, int64_t rows, float* w) const   // rows [row, row + rows) into w [rows][k]
 //   template <typename T>
-//   void dot8(int64_t row, const T* x, float* out) const          // tile<8, 1> on rows [row, row + 8),
-//                                                                  // decoded in registers, the same bits
+//   void dot8(int64_t row, const T* x, float* out) const          // rows [row, row + 8) for one activation
+//                                                                  // row, decoded in registers: the tiles' bits
 //   const void* row_start(int64_t row) const;  int64_t row_bytes;  // for prefetching
 #pragma once
 
