@@ -47,6 +47,10 @@ from kvserve.kernels.cpu_ops import cpu_identity
 
 log = structlog.get_logger(__name__)
 
+FIXED_ORDER_KINDS = (Q4_1, Q8)
+"""kvserve's own kernels, which sum each output in one order at any call size (`quant_linear.h`):
+their calls are never split (their probe still checks the sizes up to MAX_ROWS)."""
+
 
 def probe_cache() -> ProbeCache:
     """This machine's probe results for the current thread count (set the threads first)."""
@@ -166,10 +170,15 @@ def fix_model_rows(
     kinds["lm_head"] = _kind_and_dtype(weights.lm_head, dtype)
     shapes = model_gemms(config, vocab_rows, kinds, max_num_seqs)
     found = min_rows(list(shapes.values()), cache)
+
+    def fixed(linear: RowKernel, name: str) -> RowFixedLinear:
+        unbounded = shapes[name].kind in FIXED_ORDER_KINDS
+        return RowFixedLinear(linear, found[shapes[name].key], None if unbounded else MAX_ROWS)
+
     for layer in weights.layers:
         for name in LINEAR_NAMES:
-            setattr(layer, name, RowFixedLinear(getattr(layer, name), found[shapes[name].key]))
-    weights.lm_head = RowFixedLinear(weights.lm_head, found[shapes["lm_head"].key])
+            setattr(layer, name, fixed(getattr(layer, name), name))
+    weights.lm_head = fixed(weights.lm_head, "lm_head")
 
 
 def _kind_and_dtype(linear: RowKernel, dtype: torch.dtype) -> tuple[str, torch.dtype]:

@@ -19,6 +19,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
 
 #include "vec8.h"
@@ -30,26 +31,64 @@ constexpr int64_t kDotRows = 8;      // output rows a format's dot8 decodes in r
 constexpr int64_t kBlockRows = 24;   // output rows decoded at a time (55 KB at 576 inputs: in L2)
 constexpr int64_t kThreadRows = 512;  // output rows below which a thread of its own does not pay
 constexpr int64_t kChunkRows = 96;   // activation rows per pass over a thread's blocks
+// A tile's six activation rows are reread by every pair of the block, from L1 while they fit in
+// 32 KB: whole up to 768 inputs (576: 14 KB), past that in equal slices of at most 512 (the down
+// projection's 1536 inputs took 37 KB, and every tile read them from L2 at three-quarters speed).
+constexpr int64_t kWholeInputs = 768;
+constexpr int64_t kSliceInputs = 512;
 
-// A tile of NR output rows by MR activation rows from decoded weights w [NR][k]. Every loop over
-// NR or MR is unrolled whole: one left partly rolled keeps the accumulators in memory.
+// Inputs per slice of a tile: a multiple of eight, so each lane keeps its inputs.
+inline int64_t slice_inputs(int64_t k) {
+  if (k <= kWholeInputs) return k;
+  const int64_t slices = (k + kSliceInputs - 1) / kSliceInputs;
+  return ((k + slices - 1) / slices + 7) / 8 * 8;
+}
+
+// The decoded block's buffer, on a cache line: `new` gives 16 bytes' alignment, and with rows at
+// multiples of 64 bytes from it half of the tiles' 32-byte weight loads split across two lines.
+struct AlignedFree {
+  void operator()(float* p) const { std::free(p); }
+};
+inline float* aligned_floats(int64_t count) {
+  return static_cast<float*>(std::aligned_alloc(64, (count * sizeof(float) + 63) / 64 * 64));
+}
+
+// A tile of NR output rows by MR activation rows from decoded weights w [NR][k], over inputs
+// [begin, end): two weight vectors held, the activations streaming through one register, eight
+// loads per twelve multiply-adds. Without `pin` GCC folded each activation load into both of its
+// multiply-adds, fourteen loads, and the tile ran ~15% slower; at 4 x 3 it reloaded them for every
+// multiply-add, sixteen. Every loop over NR or MR is unrolled whole: one left partly rolled keeps
+// the accumulators in memory.
+//
+// A tile over a slice of the inputs starts from the accumulators `carry` holds unless it begins at
+// input 0, and leaves them there unless it ends at k, where it writes the sums to `out`: each
+// accumulator sees the same multiply-adds in the same order whatever the slicing.
 template <int NR, int MR, typename T>
-inline void tile(const float* w, int64_t k, const T* x, int64_t x_stride, float* out, int64_t out_stride) {
+inline void tile(const float* w, int64_t k, const T* x, int64_t x_stride, float* out, int64_t out_stride,
+                 int64_t begin, int64_t end, Vec8* carry) {
   Vec8 acc[NR][MR];
 #pragma GCC unroll 8
   for (int r = 0; r < NR; ++r)
 #pragma GCC unroll 8
-    for (int t = 0; t < MR; ++t) acc[r][t] = Vec8::zero();
-  for (int64_t i = 0; i < k; i += 8) {
-    Vec8 xs[MR];
+    for (int t = 0; t < MR; ++t) acc[r][t] = begin == 0 ? Vec8::zero() : carry[r * MR + t];
+  for (int64_t i = begin; i < end; i += 8) {
+    Vec8 ws[NR];
 #pragma GCC unroll 8
-    for (int t = 0; t < MR; ++t) xs[t] = Vec8::load(x + t * x_stride + i);
+    for (int r = 0; r < NR; ++r) ws[r] = Vec8::load(w + r * k + i);
 #pragma GCC unroll 8
-    for (int r = 0; r < NR; ++r) {
-      const Vec8 wr = Vec8::load(w + r * k + i);
+    for (int t = 0; t < MR; ++t) {
+      Vec8 xt = Vec8::load(x + t * x_stride + i);
+      xt.pin();
 #pragma GCC unroll 8
-      for (int t = 0; t < MR; ++t) acc[r][t] = fma(wr, xs[t], acc[r][t]);
+      for (int r = 0; r < NR; ++r) acc[r][t] = fma(ws[r], xt, acc[r][t]);
     }
+  }
+  if (end < k) {
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 8
+      for (int t = 0; t < MR; ++t) carry[r * MR + t] = acc[r][t];
+    return;
   }
 #pragma GCC unroll 8
   for (int r = 0; r < NR; ++r)
@@ -57,20 +96,18 @@ inline void tile(const float* w, int64_t k, const T* x, int64_t x_stride, float*
     for (int t = 0; t < MR; ++t) out[t * out_stride + r] = sum_lanes(acc[r][t]);
 }
 
-// Tiles of two output rows by up to six activation rows. At 2 x 6 the six activation vectors and
-// twelve accumulators fill the registers: eight loads per twelve multiply-adds, the weights
-// streaming from the decoded block. At 4 x 3 the compiler reloaded the activations for every
-// multiply-add, sixteen loads per twelve: a step's layer GEMMs at 64 rows took 132 ms against 103
-// on an AVX2 EPYC (`python -m kvserve.bench.gemm_kernels`, docs/benchmarks.md).
+// Tiles of two output rows by up to six activation rows: the six activation vectors streamed
+// against a pair are read again by the block's next pair, from L1 while they fit (see kSliceInputs).
 template <typename T>
-inline void tile_pair(int64_t rows, const float* w, int64_t k, const T* x, float* out, int64_t n) {
+inline void tile_pair(int64_t rows, const float* w, int64_t k, const T* x, float* out, int64_t n, int64_t begin,
+                      int64_t end, Vec8* carry) {
   switch (rows) {
-    case 6: tile<2, 6>(w, k, x, k, out, n); break;
-    case 5: tile<2, 5>(w, k, x, k, out, n); break;
-    case 4: tile<2, 4>(w, k, x, k, out, n); break;
-    case 3: tile<2, 3>(w, k, x, k, out, n); break;
-    case 2: tile<2, 2>(w, k, x, k, out, n); break;
-    default: tile<2, 1>(w, k, x, k, out, n); break;
+    case 6: tile<2, 6>(w, k, x, k, out, n, begin, end, carry); break;
+    case 5: tile<2, 5>(w, k, x, k, out, n, begin, end, carry); break;
+    case 4: tile<2, 4>(w, k, x, k, out, n, begin, end, carry); break;
+    case 3: tile<2, 3>(w, k, x, k, out, n, begin, end, carry); break;
+    case 2: tile<2, 2>(w, k, x, k, out, n, begin, end, carry); break;
+    default: tile<2, 1>(w, k, x, k, out, n, begin, end, carry); break;
   }
 }
 
@@ -89,7 +126,7 @@ void linear_blocks(const Format& f, const T* x, int64_t m, int64_t n, int64_t k,
                    int64_t last_block) {
   // Only passes of three rows or more, and a matrix's last rows, decode into memory: at one or two
   // rows the buffer is neither allocated nor zeroed (147 KB at 1536 inputs, on every call).
-  std::unique_ptr<float[]> w;
+  std::unique_ptr<float[], AlignedFree> w;
   for (int64_t chunk = 0; chunk < m; chunk += kChunkRows) {
     const int64_t rows_here = std::min(kChunkRows, m - chunk);
     const T* xc = x + chunk * k;
@@ -107,17 +144,22 @@ void linear_blocks(const Format& f, const T* x, int64_t m, int64_t n, int64_t k,
         prefetch(f, block_end, kBlockRows, n);
       }
       const int64_t rows = block_end - row;
-      if (!w) w.reset(new float[kBlockRows * k]);
+      if (!w) w.reset(aligned_floats(kBlockRows * k));
       f.dequantize(row, rows, w.get());
       float* dst = oc + row;
       const int64_t pairs = rows / 2 * 2;
-      for (int64_t t = 0; t < rows_here; t += 6) {  // six activation rows at a time, against every pair
+      const int64_t slice = slice_inputs(k);
+      Vec8 carry[kBlockRows / 2][12];  // a pair's accumulators between slices
+      for (int64_t t = 0; t < rows_here; t += 6) {  // six activation rows, against every pair, a slice at a time
         const int64_t tile_rows = std::min<int64_t>(6, rows_here - t);
-        for (int64_t r = 0; r < pairs; r += 2) tile_pair(tile_rows, w.get() + r * k, k, xc + t * k, dst + t * n + r, n);
+        for (int64_t begin = 0; begin < k; begin += slice)
+          for (int64_t r = 0; r < pairs; r += 2)
+            tile_pair(tile_rows, w.get() + r * k, k, xc + t * k, dst + t * n + r, n, begin,
+                      std::min(begin + slice, k), carry[r / 2]);
       }
       if (pairs < rows)  // the matrix's last odd row
         for (int64_t t = 0; t < rows_here; ++t)
-          tile<1, 1>(w.get() + pairs * k, k, xc + t * k, k, dst + t * n + pairs, n);
+          tile<1, 1>(w.get() + pairs * k, k, xc + t * k, k, dst + t * n + pairs, n, 0, k, nullptr);
     }
   }
 }

@@ -70,6 +70,9 @@ struct Vec8 {
     return {_mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(n)), lane))};
   }
   void store(float* p) const { _mm256_storeu_ps(p, v); }
+  // Keeps a loaded value in a register: GCC otherwise folds a load used twice into both
+  // multiply-adds as memory operands, two loads where one will do (the tiles in quant_linear.h).
+  void pin() { __asm__("" : "+x"(v)); }
   // Rounded to nearest even, NaN to the quiet NaN 0x7fc0: c10::BFloat16's conversion, eight at a time.
   void store(c10::BFloat16* p) const {
     const __m256i bits = _mm256_castps_si256(v);
@@ -150,6 +153,7 @@ struct Vec8 {
     return r;
   }
   void store(float* p) const { std::memcpy(p, x, sizeof x); }
+  void pin() {}
   template <typename T>
   void store(T* p) const {
     for (int i = 0; i < 8; ++i) store_as(x[i], p + i);
