@@ -75,6 +75,16 @@ def test_row_fixed_calls_stay_within_the_probed_sizes_and_return_every_row():
         assert torch.equal(out, kernel.exact(x))  # never the small-call bits
 
 
+def test_a_fixed_order_kernel_gets_long_inputs_in_one_call_and_short_ones_padded():
+    kernel = SizeDependentKernel(4)
+    fixed = RowFixedLinear(kernel, min_rows=4, max_rows=None)
+    for rows in (1, 3 * MAX_ROWS + 2):
+        kernel.calls.clear()
+        x = torch.randn(rows, 16)
+        assert torch.equal(fixed(x), kernel.exact(x))
+        assert kernel.calls == [max(rows, 4)]
+
+
 def test_probe_results_are_cached_on_disk_per_cpu_and_thread_count(tmp_path):
     ProbeCache(tmp_path, "cpu", 2).store({"k": 7})
     assert ProbeCache(tmp_path, "cpu", 2).get("k") == 7
