@@ -27,3 +27,8 @@ def cpu_flags() -> frozenset[str]:
 
 def has_native_bf16() -> bool:
     return bool(cpu_flags() & BF16_FLAGS)
+
+
+def has_avx512() -> bool:
+    """Whether oneDNN's float32 GEMMs get sixteen lanes to kvserve's CPU kernels' eight (AVX2's)."""
+    return "avx512f" in cpu_flags()

@@ -22,7 +22,7 @@ from kvserve.config import defaults
 from kvserve.executor.attention.cpu_backend import ensure_kernels
 from kvserve.executor.attention.registry import create_backend
 from kvserve.executor.config_error import ExecutorConfigError
-from kvserve.executor.cpu_features import has_native_bf16
+from kvserve.executor.cpu_features import has_avx512, has_native_bf16
 from kvserve.executor.disk_cache import cache_dir
 from kvserve.executor.model.decode_graphs import DecodeGraphs
 from kvserve.executor.model.draft_model import DraftModel, DraftModelSpec, log_loaded
@@ -97,7 +97,8 @@ class ModelRunner:
         self.probes = probe_cache() if self.invariant else None
         self.dtype_name, why = self._resolve_dtype()
         self.dtype = getattr(torch, self.dtype_name)
-        self.weights_mode = resolve_weights(config, self.device, self.dtype_name)
+        self.weights_mode = resolve_weights(config, self.device, self.dtype_name, q4_1_source=self._q4_1_source(size))
+        native = self._native_linears() if self.weights_mode == "native" else None
         compiled = resolve_compile(config, self.device, self.weights_mode, self.backend_name, size)
         buckets = compile_buckets(config) if compiled else ()
         if self.invariant or self.backend_name == "cpu" or self.weights_mode == "native":
@@ -109,6 +110,7 @@ class ModelRunner:
                 weights=self.weights_mode,
                 asked=f"--dtype {config.dtype} --weights {config.weights}",
                 cpu_native_bf16=has_native_bf16() if self.device == "cpu" else None,
+                cpu_avx512=has_avx512() if self.device == "cpu" else None,
                 batch_invariant=self.invariant,
                 why=why,
             )
@@ -118,7 +120,6 @@ class ModelRunner:
                 "was chunked or cached, and across an executor restart",
                 attention=self.backend_name,
             )
-        native = self._native_linears() if self.weights_mode == "native" else None
         weights = load_weights(
             self.model_dir, self.model_config, self.device, self.dtype, native, self.layout, q8_lm_head=bool(native)
         )
@@ -372,6 +373,16 @@ class ModelRunner:
             kv_gib=round(budget / GIB, 2),
         )
         return max(0.0, budget)
+
+    def _q4_1_source(self, ranks: int) -> bool:
+        """Whether `--weights auto` may serve the model natively: one rank, and a GGUF whose layers
+        are all Q4_1 (read from its header; no codes are loaded)."""
+        from kvserve.executor.weights.gguf_weights import has_q4_1_layers
+
+        source = model_store.resolve_source(self.config.model)
+        if ranks > 1 or source.gguf_file is None or self.model_config.attention_bias:
+            return False
+        return has_q4_1_layers(source.path / source.gguf_file, self.model_config)
 
     def _native_linears(self) -> list[dict[str, Q4_1Linear]]:
         from kvserve.executor.weights.gguf_weights import NativeWeightsUnavailable, native_layer_linears

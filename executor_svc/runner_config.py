@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from kvserve.config import defaults
 from kvserve.config.flags import flag
 from kvserve.executor.config_error import ExecutorConfigError
-from kvserve.executor.cpu_features import has_native_bf16
+from kvserve.executor.cpu_features import has_avx512, has_native_bf16
 
 DTYPES = ("float32", "bfloat16", "float16")
 """What --dtype and --kv-cache-dtype take besides auto."""
@@ -48,8 +48,8 @@ class RunnerConfig:
         default="auto",
         metadata=flag(
             "dequantized (fp32/bf16 from the converted directory), native (a GGUF's Q4_1 layers as 4-bit, cpu: "
-            "about half the memory and faster decode at small batches, slower prefill), or auto (dequantized: "
-            "the faster one at serving, as measured in docs/benchmarks.md)"
+            "about half the memory; faster than float32 at every batch size on AVX2 CPUs), or auto (native "
+            "on a cpu without AVX-512 or native bfloat16 for a Q4_1 GGUF, dequantized elsewhere; docs/benchmarks.md)"
         ),
     )
     attention_backend: str = field(
@@ -205,14 +205,21 @@ def resolve_kv_cache_dtype(config: RunnerConfig, dtype: str, attention_backend: 
     return config.kv_cache_dtype
 
 
-def resolve_weights(config: RunnerConfig, device: str, dtype: str) -> str:
+def resolve_weights(config: RunnerConfig, device: str, dtype: str, q4_1_source: bool = False) -> str:
     """dequantized or native; native needs the cpu, float32 activations around it, and a GGUF source.
 
-    auto is dequantized: with kvserve's Q4_1 kernel native decodes 1.9x faster at batch 1, 1.3x at 8
-    and as fast at 32 on an AVX2 CPU, but 0.83-1.0x at 64 and 0.71x at prefill, where the default
-    meets the prefill goal and native does not (docs/benchmarks.md, "Tiles of two outputs by six
-    activation rows")."""
+    auto is native where it was measured to win at every batch size: on the cpu, with float32 that
+    --dtype auto chose, on a CPU without AVX-512, for a model whose GGUF ships its layers in Q4_1
+    (`q4_1_source`, also false under tensor parallelism, not measured). On a 2-core AVX2 EPYC
+    kvserve's Q4_1 kernel decoded 2.2x faster than the dequantized float32 path at batch 1, 1.7x at 8,
+    1.2x at 64 and prefilled 1.08x faster (docs/benchmarks.md, "Native becomes the default").
+    Elsewhere auto is dequantized: an explicit --dtype float32 keeps the path checked token for token
+    against transformers, and AVX-512 gives oneDNN's float32 GEMMs twice the lanes of kvserve's
+    kernels (on an AMX Xeon native lost 2.2x at batch 64 to bfloat16)."""
     check_choice("weights", config.weights, WEIGHTS)
+    if config.weights == "auto":
+        pays = device == "cpu" and dtype == "float32" and config.dtype == "auto" and not has_avx512()
+        return "native" if pays and q4_1_source else "dequantized"
     if config.weights != "native":
         return "dequantized"
     if device != "cpu" or dtype != "float32":

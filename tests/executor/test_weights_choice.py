@@ -8,10 +8,29 @@ from kvserve.executor import cpu_features
 from kvserve.executor.runner_config import RunnerConfig, resolve_dtype, resolve_weights
 
 
-def test_auto_and_dequantized_keep_the_converted_weights() -> None:
-    assert resolve_weights(RunnerConfig(), "cpu", "float32") == "dequantized"
+def test_dequantized_and_native_are_kept_as_asked() -> None:
     assert resolve_weights(RunnerConfig(weights="dequantized"), "cuda", "bfloat16") == "dequantized"
+    assert resolve_weights(RunnerConfig(weights="dequantized"), "cpu", "float32", q4_1_source=True) == "dequantized"
     assert resolve_weights(RunnerConfig(weights="native"), "cpu", "float32") == "native"
+
+
+@pytest.mark.parametrize(
+    ("flags", "dtype_flag", "device", "dtype", "q4_1_source", "expected"),
+    [
+        ({"avx2", "fma"}, "auto", "cpu", "float32", True, "native"),  # measured faster at every batch size
+        ({"avx2", "fma"}, "auto", "cpu", "float32", False, "dequantized"),  # no Q4_1 GGUF layers to serve
+        ({"avx2", "fma"}, "float32", "cpu", "float32", True, "dequantized"),  # the path checked against HF
+        ({"avx2", "avx512f"}, "auto", "cpu", "float32", True, "dequantized"),  # oneDNN gets sixteen lanes
+        ({"avx512f", "amx_bf16"}, "auto", "cpu", "bfloat16", True, "dequantized"),
+        (set(), "auto", "cuda", "bfloat16", True, "dequantized"),
+    ],
+)
+def test_auto_weights_are_native_only_where_measured_to_win(
+    monkeypatch, flags: set[str], dtype_flag: str, device: str, dtype: str, q4_1_source: bool, expected: str
+) -> None:
+    monkeypatch.setattr(cpu_features, "cpu_flags", lambda: frozenset(flags))
+    config = RunnerConfig(dtype=dtype_flag)
+    assert resolve_weights(config, device, dtype, q4_1_source=q4_1_source) == expected
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,10 @@
 """The same request gives the same tokens however it is served: the invariance matrix, on the real model.
 
-For each configuration `--dtype auto --weights auto` can pick on this machine, plus native int4
-(and a forced bfloat16 on a CPU without native bfloat16, whose `auto` never picks it), 16
-requests (8 chat prompts, each greedy and seeded-sampled) go through real `kvserve serve`
-processes, and every way of serving them must give the tokens of the first:
+For each configuration `--dtype auto --weights auto` can pick on this machine, plus the other kind
+of weights (native Q4_1 where auto serves dequantized ones, and the reverse) and, on a CPU without
+native bfloat16, whose `auto` never picks it, a forced bfloat16: 16 requests (8 chat prompts, each
+greedy and seeded-sampled) go through real `kvserve serve` processes, and every way of serving them
+must give the tokens of the first:
 
 - alone, one after another (greedy prompts cold; each seeded twin finds its prompt cached);
 - alone again, every prompt now fully cached;
@@ -29,6 +30,7 @@ from collections.abc import Iterator
 import pytest
 
 from kvserve.executor.cpu_features import has_native_bf16
+from kvserve.executor.runner_config import RunnerConfig, resolve_dtype, resolve_weights
 from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from kvserve.testing.server_launcher import ServeProcess, serving
 
@@ -50,7 +52,13 @@ BASE = ["--executor", "torch", "--kv-cache-gb", "0.25"]
 TINY_POOL = ["--executor", "torch", "--kv-cache-gb", "0.012"]
 """17 blocks of fp32 KV (34 of bfloat16) for 16 requests of ~5 blocks each: preemption throughout."""
 
-CONFIGS = {"auto": [], "native-int4": ["--executor-args", "--weights native"]}
+AUTO_WEIGHTS = resolve_weights(RunnerConfig(), "cpu", resolve_dtype(RunnerConfig(), "cpu"), q4_1_source=True)
+"""What auto serves the default model (a Q4_1 GGUF) with here; the other kind of weights runs as well."""
+CONFIGS = {"auto": []}
+if AUTO_WEIGHTS == "native":
+    CONFIGS["dequantized"] = ["--executor-args", "--weights dequantized"]
+else:
+    CONFIGS["native-int4"] = ["--executor-args", "--weights native"]
 if not has_native_bf16():
     CONFIGS["forced-bfloat16"] = ["--executor-args", "--dtype bfloat16"]
 
@@ -130,9 +138,12 @@ def config(request) -> Iterator[tuple[str, list[str], list[list[int]]]]:
                 assert "batch-invariant on this CPU only from" in chose["why"], chose
             else:
                 assert ready["dtype"] == "bfloat16" and "batch-invariant from" in chose["why"], chose
+            assert ready["weights"] == AUTO_WEIGHTS, (ready, chose)
         assert ready["attention"] == "cpu", ready
         if name == "native-int4":
             assert ready["weights"] == "native", ready  # the int4 kernels, through `kvserve serve`
+        if name == "dequantized":
+            assert ready["weights"] == "dequantized", ready
         reference = _alone(server)
         assert all(len(ids) > 0 for ids in reference)
         assert reference[0::2] != reference[1::2], "seeded sampling gave the greedy tokens: it was not exercised"
