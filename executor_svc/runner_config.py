@@ -215,7 +215,8 @@ def resolve_weights(config: RunnerConfig, device: str, dtype: str, q4_1_source: 
     1.2x at 64 and prefilled 1.08x faster (docs/benchmarks.md, "Native becomes the default").
     Elsewhere auto is dequantized: an explicit --dtype float32 keeps the path checked token for token
     against transformers, and AVX-512 gives oneDNN's float32 GEMMs twice the lanes of kvserve's
-    kernels (on an AMX Xeon native lost 2.2x at batch 64 to bfloat16)."""
+    kernels (on an AMX Xeon native lost 2.2x at batch 64 to bfloat16 on torch's int4 kernel; kvserve's
+    own was not measured there)."""
     check_choice("weights", config.weights, WEIGHTS)
     if config.weights == "auto":
         pays = device == "cpu" and dtype == "float32" and config.dtype == "auto" and not has_avx512()
