@@ -48,8 +48,9 @@ class RunnerConfig:
         default="auto",
         metadata=flag(
             "dequantized (fp32/bf16 from the converted directory), native (a GGUF's Q4_1 layers as 4-bit, cpu: "
-            "about half the memory; faster than float32 at every batch size on AVX2 CPUs), or auto (native "
-            "on a cpu without AVX-512 or native bfloat16 for a Q4_1 GGUF, dequantized elsewhere; docs/benchmarks.md)"
+            "about half the memory; faster than float32 at every batch size on AVX2 CPUs), or auto (native with "
+            "--dtype auto on a cpu without AVX-512, for a Q4_1 GGUF on one rank; dequantized elsewhere; "
+            "docs/benchmarks.md)"
         ),
     )
     attention_backend: str = field(
