@@ -97,8 +97,10 @@ class ModelRunner:
         self.probes = probe_cache() if self.invariant else None
         self.dtype_name, why = self._resolve_dtype()
         self.dtype = getattr(torch, self.dtype_name)
-        self.weights_mode = resolve_weights(config, self.device, self.dtype_name, q4_1_source=self._q4_1_source(size))
+        self.weights_mode = resolve_weights(config, self.device, self.dtype_name, size)
         native = self._native_linears() if self.weights_mode == "native" else None
+        if native is None:
+            self.weights_mode = "dequantized"  # auto, and the model has no Q4_1 layers to serve
         compiled = resolve_compile(config, self.device, self.weights_mode, self.backend_name, size)
         buckets = compile_buckets(config) if compiled else ()
         if self.invariant or self.backend_name == "cpu" or self.weights_mode == "native":
@@ -374,25 +376,23 @@ class ModelRunner:
         )
         return max(0.0, budget)
 
-    def _q4_1_source(self, ranks: int) -> bool:
-        """Whether `--weights auto` may serve the model natively: one rank, and a GGUF whose layers
-        are all Q4_1 (read from its header; no codes are loaded)."""
-        from kvserve.executor.weights.gguf_weights import has_q4_1_layers
-
-        source = model_store.resolve_source(self.config.model)
-        if ranks > 1 or source.gguf_file is None or self.model_config.attention_bias:
-            return False
-        return has_q4_1_layers(source.path / source.gguf_file, self.model_config)
-
-    def _native_linears(self) -> list[dict[str, Q4_1Linear]]:
+    def _native_linears(self) -> list[dict[str, Q4_1Linear]] | None:
+        """The GGUF's Q4_1 layers; None where `--weights auto` chose native but the model has none to
+        serve (one read of the file either way: parsing its header alone took ~3 s)."""
         from kvserve.executor.weights.gguf_weights import NativeWeightsUnavailable, native_layer_linears
 
         source = model_store.resolve_source(self.config.model)
-        if source.gguf_file is None:
-            raise NativeWeightsUnavailable(
-                f"--weights native needs a GGUF model; {source.path} is a safetensors directory"
-            )
-        return native_layer_linears(source.path / source.gguf_file, self.model_config, self.layout)
+        try:
+            if source.gguf_file is None:
+                raise NativeWeightsUnavailable(
+                    f"--weights native needs a GGUF model; {source.path} is a safetensors directory"
+                )
+            return native_layer_linears(source.path / source.gguf_file, self.model_config, self.layout)
+        except NativeWeightsUnavailable as why:
+            if self.config.weights == "native":
+                raise
+            log.info("serving dequantized weights: the model has no Q4_1 layers to serve natively", why=str(why))
+            return None
 
     def _model_id(self) -> str:
         source = model_store.resolve_source(self.config.model)

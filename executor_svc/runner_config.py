@@ -206,12 +206,13 @@ def resolve_kv_cache_dtype(config: RunnerConfig, dtype: str, attention_backend: 
     return config.kv_cache_dtype
 
 
-def resolve_weights(config: RunnerConfig, device: str, dtype: str, q4_1_source: bool = False) -> str:
+def resolve_weights(config: RunnerConfig, device: str, dtype: str, ranks: int = 1) -> str:
     """dequantized or native; native needs the cpu, float32 activations around it, and a GGUF source.
 
     auto is native where it was measured to win at every batch size: on the cpu, with float32 that
-    --dtype auto chose, on a CPU without AVX-512, for a model whose GGUF ships its layers in Q4_1
-    (`q4_1_source`, also false under tensor parallelism, not measured). On a 2-core AVX2 EPYC
+    --dtype auto chose, on a CPU without AVX-512, on one rank (tensor parallelism: not measured). The
+    runner then serves dequantized weights after all when the model has no Q4_1 layers to serve
+    (`NativeWeightsUnavailable`: not a GGUF, another format, q/k/v biases). On a 2-core AVX2 EPYC
     kvserve's Q4_1 kernel decoded 2.2x faster than the dequantized float32 path at batch 1, 1.7x at 8,
     1.2x at 64 and prefilled 1.08x faster (docs/benchmarks.md, "Native becomes the default").
     Elsewhere auto is dequantized: an explicit --dtype float32 keeps the path checked token for token
@@ -221,7 +222,7 @@ def resolve_weights(config: RunnerConfig, device: str, dtype: str, q4_1_source: 
     check_choice("weights", config.weights, WEIGHTS)
     if config.weights == "auto":
         pays = device == "cpu" and dtype == "float32" and config.dtype == "auto" and not has_avx512()
-        return "native" if pays and q4_1_source else "dequantized"
+        return "native" if pays and ranks == 1 else "dequantized"
     if config.weights != "native":
         return "dequantized"
     if device != "cpu" or dtype != "float32":

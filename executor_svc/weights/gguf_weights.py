@@ -35,16 +35,6 @@ class NativeWeightsUnavailable(ExecutorConfigError):
     """The model has no Q4_1 linear layers to serve natively (not a GGUF, or another format)."""
 
 
-def has_q4_1_layers(gguf_path: Path, config: ModelConfig) -> bool:
-    """Whether every layer matrix `read_q4_1_layers` reads is there in Q4_1."""
-    types = {t.name: t.tensor_type for t in GGUFReader(str(gguf_path)).tensors}
-    return all(
-        types.get(f"blk.{i}.{name}.weight") == GGMLQuantizationType.Q4_1
-        for i in range(config.num_layers)
-        for name in _LAYER_TENSORS
-    )
-
-
 def read_q4_1_layers(gguf_path: Path, config: ModelConfig) -> list[dict[str, Q4_1Weight]]:
     """Each layer's Q4_1 matrices, q and k rows back in Hugging Face order."""
     tensors = {t.name: t for t in GGUFReader(str(gguf_path)).tensors}

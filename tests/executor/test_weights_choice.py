@@ -10,27 +10,35 @@ from kvserve.executor.runner_config import RunnerConfig, resolve_dtype, resolve_
 
 def test_dequantized_and_native_are_kept_as_asked() -> None:
     assert resolve_weights(RunnerConfig(weights="dequantized"), "cuda", "bfloat16") == "dequantized"
-    assert resolve_weights(RunnerConfig(weights="dequantized"), "cpu", "float32", q4_1_source=True) == "dequantized"
+    assert resolve_weights(RunnerConfig(weights="dequantized"), "cpu", "float32") == "dequantized"
     assert resolve_weights(RunnerConfig(weights="native"), "cpu", "float32") == "native"
 
 
 @pytest.mark.parametrize(
-    ("flags", "dtype_flag", "device", "dtype", "q4_1_source", "expected"),
+    ("flags", "dtype_flag", "device", "dtype", "ranks", "expected"),
     [
-        ({"avx2", "fma"}, "auto", "cpu", "float32", True, "native"),  # measured faster at every batch size
-        ({"avx2", "fma"}, "auto", "cpu", "float32", False, "dequantized"),  # no Q4_1 GGUF layers to serve
-        ({"avx2", "fma"}, "float32", "cpu", "float32", True, "dequantized"),  # the path checked against HF
-        ({"avx2", "avx512f"}, "auto", "cpu", "float32", True, "dequantized"),  # oneDNN gets sixteen lanes
-        ({"avx512f", "amx_bf16"}, "auto", "cpu", "bfloat16", True, "dequantized"),
-        (set(), "auto", "cuda", "bfloat16", True, "dequantized"),
+        ({"avx2", "fma"}, "auto", "cpu", "float32", 1, "native"),  # measured faster at every batch size
+        ({"avx2", "fma"}, "auto", "cpu", "float32", 2, "dequantized"),  # tensor parallelism: not measured
+        ({"avx2", "fma"}, "float32", "cpu", "float32", 1, "dequantized"),  # the path checked against HF
+        ({"avx2", "avx512f"}, "auto", "cpu", "float32", 1, "dequantized"),  # oneDNN gets sixteen lanes
+        ({"avx512f", "amx_bf16"}, "auto", "cpu", "bfloat16", 1, "dequantized"),
+        (set(), "auto", "cuda", "bfloat16", 1, "dequantized"),
     ],
 )
 def test_auto_weights_are_native_only_where_measured_to_win(
-    monkeypatch, flags: set[str], dtype_flag: str, device: str, dtype: str, q4_1_source: bool, expected: str
+    monkeypatch, flags: set[str], dtype_flag: str, device: str, dtype: str, ranks: int, expected: str
 ) -> None:
     monkeypatch.setattr(cpu_features, "cpu_flags", lambda: frozenset(flags))
-    config = RunnerConfig(dtype=dtype_flag)
-    assert resolve_weights(config, device, dtype, q4_1_source=q4_1_source) == expected
+    assert resolve_weights(RunnerConfig(dtype=dtype_flag), device, dtype, ranks) == expected
+
+
+def test_auto_falls_back_to_dequantized_weights_where_the_model_has_no_q4_1_layers(tmp_path) -> None:
+    from kvserve.executor.model_runner import ModelRunner
+
+    (tmp_path / "config.json").write_text("{}")
+    runner = object.__new__(ModelRunner)  # only the source check, without loading a model
+    runner.config = RunnerConfig(model=str(tmp_path))
+    assert runner._native_linears() is None
 
 
 @pytest.mark.parametrize(

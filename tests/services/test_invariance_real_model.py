@@ -52,7 +52,7 @@ BASE = ["--executor", "torch", "--kv-cache-gb", "0.25"]
 TINY_POOL = ["--executor", "torch", "--kv-cache-gb", "0.012"]
 """17 blocks of fp32 KV (34 of bfloat16) for 16 requests of ~5 blocks each: preemption throughout."""
 
-AUTO_WEIGHTS = resolve_weights(RunnerConfig(), "cpu", resolve_dtype(RunnerConfig(), "cpu"), q4_1_source=True)
+AUTO_WEIGHTS = resolve_weights(RunnerConfig(), "cpu", resolve_dtype(RunnerConfig(), "cpu"))
 """What auto serves the default model (a Q4_1 GGUF) with here; the other kind of weights runs as well."""
 CONFIGS = {"auto": []}
 if AUTO_WEIGHTS == "native":
