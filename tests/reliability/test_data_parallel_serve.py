@@ -30,10 +30,12 @@ from kvserve.testing.waiting import wait_until
 pytestmark = pytest.mark.timeout(300)
 
 STREAMS = 32
-STREAM_TOKENS = 400
-"""At the fake executor's 10 ms a step, a stream lasts seconds: long enough to be killed mid-way."""
-RESTART_BACKOFF_S = 6.0
-"""The replica stays dead this long, so the router's 1 s health checks see it go."""
+STREAM_TOKENS = 600
+"""At the fake executor's 10 ms a step, a stream lasts 6 s or more: long enough to be killed mid-way,
+even when a loaded machine forwards the 32 requests slowly."""
+RESTART_BACKOFF_S = 20.0
+"""The replica stays dead this long, so the router's 1 s health checks see it go, and the live replica's
+streams end and the follow-up requests run while it is still down."""
 START_TIMEOUT_S = 120.0
 
 
@@ -97,10 +99,21 @@ def test_kill_9_of_a_replica_under_32_streams(replica_set: ReplicaSetProcess) ->
         client = openai.AsyncOpenAI(base_url=replica_set.url + "/v1", api_key="unused", max_retries=0, timeout=120)
         tasks = [asyncio.create_task(_stream(client, model, i)) for i in range(STREAMS)]
 
-        def both_busy() -> bool:
-            return min(replica_set.loads()) >= STREAMS // 4
+        seen: list[list[int]] = []
 
-        await asyncio.to_thread(wait_until, both_busy, 60, "streams running on both replicas")
+        def victim_busy() -> bool:
+            """The victim runs a quarter of the streams and the other replica has some too."""
+            loads = replica_set.loads()
+            if not seen or seen[-1] != loads:
+                seen.append(loads)
+            return loads[victim] >= STREAMS // 4 and loads[1 - victim] > 0
+
+        def why() -> str:
+            return f"streams on both replicas; loads seen {seen}, router workers {replica_set.workers()}:\n" + (
+                replica_set.log_tail()
+            )
+
+        await asyncio.to_thread(wait_until, victim_busy, 60, why)
         os.kill(victim_pid, signal.SIGKILL)
         return await asyncio.wait_for(asyncio.gather(*tasks), 180)
 
