@@ -26,7 +26,7 @@ import torch
 
 SOURCE_DIR = Path(__file__).with_name("cpu")
 SOURCES = ("paged_attention.cpp", "silu_mul.cpp", "q8_linear.cpp", "q4_1_linear.cpp")
-HEADERS = ("vec8.h", "quant_linear.h")
+HEADERS = ("vec8.h", "q8_activations.h", "interleaved_linear.h")
 CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fopenmp")
 """-ffp-contract=off: only the explicit fused multiply-adds fuse, so vector and scalar code agree bit for bit.
 -fopenmp: `at::parallel_for` is an OpenMP loop in torch's headers; without it every kernel ran on one thread."""
@@ -96,15 +96,15 @@ def _register_shapes() -> None:
     def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         return gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
 
-    def q8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-        return x.new_empty(x.shape[0], codes.shape[0], dtype=torch.float32)
+    def quantized_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, out_features: int) -> torch.Tensor:
+        return x.new_empty(x.shape[0], out_features, dtype=torch.float32)
 
     shapes: dict[str, Callable[..., object]] = {
         "paged_attention": attention,
         "store_kv": store,
         "silu_mul": silu_mul,
-        "q8_linear": q8_linear,
-        "q4_1_linear": q8_linear,  # the same [rows, out] float32 result
+        "q8_linear": quantized_linear,
+        "q4_1_linear": quantized_linear,
     }
     for name, shape in shapes.items():
         torch.library.register_fake(f"kvserve_cpu::{name}", shape)
@@ -150,19 +150,20 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return torch.ops.kvserve_cpu.silu_mul(gate_up)
 
 
-def q8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """`x` [rows, in] (float32 or bfloat16) times Q8_0 weights: int8 `codes` [out, in] and `scales`
-    [out, in / 32] (fp16 values held in float32), one per group of 32 inputs. float32 [rows, out], each
-    row summed in one fixed order."""
-    return torch.ops.kvserve_cpu.q8_linear(x, codes, scales)
+def q8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, out_features: int) -> torch.Tensor:
+    """`x` [rows, in] (float32 or bfloat16), rounded to Q8 blocks, times Q8_0 weights in the kernel's
+    layout of eight interleaved rows (`kvserve.executor.weights.q8_0.pack`): int8 `codes` [out / 8,
+    in * 8] and float32 `scales` [out / 8, in / 32, 8]. float32 [rows, out_features], each output one
+    float chain over exact integer group sums (`kernels/cpu/q8_linear.cpp`)."""
+    return torch.ops.kvserve_cpu.q8_linear(x, codes, scales, out_features)
 
 
-def q4_1_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """`x` [rows, in] (float32 or bfloat16) times Q4_1 weights: uint8 `codes` [out, in / 2] in GGUF's
-    byte order (per group of 32 inputs, byte j holds input j in its low nibble and j + 16 in its high
-    one) and `scales` [out, in / 32, 2] (fp16 d and m held in float32), w = d·q + m. float32 [rows,
-    out], each row summed in one fixed order."""
-    return torch.ops.kvserve_cpu.q4_1_linear(x, codes, scales)
+def q4_1_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, out_features: int) -> torch.Tensor:
+    """`x` [rows, in] (float32 or bfloat16), rounded to Q8 blocks, times Q4_1 weights in the kernel's
+    layout of eight interleaved rows (`kvserve.executor.weights.q4_1_linear.pack`): uint8 `codes`
+    [out / 8, in * 4] and float32 `scales` [out / 8, in / 32, 2, 8]. float32 [rows, out_features], each
+    output one float chain over exact integer group sums (`kernels/cpu/q4_1_linear.cpp` says which)."""
+    return torch.ops.kvserve_cpu.q4_1_linear(x, codes, scales, out_features)
 
 
 def _put_ninja_on_path() -> None:

@@ -63,16 +63,46 @@ def paged_attention_reference(
     return out
 
 
-def q8_linear_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """`x` [rows, in] times Q8_0 weights (int8 `codes` [out, in], `scales` [out, in / 32]), in float64."""
-    weight = codes.double().reshape(codes.shape[0], -1, 32) * scales.double()[..., None]
-    return (x.double() @ weight.reshape(codes.shape).t()).float()
+def q8_linear_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, out_features: int) -> torch.Tensor:
+    """`x` [rows, in] times Q8_0 weights in `cpu_ops.q8_linear`'s layout (eight rows interleaved), in
+    float64: the activations' Q8 codes times the weights' d·q, each group's integer sum exact."""
+    blocks, groups = scales.shape[0], scales.shape[1]
+    q = codes.reshape(blocks, groups * 8, 8, 4).transpose(1, 2).reshape(blocks * 8, groups, 32)[:out_features]
+    d = scales.transpose(1, 2).reshape(blocks * 8, groups)[:out_features].double()
+    qx, dx = q8_activations_reference(x)
+    sums = torch.einsum("rgi,ogi->rog", qx.double(), q.double())  # exact integers
+    return (d[None] * dx.double()[:, None] * sums).sum(-1).float()
 
 
-def q4_1_linear_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """`x` [rows, in] times Q4_1 weights (`cpu_ops.q4_1_linear`'s packed `codes` and (d, m) `scales`), in float64."""
-    out_features, groups = scales.shape[0], scales.shape[1]
-    packed = codes.reshape(out_features, groups, 16).long()
-    q = torch.cat([packed & 0x0F, packed >> 4], dim=-1).double()  # [out, groups, 32] in input order
-    weight = q * scales[..., 0:1].double() + scales[..., 1:2].double()
-    return (x.double() @ weight.reshape(out_features, groups * 32).t()).float()
+def q8_activations_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`x` [rows, in] rounded to Q8 blocks as the kernels round it: per 32 inputs d = max|x| / 127 and
+    codes round(x / d) (x times float32's 1 / d, to nearest even). (codes [rows, in / 32, 32], d [rows, in / 32]),
+    both float32 holding the exact values; every step is float32's own, so the codes are the kernel's."""
+    groups = x.float().reshape(x.shape[0], -1, 32)
+    d = groups.abs().amax(-1) / 127.0
+    inverse = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
+    return torch.round(groups * inverse[..., None]).clamp(-127, 127), d
+
+
+def unpack_q4_1(codes: torch.Tensor, scales: torch.Tensor, out_features: int) -> tuple[torch.Tensor, ...]:
+    """`cpu_ops.q4_1_linear`'s layout (eight rows interleaved) back to rows: codes [out, in] (0..15),
+    d and m [out, in / 32], each as it was packed."""
+    blocks, groups = scales.shape[0], scales.shape[1]
+    units = codes.reshape(blocks, groups * 4, 8, 4)  # [block, unit, row, j]
+    q = torch.stack([units & 0x0F, units >> 4], dim=3)  # [block, unit, row, low|high, j]: inputs j, j + 4
+    q = q.permute(0, 2, 1, 3, 4).reshape(blocks * 8, groups * 32)[:out_features]
+    d = scales[:, :, 0].permute(0, 2, 1).reshape(blocks * 8, groups)[:out_features]
+    m = scales[:, :, 1].permute(0, 2, 1).reshape(blocks * 8, groups)[:out_features]
+    return q, d, m
+
+
+def q4_1_linear_reference(
+    x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, out_features: int
+) -> torch.Tensor:
+    """`x` [rows, in] times Q4_1 weights in `cpu_ops.q4_1_linear`'s layout, in float64: the
+    activations' Q8 codes times the weights' d·q + m, each group's integer sum exact."""
+    q, d, m = (t.double() for t in unpack_q4_1(codes, scales, out_features))
+    qx, dx = q8_activations_reference(x)
+    sums = torch.einsum("rgi,ogi->rog", qx.double(), q.reshape(out_features, -1, 32))  # exact integers
+    sx = dx.double() * qx.double().sum(-1)
+    return (d[None] * dx.double()[:, None] * sums + m[None] * sx[:, None]).sum(-1).float()

@@ -1,10 +1,10 @@
-"""GGUF Q4_1 weights as they ship, and packed for kvserve's CPU kernel.
+"""GGUF Q4_1 weights as they ship.
 
 Q4_1 stores each run of 32 weights along a row as an fp16 scale `d`, an fp16 minimum `m`
 and 16 bytes of 4-bit codes (byte j holds weight j in its low nibble and weight j + 16 in
-its high one): w = d·q + m. kvserve's CPU kernel (`kvserve.kernels.cpu_ops.q4_1_linear`)
-reads the codes packed in that same order, so the weights stay 4-bit instead of being
-dequantized at load.
+its high one): w = d·q + m. kvserve's CPU kernel reads the same codes, repacked in its own
+order (`kvserve.executor.weights.q4_1_linear.pack`), so the weights stay 4-bit instead of
+being dequantized at load.
 
 Rows are independent (a group never spans two rows), so concatenating q/k/v or gate/up
 and permuting rows are exact on the codes.
@@ -89,15 +89,3 @@ def select_columns(weight: Q4_1Weight, columns: slice) -> Q4_1Weight:
     return Q4_1Weight(
         weight.codes[:, columns].contiguous(), weight.d[:, groups].contiguous(), weight.m[:, groups].contiguous()
     )
-
-
-def pack_codes(weight: Q4_1Weight) -> torch.Tensor:
-    """[out, in / 2] uint8: the codes packed back in GGUF's byte order, what `cpu_ops.q4_1_linear` reads."""
-    rows, width = weight.codes.shape
-    groups = weight.codes.reshape(rows, width // GROUP, 2, GROUP // 2)
-    return (groups[:, :, 0] | (groups[:, :, 1] << 4)).reshape(rows, width // 2).contiguous()
-
-
-def kernel_scales(weight: Q4_1Weight) -> torch.Tensor:
-    """[out, in / 32, 2] float32 (d, m) side by side, what `cpu_ops.q4_1_linear` reads: fp16 widened exactly."""
-    return torch.stack([weight.d.float(), weight.m.float()], dim=-1).contiguous()

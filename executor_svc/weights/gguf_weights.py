@@ -79,7 +79,7 @@ def native_layer_linears(
         for q4 in read_q4_1_layers(gguf_path, config)
     ]
     log.info(
-        "native Q4_1 weights: every layer's linear matrices run from 4-bit codes (float32 activations)",
+        "native Q4_1 weights: every layer's linear matrices run from 4-bit codes (activations rounded to Q8 blocks)",
         layers=len(linears),
         kept_fp32="token embedding lookups and norms (the lm_head runs Q8_0)",
     )

@@ -48,7 +48,7 @@ from kvserve.kernels.cpu_ops import cpu_identity
 log = structlog.get_logger(__name__)
 
 FIXED_ORDER_KINDS = (Q4_1, Q8)
-"""kvserve's own kernels, which sum each output in one order at any call size (`quant_linear.h`):
+"""kvserve's own kernels, which sum each output in one order at any call size (`interleaved_linear.h`):
 their calls are never split (their probe still checks the sizes up to MAX_ROWS)."""
 
 

@@ -2,78 +2,120 @@
 // here widened to float32 once at load, and 32 int8 codes), float32 out: registered as
 // torch.ops.kvserve_cpu.q8_linear.
 //
+// The activations are rounded to Q8 blocks first (q8_activations.h: a scale dx and codes qx per 32
+// inputs), and each output is, in float32,
+//
+//   acc = 0;  for every group g in order:  acc = fma(d·dx, Σ q·qx, acc)
+//
+// where Σ q·qx is the group's exact integer sum: llama.cpp's Q8_0 × Q8_0 products.
+//
 // Why: the lm_head is the largest matrix of a small model (49152 x 576 for SmolLM2), and at batch 1
-// a decode step reads it whole. In float32 that is 113 MB a token; in Q8_0 30 MB. torch's int8
-// kernels (_weight_int8pack_mm) round their result to bfloat16, a step of 1/8 at a logit of 16,
-// which greedy decoding and sampling would feel. Here each weight is dequantized exactly (an int8
-// code times an fp16 scale fits a float32's mantissa) and each logit summed in float32, in one
-// fixed order for every row whatever the batch (quant_linear.h).
+// a decode step reads it whole: 113 MB a token in float32, 30 MB in Q8_0. Widening every code to a
+// float and multiplying eight at a time made the step's cost the widening; an 8-bit multiply-add
+// sums 32 products. torch's int8 kernels (_weight_int8pack_mm) round their result to bfloat16, a
+// step of 1/8 at a logit of 16, which greedy decoding and sampling would feel; here every logit is
+// a float32 chain in group order, whatever the batch (interleaved_linear.h).
+//
+// The kernel's layout (`kvserve.executor.weights.q8_0.pack`) interleaves eight output rows: codes
+// [n / 8, k / 4, 32], one 32-byte unit per four inputs, byte 4·o + j row o's input j; scales
+// [n / 8, k / 32, 8].
 
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include "quant_linear.h"
+#include <cstring>
+
+#include "interleaved_linear.h"
 #include "vec8.h"
 
 namespace kvserve_cpu {
 namespace {
 
 struct Q8Format {
-  const int8_t* codes;  // [n, k]
-  const float* scales;  // [n, k / 32]
-  int64_t k, groups, row_bytes;
+  const int8_t* codes;  // [n / 8, k / 4, 32]
+  const float* scales;  // [n / 8, k / 32, 8]
+  int64_t k, groups;
 
-  const void* row_start(int64_t row) const { return codes + row * k; }
-
-  void dequantize(int64_t row, int64_t rows, float* w) const {
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t g = 0; g < groups; ++g) {
-        const Vec8 d = Vec8::broadcast(scales[(row + r) * groups + g]);
-        const int8_t* q = codes + (row + r) * k + g * kQuantGroup;
-        float* dst = w + r * k + g * kQuantGroup;
-        for (int64_t i = 0; i < kQuantGroup; i += 8) (Vec8::load(q + i) * d).store(dst + i);
-      }
-    }
-  }
-
-  template <typename T>
-  void dot8(int64_t row, const T* x, float* out) const {
-    const int8_t* c = codes + row * k;
-    const float* d = scales + row * groups;
-    Vec8 acc[kDotRows];
+#ifdef KVSERVE_VEC8_AVX2
+  // An 8-bit multiply-add takes one unsigned operand: |w| against qx carrying w's sign. Each of its
+  // 16-bit pair sums (at most 2 · 127 · 127) is widened to 32 bits at once: two would overflow.
+  template <int MR>
+  void tile(const Activations& x, int64_t b, int64_t row, float* out, int64_t out_stride) const {
+    const int8_t* block_codes = codes + b * (k / 4) * kUnitBytes;
+    const float* block_scales = scales + b * groups * kLanes;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[MR];
 #pragma GCC unroll 8
-    for (int r = 0; r < kDotRows; ++r) acc[r] = Vec8::zero();
+    for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; ++g) {
-#pragma GCC unroll 4
-      for (int64_t i = g * kQuantGroup; i < (g + 1) * kQuantGroup; i += 8) {
-        const Vec8 xs = Vec8::load(x + i);
+      __m256i sum[MR];
 #pragma GCC unroll 8
-        for (int r = 0; r < kDotRows; ++r) {
-          const Vec8 wr = Vec8::load(c + r * k + i) * Vec8::broadcast(d[r * groups + g]);
-          acc[r] = fma(wr, xs, acc[r]);
+      for (int r = 0; r < MR; ++r) sum[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int unit = 0; unit < 8; ++unit) {
+        const __m256i w =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block_codes + (g * 8 + unit) * kUnitBytes));
+        const __m256i magnitude = _mm256_abs_epi8(w);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+          int32_t four;
+          std::memcpy(&four, x.codes + (row + r) * k + g * kActGroup + unit * 4, 4);
+          const __m256i signed_x = _mm256_sign_epi8(_mm256_set1_epi32(four), w);
+          sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, signed_x), ones));
         }
       }
+      const __m256 d = _mm256_loadu_ps(block_scales + g * kLanes);
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) {
+        const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(x.scales[(row + r) * groups + g]));
+        acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sum[r]), acc[r]);
+      }
     }
 #pragma GCC unroll 8
-    for (int r = 0; r < kDotRows; ++r) out[r] = sum_lanes(acc[r]);
+    for (int r = 0; r < MR; ++r) _mm256_storeu_ps(out + r * out_stride, acc[r]);
   }
+#else  // the same sums and the same float chain, one output at a time
+  template <int MR>
+  void tile(const Activations& x, int64_t b, int64_t row, float* out, int64_t out_stride) const {
+    const int8_t* block_codes = codes + b * (k / 4) * kUnitBytes;
+    const float* block_scales = scales + b * groups * kLanes;
+    for (int r = 0; r < MR; ++r) {
+      for (int o = 0; o < kLanes; ++o) {
+        float acc = 0.0f;
+        for (int64_t g = 0; g < groups; ++g) {
+          int32_t sum = 0;
+          for (int unit = 0; unit < 8; ++unit) {
+            const int8_t* w = block_codes + (g * 8 + unit) * kUnitBytes + 4 * o;
+            const int8_t* q = x.codes + (row + r) * k + g * kActGroup + unit * 4;
+            for (int j = 0; j < 4; ++j) sum += w[j] * q[j];
+          }
+          const float scale = block_scales[g * kLanes + o] * x.scales[(row + r) * groups + g];
+          acc = std::fma(scale, static_cast<float>(sum), acc);
+        }
+        out[r * out_stride + o] = acc;
+      }
+    }
+  }
+#endif
 };
 
-at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales) {
+at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, int64_t n) {
   TORCH_CHECK(codes.dim() == 2 && codes.is_contiguous() && codes.scalar_type() == at::kChar,
-              "codes must be a contiguous int8 [out, in] matrix");
-  const int64_t n = codes.size(0), k = codes.size(1);
-  TORCH_CHECK(k % kQuantGroup == 0 && k > 0, "the input width must be a multiple of 32, got ", k);
-  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.dim() == 2 &&
-                  scales.size(0) == n && scales.size(1) == k / kQuantGroup,
-              "scales must be a contiguous float32 [out, in / 32] matrix (Q8_0's fp16 scales, widened)");
-  const Q8Format format{codes.data_ptr<int8_t>(), scales.data_ptr<float>(), k, k / kQuantGroup, k};
-  return quant_linear("q8_linear", x, format, n, k);
+              "codes must be a contiguous int8 [out / 8, in * 8] matrix (eight rows' Q8_0 codes interleaved)");
+  const int64_t blocks = codes.size(0), k = codes.size(1) / kLanes;
+  TORCH_CHECK(k % kActGroup == 0 && k > 0, "the input width must be a multiple of 32, got ", k);
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.dim() == 3 &&
+                  scales.size(0) == blocks && scales.size(1) == k / kActGroup && scales.size(2) == kLanes,
+              "scales must be a contiguous float32 [out / 8, in / 32, 8] tensor (eight rows' Q8_0 scales)");
+  const Q8Format format{codes.data_ptr<int8_t>(), scales.data_ptr<float>(), k, k / kActGroup};
+  return interleaved_linear("q8_linear", x, format, blocks, k, n);
 }
 
 }  // namespace
 }  // namespace kvserve_cpu
 
-TORCH_LIBRARY_FRAGMENT(kvserve_cpu, m) { m.def("q8_linear(Tensor x, Tensor codes, Tensor scales) -> Tensor"); }
+TORCH_LIBRARY_FRAGMENT(kvserve_cpu, m) {
+  m.def("q8_linear(Tensor x, Tensor codes, Tensor scales, int out_features) -> Tensor");
+}
 
 TORCH_LIBRARY_IMPL(kvserve_cpu, CPU, m) { m.impl("q8_linear", kvserve_cpu::q8_linear); }

@@ -30,7 +30,6 @@ inline float to_float(Bf16 v) {
   return f;
 }
 inline float to_float(c10::Half v) { return static_cast<float>(v); }
-inline float to_float(int8_t v) { return static_cast<float>(v); }
 
 // fp32 to an element type, rounding to nearest even.
 inline void store_as(float v, float* dst) { *dst = v; }
@@ -51,18 +50,6 @@ struct Vec8 {
   static Vec8 load(const c10::Half* p) {
     return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))};
   }
-  static Vec8 load(const int8_t* p) {  // exact: every int8 is a float
-    return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))))};
-  }
-  // The low (high) four bits of eight bytes, as floats 0..15: exact.
-  static Vec8 load_low_nibbles(const uint8_t* p) {
-    const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    return {_mm256_cvtepi32_ps(_mm256_and_si256(bytes, _mm256_set1_epi32(0x0f)))};
-  }
-  static Vec8 load_high_nibbles(const uint8_t* p) {
-    const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    return {_mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4))};
-  }
   // A mask of the lanes whose index, counted from `first`, is below `n`.
   static Vec8 iota_below(int64_t first, int64_t n) {
     const __m256i lane = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int32_t>(first)),
@@ -70,9 +57,12 @@ struct Vec8 {
     return {_mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(n)), lane))};
   }
   void store(float* p) const { _mm256_storeu_ps(p, v); }
-  // Keeps a loaded value in a register: GCC otherwise folds a load used twice into both
-  // multiply-adds as memory operands, two loads where one will do (the tiles in quant_linear.h).
-  void pin() { __asm__("" : "+x"(v)); }
+  // Lanes that hold integers in -128..127, as eight int8s.
+  void store_int8(int8_t* p) const {
+    const __m256i wide = _mm256_cvtps_epi32(v);
+    const __m128i halves = _mm_packs_epi32(_mm256_castsi256_si128(wide), _mm256_extracti128_si256(wide, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packs_epi16(halves, halves));
+  }
   // Rounded to nearest even, NaN to the quiet NaN 0x7fc0: c10::BFloat16's conversion, eight at a time.
   void store(c10::BFloat16* p) const {
     const __m256i bits = _mm256_castps_si256(v);
@@ -94,6 +84,7 @@ inline Vec8 operator-(Vec8 a, Vec8 b) { return {_mm256_sub_ps(a.v, b.v)}; }
 inline Vec8 operator*(Vec8 a, Vec8 b) { return {_mm256_mul_ps(a.v, b.v)}; }
 inline Vec8 fma(Vec8 a, Vec8 b, Vec8 c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
 inline Vec8 max(Vec8 a, Vec8 b) { return {_mm256_max_ps(a.v, b.v)}; }
+inline Vec8 abs(Vec8 a) { return {_mm256_andnot_ps(_mm256_set1_ps(-0.0f), a.v)}; }
 inline Vec8 min(Vec8 a, Vec8 b) { return {_mm256_min_ps(a.v, b.v)}; }
 inline Vec8 operator/(Vec8 a, Vec8 b) { return {_mm256_div_ps(a.v, b.v)}; }
 // mask lanes (all bits set) take `a`, the others `b`.
@@ -134,16 +125,6 @@ struct Vec8 {
     for (int i = 0; i < 8; ++i) r.x[i] = to_float(p[i]);
     return r;
   }
-  static Vec8 load_low_nibbles(const uint8_t* p) {
-    Vec8 r;
-    for (int i = 0; i < 8; ++i) r.x[i] = static_cast<float>(p[i] & 0x0f);
-    return r;
-  }
-  static Vec8 load_high_nibbles(const uint8_t* p) {
-    Vec8 r;
-    for (int i = 0; i < 8; ++i) r.x[i] = static_cast<float>(p[i] >> 4);
-    return r;
-  }
   static Vec8 iota_below(int64_t first, int64_t n) {
     Vec8 r;
     for (int i = 0; i < 8; ++i) {
@@ -153,7 +134,9 @@ struct Vec8 {
     return r;
   }
   void store(float* p) const { std::memcpy(p, x, sizeof x); }
-  void pin() {}
+  void store_int8(int8_t* p) const {
+    for (int i = 0; i < 8; ++i) p[i] = static_cast<int8_t>(x[i]);
+  }
   template <typename T>
   void store(T* p) const {
     for (int i = 0; i < 8; ++i) store_as(x[i], p + i);
@@ -175,6 +158,7 @@ inline Vec8 fma(Vec8 a, Vec8 b, Vec8 c) { KVSERVE_LANEWISE(std::fma(a.x[i], b.x[
 // _mm256_max_ps / _mm256_min_ps semantics: the second operand when either is NaN or both are zeros.
 inline Vec8 max(Vec8 a, Vec8 b) { KVSERVE_LANEWISE(a.x[i] > b.x[i] ? a.x[i] : b.x[i]); }
 inline Vec8 min(Vec8 a, Vec8 b) { KVSERVE_LANEWISE(a.x[i] < b.x[i] ? a.x[i] : b.x[i]); }
+inline Vec8 abs(Vec8 a) { KVSERVE_LANEWISE(std::fabs(a.x[i])); }
 inline Vec8 operator/(Vec8 a, Vec8 b) { KVSERVE_LANEWISE(a.x[i] / b.x[i]); }
 inline Vec8 select(Vec8 mask, Vec8 a, Vec8 b) {
   Vec8 r;

@@ -1,5 +1,6 @@
 """Q4_1 as shipped → kvserve's Q4_1 kernel: the parse reproduces gguf's own dequantization, the
-packing gives back the file's own bytes, and the kernel computes with exactly those weights."""
+kernel's layout holds the file's own nibbles and scales, and the kernel computes with exactly those
+weights (against activations rounded to Q8 blocks)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,10 @@ from kvserve.executor.weights.gguf_q4_1 import (
     GROUP,
     concat_rows,
     dequantize,
-    kernel_scales,
-    pack_codes,
     parse_q4_1,
 )
-from kvserve.executor.weights.q4_1_linear import make_q4_1_linear
-from kvserve.kernels.reference import q4_1_linear_reference
+from kvserve.executor.weights.q4_1_linear import make_q4_1_linear, pack
+from kvserve.kernels.reference import q4_1_linear_reference, q8_activations_reference, unpack_q4_1
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -40,12 +39,14 @@ def _random_q4_1(rows: int, cols: int, seed: int = 0) -> np.ndarray:
 
 
 def _packs_back_to_the_file(weight, raw: np.ndarray) -> None:
-    """`pack_codes` and `kernel_scales` are the file's own nibbles and fp16 d, m: nothing re-derived."""
+    """The kernel's layout holds the file's own nibbles and fp16 d, m: nothing re-derived."""
     blocks = np.ascontiguousarray(raw).reshape(raw.shape[0], -1, BLOCK_BYTES)
-    assert torch.equal(pack_codes(weight), torch.from_numpy(blocks[:, :, 4:].reshape(raw.shape[0], -1).copy()))
-    d = torch.from_numpy(blocks[:, :, 0:2].copy().view(np.float16)[..., 0]).float()
-    m = torch.from_numpy(blocks[:, :, 2:4].copy().view(np.float16)[..., 0]).float()
-    assert torch.equal(kernel_scales(weight), torch.stack([d, m], dim=-1))
+    packed = torch.from_numpy(blocks[:, :, 4:].copy())
+    file_codes = torch.cat([packed & 0x0F, packed >> 4], dim=-1).reshape(raw.shape[0], -1)  # GGUF: j, j + 16
+    q, d, m = unpack_q4_1(*pack(weight), raw.shape[0])
+    assert torch.equal(q, file_codes)
+    assert torch.equal(d, torch.from_numpy(blocks[:, :, 0:2].copy().view(np.float16)[..., 0]).float())
+    assert torch.equal(m, torch.from_numpy(blocks[:, :, 2:4].copy().view(np.float16)[..., 0]).float())
 
 
 def test_parsed_codes_dequantize_exactly_as_gguf_does() -> None:
@@ -64,17 +65,19 @@ def test_row_concatenation_is_exact() -> None:
 
 @pytest.mark.parametrize("rows", [1, 7, 64, 300])
 def test_the_layer_computes_with_the_dequantized_weights(rows: int) -> None:
-    """float32 activations, float32 out: the float64 product with gguf's own dequantized weights, to
-    float32 summation error; a single-row call of any of its rows gives that row's bits."""
-    raw = _random_q4_1(192, 256, 3)
+    """float32 activations rounded to Q8 blocks, float32 out: the float64 product of those activations
+    with gguf's own dequantized weights, to float32 summation error; a single-row call of any of its
+    rows gives that row's bits. 52 rows: the last block of eight is padded."""
+    raw = _random_q4_1(52, 256, 3)
     layer = make_q4_1_linear(parse_q4_1(raw))
     x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows))
     out = layer(x)
-    assert out.dtype == torch.float32
+    assert out.dtype == torch.float32 and out.shape == (rows, 52)
     reference = torch.from_numpy(quants.dequantize(raw, GGMLQuantizationType.Q4_1)).double()
-    expected = (x.double() @ reference.t()).float()
+    qx, dx = q8_activations_reference(x)
+    expected = ((qx.double() * dx.double()[..., None]).reshape(rows, 256) @ reference.t()).float()
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(out, q4_1_linear_reference(x, layer.codes, layer.scales), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, q4_1_linear_reference(x, layer.codes, layer.scales, 52), rtol=1e-5, atol=1e-5)
     assert torch.equal(layer(x[-1:].clone()), out[-1:])
 
 

@@ -1,9 +1,9 @@
 """`--weights native` on the default model: the GGUF's Q4_1 layers, served 4-bit.
 
 The codes, q/k rows un-permuted, dequantize exactly to the converted directory's fp32
-weights; the int4 kernel and its fp32 fallback agree; the lm_head runs Q8_0 on the GGUF's own
-codes; and the native path's greedy output does not depend on how a sequence is batched,
-chunked or prefix-shared.
+weights; the Q4_1 kernel computes with them against 8-bit activations; the lm_head runs Q8_0
+on the GGUF's own codes; and the native path's greedy output does not depend on how a
+sequence is batched, chunked or prefix-shared.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from kvserve.executor.weights import model_store
 from kvserve.executor.weights.gguf_q4_1 import dequantize
 from kvserve.executor.weights.gguf_weights import read_q4_1_layers
 from kvserve.executor.weights.q4_1_linear import Q4_1Linear
-from kvserve.executor.weights.q8_0 import Q8Linear
+from kvserve.executor.weights.q8_0 import Q8Linear, unpack
 from kvserve.executor.weights.row_invariance import RowFixedLinear
+from kvserve.kernels.reference import q8_activations_reference
 from kvserve.scheduler.server.tokenizer import Tokenizer
 from kvserve.testing.plan_driver import PlanDriver
 
@@ -78,7 +79,9 @@ def test_every_layer_runs_4_bit_on_the_codes_it_shipped_with(runner) -> None:
     source = model_store.default_model_source()
     q4 = read_q4_1_layers(source.path / source.gguf_file, runner.model_config)[0]
     x = torch.randn(40, q4["attn_output"].shape[1])
-    expected = (x.double() @ dequantize(q4["attn_output"]).double().t()).float()
+    qx, dx = q8_activations_reference(x)  # the kernel's 8-bit activations
+    x_q8 = (qx.double() * dx.double()[..., None]).reshape(x.shape)
+    expected = (x_q8 @ dequantize(q4["attn_output"]).double().t()).float()
     torch.testing.assert_close(layer.o_proj(x), expected, rtol=1e-5, atol=1e-5)
 
 
@@ -95,10 +98,9 @@ def test_the_lm_head_runs_q8_0_on_the_codes_the_gguf_shipped_with(runner) -> Non
     (embedding,) = [t for t in GGUFReader(str(source.path / source.gguf_file)).tensors if t.name == "token_embd.weight"]
     assert embedding.tensor_type.name == "Q8_0"
     blocks = np.ascontiguousarray(np.asarray(embedding.data)).reshape(embedding.data.shape[0], -1, 34)
-    codes = torch.from_numpy(blocks[:, :, 2:].copy().view(np.int8)).reshape(head.inner.codes.shape)
-    d = torch.from_numpy(blocks[:, :, 0:2].copy().view(np.float16)[..., 0]).float()
-    assert torch.equal(head.inner.codes, codes)
-    assert torch.equal(head.inner.d, d)
+    codes, d = unpack(head.inner)
+    assert torch.equal(codes, torch.from_numpy(blocks[:, :, 2:].copy().view(np.int8)).reshape(codes.shape))
+    assert torch.equal(d, torch.from_numpy(blocks[:, :, 0:2].copy().view(np.float16)[..., 0]).float())
 
 
 def _greedy(runner, prompt_ids, **add) -> dict[int, list[int]]:

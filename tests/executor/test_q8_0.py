@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from kvserve.executor.attention.cpu_backend import ensure_kernels
-from kvserve.executor.weights.q8_0 import CODE_MAX, GROUP, dequantize, quantize
+from kvserve.executor.weights.q8_0 import CODE_MAX, GROUP, dequantize, quantize, unpack
+from kvserve.kernels.reference import q8_activations_reference
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -19,15 +20,16 @@ def test_quantize_follows_the_q8_0_rule_and_dequantizes_within_half_a_step() -> 
     weight = torch.randn(24, 3 * GROUP, generator=gen)
     weight[3, :GROUP] = 0.0  # an all-zero group: scale 0, codes 0
     layer = quantize(weight)
-    assert layer.codes.dtype == torch.int8 and layer.codes.shape == weight.shape
-    assert layer.d.shape == (24, 3) and layer.d.dtype == torch.float32
-    assert torch.equal(layer.d, layer.d.half().float())  # fp16 values, as GGUF stores them
+    codes, d = unpack(layer)
+    assert codes.dtype == torch.int8 and codes.shape == weight.shape
+    assert d.shape == (24, 3) and d.dtype == torch.float32
+    assert torch.equal(d, d.half().float())  # fp16 values, as GGUF stores them
     groups = weight.reshape(24, 3, GROUP)
-    assert torch.equal(layer.d, (groups.abs().amax(-1) / CODE_MAX).half().float())
-    assert layer.codes.abs().max() <= CODE_MAX
-    step = layer.d.repeat_interleave(GROUP, dim=1)
+    assert torch.equal(d, (groups.abs().amax(-1) / CODE_MAX).half().float())
+    assert codes.abs().max() <= CODE_MAX
+    step = d.repeat_interleave(GROUP, dim=1)
     assert ((dequantize(layer) - weight).abs() <= step / 2 + 1e-7).all()
-    assert torch.equal(layer.codes[3, :GROUP], torch.zeros(GROUP, dtype=torch.int8))
+    assert torch.equal(codes[3, :GROUP], torch.zeros(GROUP, dtype=torch.int8))
 
 
 def test_quantizing_dequantized_q8_0_gives_the_same_codes_back() -> None:
@@ -38,11 +40,15 @@ def test_quantizing_dequantized_q8_0_gives_the_same_codes_back() -> None:
     assert torch.equal(again.codes, first.codes) and torch.equal(again.d, first.d)
 
 
-def test_the_layer_multiplies_its_dequantized_weights() -> None:
+def test_the_layer_multiplies_its_dequantized_weights_by_8_bit_activations() -> None:
+    """100 outputs: the last block of eight padded. The float64 product of the activations rounded to
+    Q8 blocks and the dequantized weights, to float32 summation error."""
     gen = torch.Generator().manual_seed(2)
     layer = quantize(torch.randn(100, 2 * GROUP, generator=gen))
     x = torch.randn(5, 2 * GROUP, generator=gen)
-    torch.testing.assert_close(layer(x), x @ dequantize(layer).t(), rtol=1e-5, atol=1e-5)
+    qx, dx = q8_activations_reference(x)
+    x_q8 = (qx.double() * dx.double()[..., None]).reshape(x.shape)
+    torch.testing.assert_close(layer(x), (x_q8 @ dequantize(layer).double().t()).float(), rtol=1e-5, atol=1e-5)
     assert layer.kind == "q8_0"
 
 

@@ -7,7 +7,7 @@ against `q8_linear_reference`; q4_1_linear against `q4_1_linear_reference`.
 
 Invariance, bit for bit: a token's attention output is the same alone or beside other
 sequences, as a decode or inside a prefill, whole or chunked, from any physical blocks, and the
-activation and the Q8_0 product are the same at every row count.
+activation and the Q8_0 and Q4_1 products are the same at every row count.
 """
 
 from __future__ import annotations
@@ -212,58 +212,68 @@ def test_silu_mul_rounds_alike_in_its_vector_body_and_its_tail(dtype):
 
 
 def _q8_case(out_features: int, in_features: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    codes = torch.randint(-127, 128, (out_features, in_features), generator=gen, dtype=torch.int8)
-    scales = (torch.rand(out_features, in_features // 32, generator=gen) * 0.01).half().float()
+    """Random codes and scales in the kernel's layout of eight interleaved rows, the last block padded."""
+    blocks = (out_features + 7) // 8
+    codes = torch.randint(-127, 128, (blocks, in_features * 8), generator=gen, dtype=torch.int8)
+    scales = (torch.rand(blocks, in_features // 32, 8, generator=gen) * 0.01).half().float()
     return codes, scales
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_q8_linear_matches_the_reference_and_every_row_count_gives_the_same_bits(dtype):
-    """101 outputs: whole blocks of eight and a ragged last block; 1–2 rows take the kernel's
-    in-register path, 3 or more its dequantized-block path, in tiles of three rows and single-row tails."""
+    """101 outputs: whole blocks of eight and a ragged last block; tiles of one to four rows; 130
+    rows cross the kernel's 64-row passes."""
     gen = torch.Generator().manual_seed(7)
     codes, scales = _q8_case(101, 96, gen)
-    x = torch.randn(70, 96, generator=gen).to(dtype)
-    got = cpu_ops.q8_linear(x, codes, scales)
-    assert got.dtype == torch.float32 and got.shape == (70, 101)
-    torch.testing.assert_close(got, q8_linear_reference(x, codes, scales), rtol=1e-5, atol=1e-5)
+    codes[0, :8] = -127  # the extreme products: 2 · 127 · 127 in one 16-bit pair sum
+    x = torch.randn(130, 96, generator=gen).to(dtype)
+    x[0, :4] = -1.0
+    x[5, 32:64] = 0  # a group of zeros: scale 0, codes 0
+    got = cpu_ops.q8_linear(x, codes, scales, 101)
+    assert got.dtype == torch.float32 and got.shape == (130, 101)
+    torch.testing.assert_close(got, q8_linear_reference(x, codes, scales, 101), rtol=1e-5, atol=1e-5)
     for rows in (1, 2, 3, 4, 7, 64):
-        pieces = torch.cat([cpu_ops.q8_linear(x[start : start + rows], codes, scales) for start in range(0, 70, rows)])
-        assert torch.equal(pieces, got), rows
+        pieces = [cpu_ops.q8_linear(x[start : start + rows], codes, scales, 101) for start in range(0, 130, rows)]
+        assert torch.equal(torch.cat(pieces), got), rows
 
 
 def test_q8_linear_refuses_what_it_cannot_multiply():
     gen = torch.Generator().manual_seed(8)
     codes, scales = _q8_case(16, 64, gen)
     with pytest.raises(RuntimeError, match="columns"):
-        cpu_ops.q8_linear(torch.randn(2, 32), codes, scales)
+        cpu_ops.q8_linear(torch.randn(2, 32), codes, scales, 16)
     with pytest.raises(RuntimeError, match="multiple of 32"):
-        cpu_ops.q8_linear(torch.randn(2, 40), codes[:, :40].contiguous(), scales[:, :1].contiguous())
+        cpu_ops.q8_linear(torch.randn(2, 40), codes[:, :320].contiguous(), scales[:, :1].contiguous(), 16)
     with pytest.raises(RuntimeError, match="scales"):
-        cpu_ops.q8_linear(torch.randn(2, 64), codes, scales.half())
+        cpu_ops.q8_linear(torch.randn(2, 64), codes, scales.half(), 16)
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):
-        cpu_ops.q8_linear(torch.randn(2, 64).half(), codes, scales)
+        cpu_ops.q8_linear(torch.randn(2, 64).half(), codes, scales, 16)
+    with pytest.raises(RuntimeError, match="blocks of eight rows"):
+        cpu_ops.q8_linear(torch.randn(2, 64), codes, scales, 8)
 
 
 def _q4_1_case(out_features: int, in_features: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    codes = torch.randint(0, 256, (out_features, in_features // 2), generator=gen, dtype=torch.uint8)
-    d = torch.rand(out_features, in_features // 32, generator=gen) * 0.01
-    m = -torch.rand(out_features, in_features // 32, generator=gen) * 0.05
-    return codes, torch.stack([d, m], dim=-1).half().float().contiguous()
+    """Random codes and scales in the kernel's layout of eight interleaved rows, the last block padded."""
+    blocks, groups = (out_features + 7) // 8, in_features // 32
+    codes = torch.randint(0, 256, (blocks, in_features * 4), generator=gen, dtype=torch.uint8)
+    d = torch.rand(blocks, groups, 1, 8, generator=gen) * 0.01
+    m = -torch.rand(blocks, groups, 1, 8, generator=gen) * 0.05
+    return codes, torch.cat([d, m], dim=2).half().float().contiguous()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_q4_1_linear_matches_the_reference_and_every_row_count_gives_the_same_bits(dtype):
-    """101 outputs (a ragged last block of eight); 1–2 rows take the in-register path, more the
-    dequantized-block path; 110 rows cross the kernel's 48-row passes."""
+    """101 outputs (a ragged last block of eight); tiles of one to four rows; 130 rows cross the
+    kernel's 64-row passes."""
     gen = torch.Generator().manual_seed(9)
     codes, scales = _q4_1_case(101, 96, gen)
-    x = torch.randn(110, 96, generator=gen).to(dtype)
-    got = cpu_ops.q4_1_linear(x, codes, scales)
-    assert got.dtype == torch.float32 and got.shape == (110, 101)
-    torch.testing.assert_close(got, q4_1_linear_reference(x, codes, scales), rtol=1e-5, atol=1e-5)
+    x = torch.randn(130, 96, generator=gen).to(dtype)
+    x[3, :32] = 0  # a group of zeros: scale 0, codes 0
+    got = cpu_ops.q4_1_linear(x, codes, scales, 101)
+    assert got.dtype == torch.float32 and got.shape == (130, 101)
+    torch.testing.assert_close(got, q4_1_linear_reference(x, codes, scales, 101), rtol=1e-5, atol=1e-5)
     for rows in (1, 2, 3, 4, 7, 64):
-        pieces = [cpu_ops.q4_1_linear(x[start : start + rows], codes, scales) for start in range(0, 110, rows)]
+        pieces = [cpu_ops.q4_1_linear(x[start : start + rows], codes, scales, 101) for start in range(0, 130, rows)]
         assert torch.equal(torch.cat(pieces), got), rows
 
 
@@ -274,9 +284,9 @@ def test_q4_1_linear_gives_the_same_bits_on_one_thread_and_on_two():
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = cpu_ops.q4_1_linear(x, codes, scales)
+        one = cpu_ops.q4_1_linear(x, codes, scales, 1000)
         torch.set_num_threads(2)
-        assert torch.equal(cpu_ops.q4_1_linear(x, codes, scales), one)
+        assert torch.equal(cpu_ops.q4_1_linear(x, codes, scales, 1000), one)
     finally:
         torch.set_num_threads(threads)
 
@@ -285,12 +295,14 @@ def test_q4_1_linear_refuses_what_it_cannot_multiply():
     gen = torch.Generator().manual_seed(11)
     codes, scales = _q4_1_case(16, 64, gen)
     with pytest.raises(RuntimeError, match="columns"):
-        cpu_ops.q4_1_linear(torch.randn(2, 32), codes, scales)
+        cpu_ops.q4_1_linear(torch.randn(2, 32), codes, scales, 16)
     with pytest.raises(RuntimeError, match="multiple of 32"):
-        cpu_ops.q4_1_linear(torch.randn(2, 40), codes[:, :20].contiguous(), scales[:, :1].contiguous())
+        cpu_ops.q4_1_linear(torch.randn(2, 40), codes[:, :160].contiguous(), scales[:, :1].contiguous(), 16)
     with pytest.raises(RuntimeError, match="scales"):
-        cpu_ops.q4_1_linear(torch.randn(2, 64), codes, scales[..., 0].contiguous())
+        cpu_ops.q4_1_linear(torch.randn(2, 64), codes, scales[:, :, 0].contiguous(), 16)
     with pytest.raises(RuntimeError, match="uint8"):
-        cpu_ops.q4_1_linear(torch.randn(2, 64), codes.to(torch.int8), scales)
+        cpu_ops.q4_1_linear(torch.randn(2, 64), codes.to(torch.int8), scales, 16)
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):
-        cpu_ops.q4_1_linear(torch.randn(2, 64).half(), codes, scales)
+        cpu_ops.q4_1_linear(torch.randn(2, 64).half(), codes, scales, 16)
+    with pytest.raises(RuntimeError, match="blocks of eight rows"):
+        cpu_ops.q4_1_linear(torch.randn(2, 64), codes, scales, 17)

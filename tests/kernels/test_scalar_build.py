@@ -1,0 +1,70 @@
+"""The quantized kernels' scalar code gives their AVX2 code's bits.
+
+`vec8.h` and the format tiles have a plain C++ version for CPUs without AVX2 (ARM, old x86). Both
+versions promise the same bits: exact integer sums, the same float32 chain per output. This test
+builds the two quantized kernels for baseline x86-64 (no AVX2) in a child process, runs them on
+the same operands as the AVX2 build loaded here, and compares every output bit for bit.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvserve.child_python import PYTHON
+from kvserve.executor.attention.cpu_backend import ensure_kernels
+from kvserve.executor.cpu_features import cpu_flags
+from kvserve.executor.weights.gguf_q4_1 import random_q4_1
+from kvserve.executor.weights.q4_1_linear import make_q4_1_linear
+from kvserve.executor.weights.q8_0 import quantize
+from kvserve.kernels import cpu_ops
+
+pytestmark = pytest.mark.slow
+
+SCALAR_CHILD = textwrap.dedent(
+    """
+    import sys
+    import torch
+    from torch.utils import cpp_extension
+    from kvserve.kernels import cpu_ops
+
+    build, operands, out = sys.argv[1:]
+    cpu_ops._put_ninja_on_path()
+    flags = [f for f in cpu_ops.CFLAGS if f != "-march=native"] + ["-march=x86-64"]
+    sources = [str(cpu_ops.SOURCE_DIR / name) for name in ("q4_1_linear.cpp", "q8_linear.cpp")]
+    cpp_extension.load(name="kvserve_scalar_check", sources=sources, extra_cflags=flags,
+                       extra_ldflags=list(cpu_ops.LDFLAGS), build_directory=build, is_python_module=False)
+    results = [getattr(torch.ops.kvserve_cpu, op)(*args) for op, args in torch.load(operands)]
+    torch.save(results, out)
+    """
+)
+
+
+@pytest.mark.skipif("avx2" not in cpu_flags(), reason="without AVX2 the kernels' build is the scalar one already")
+def test_scalar_and_avx2_builds_of_the_quantized_kernels_give_the_same_bits(tmp_path: Path) -> None:
+    ensure_kernels()
+    gen = torch.Generator().manual_seed(0)
+    calls = []
+    for n, k in [(101, 96), (200, 1536)]:  # a ragged last block; several groups and 16-bit partial sums
+        q4 = make_q4_1_linear(random_q4_1(n, k, gen))
+        q8 = quantize(torch.randn(n, k, generator=gen))
+        x = torch.randn(6, k, generator=gen) * 3
+        x[1, :32] = 0  # a group of zeros
+        for activations in (x, x.bfloat16()):
+            calls.append(("q4_1_linear", (activations, q4.codes, q4.scales, n)))
+            calls.append(("q8_linear", (activations, q8.codes, q8.d, n)))
+    torch.save(calls, tmp_path / "operands.pt")
+    child = subprocess.run(
+        [*PYTHON, "-c", SCALAR_CHILD, str(tmp_path), str(tmp_path / "operands.pt"), str(tmp_path / "scalar.pt")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    scalar = torch.load(tmp_path / "scalar.pt")
+    for (op, args), got in zip(calls, scalar, strict=True):
+        assert torch.equal(got, getattr(cpu_ops, op)(*args)), (op, args[0].dtype, args[3])
