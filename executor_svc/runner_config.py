@@ -207,14 +207,15 @@ def resolve_kv_cache_dtype(config: RunnerConfig, dtype: str, attention_backend: 
 
 
 def resolve_weights(config: RunnerConfig, device: str, dtype: str, ranks: int = 1) -> str:
-    """dequantized or native; native needs the cpu, float32 activations around it, and a GGUF source.
+    """dequantized or native; native needs the cpu, float32 between its layers, and a GGUF source.
 
     auto is native where it was measured to win at every batch size: on the cpu, with float32 that
     --dtype auto chose, on a CPU without AVX-512, on one rank (tensor parallelism: not measured). The
     runner then serves dequantized weights after all when the model has no Q4_1 layers to serve
     (`NativeWeightsUnavailable`: not a GGUF, another format, q/k/v biases). On a 2-core AVX2 EPYC
-    kvserve's Q4_1 kernel decoded 2.2x faster than the dequantized float32 path at batch 1, 1.7x at 8,
-    1.2x at 64 and prefilled 1.08x faster (docs/benchmarks.md, "Native becomes the default").
+    kvserve's Q4_1 kernel (8-bit activations, llama.cpp's arithmetic) decoded 3.0x faster than the
+    dequantized float32 path at batch 1, 2.2x at 8, 1.6x at 64 and prefilled 1.7x faster, at +0.09%
+    perplexity (docs/benchmarks.md, "8-bit activations").
     Elsewhere auto is dequantized: an explicit --dtype float32 keeps the path checked token for token
     against transformers, and AVX-512 gives oneDNN's float32 GEMMs twice the lanes of kvserve's
     kernels (on an AMX Xeon native lost 2.2x at batch 64 to bfloat16 on torch's int4 kernel; kvserve's
