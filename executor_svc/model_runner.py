@@ -333,13 +333,14 @@ class ModelRunner:
             )
         spec = DraftModelSpec(
             source=self.config.draft_model,
+            weights=self.weights_mode,
             vocab_size=self.model_config.vocab_size,
             block_size=self.config.block_size,
             kv_dtype=self.geometry.dtype,
             kv_layout=self.geometry.layout,
             max_model_len=self.max_model_len,
         )
-        draft = DraftModel(spec, self.device, self.dtype)
+        draft = DraftModel(spec, self.device, self.dtype, silu_mul=self.model.silu_mul)
         log_loaded(draft)
         return draft
 

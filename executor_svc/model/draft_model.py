@@ -20,6 +20,7 @@ move both alike, an executor restart loses both, and the scheduler keeps no stat
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
@@ -34,6 +35,7 @@ from kvserve.executor.model_config import ModelConfig, load_model_config
 from kvserve.executor.sequence_state import SequenceState
 from kvserve.executor.weights import model_store
 from kvserve.executor.weights.loader import load_weights
+from kvserve.executor.weights.q4_1_linear import Q4_1Linear
 from kvserve.protos.step import PlanError, SampledToken
 
 log = structlog.get_logger(__name__)
@@ -48,6 +50,9 @@ class DraftModelSpec:
     """What the draft model is loaded for: the served model's shape it must fit."""
 
     source: str
+    weights: str
+    """The served model's weights kind: a native target drafts natively where the draft's file allows,
+    so drafting with the served model itself computes what it serves (one arithmetic, not two)."""
     vocab_size: int
     block_size: int
     kv_dtype: torch.dtype
@@ -58,7 +63,15 @@ class DraftModelSpec:
 class DraftModel:
     """The draft model, its KV cache over the served model's block ids, and its proposals."""
 
-    def __init__(self, spec: DraftModelSpec, device: str, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        spec: DraftModelSpec,
+        device: str,
+        dtype: torch.dtype,
+        silu_mul: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
+        """`silu_mul`: the served model's SwiGLU activation, so a draft that is the served model computes
+        what it serves."""
         started = time.monotonic()
         self.spec = spec
         self.device = device
@@ -70,8 +83,9 @@ class DraftModel:
                 f"--draft-model {spec.source}: its vocabulary has {self.config.vocab_size} tokens, the served "
                 f"model's {spec.vocab_size}; a draft model must share the served model's tokenizer"
             )
-        weights = load_weights(self.model_dir, self.config, device, dtype)
-        self.model = LlamaModel(self.config, weights, spec.max_model_len, device, dtype)
+        native = self._native_linears() if spec.weights == "native" else None
+        weights = load_weights(self.model_dir, self.config, device, dtype, native, q8_lm_head=bool(native))
+        self.model = LlamaModel(self.config, weights, spec.max_model_len, device, dtype, silu_mul=silu_mul)
         self.geometry = CacheGeometry(
             self.config.num_layers,
             self.config.num_kv_heads,
@@ -83,6 +97,19 @@ class DraftModel:
         self.cache: PagedKVCache | None = None
         self.num_blocks = 0
         self.load_seconds = time.monotonic() - started
+
+    def _native_linears(self) -> list[dict[str, Q4_1Linear]] | None:
+        """The draft's Q4_1 layers from its GGUF; None (dequantized weights) where it has none."""
+        from kvserve.executor.weights.gguf_weights import NativeWeightsUnavailable, native_layer_linears
+
+        source = model_store.resolve_source(self.spec.source)
+        try:
+            if source.gguf_file is None:
+                raise NativeWeightsUnavailable(f"{source.path} is a safetensors directory")
+            return native_layer_linears(source.path / source.gguf_file, self.config)
+        except NativeWeightsUnavailable as why:
+            log.info("the draft model runs dequantized weights: it has no Q4_1 layers to run natively", why=str(why))
+            return None
 
     @property
     def model_id(self) -> str:
