@@ -54,13 +54,15 @@ def test_real_model_serves_chat_and_batches_like_alone(serve_factory) -> None:
     async def scenario():
         async with grpc.aio.insecure_channel(server.address) as channel:
             stub = api_pb2_grpc.KVServeStub(channel)
-            paris, _, reason = await _text(stub, _chat("What is the capital of France?", 32))
+            # Tokyo, not Paris: the default's Q4_1 x Q8 arithmetic (llama.cpp's) answers France with
+            # "L'Étoile, la Marseillaise...", as llama-server does on the same GGUF.
+            answer, _, reason = await _text(stub, _chat("What is the capital of Japan?", 32))
             alone = [await _text(stub, _chat(q)) for q in QUESTIONS]
             together = await asyncio.gather(*(_text(stub, _chat(q)) for q in QUESTIONS))
-            return paris, reason, alone, together
+            return answer, reason, alone, together
 
-    paris, reason, alone, together = asyncio.run(scenario())
-    assert "Paris" in paris, paris
+    answer, reason, alone, together = asyncio.run(scenario())
+    assert "Tokyo" in answer, answer
     assert reason in (api_pb2.FINISH_REASON_EOS, api_pb2.FINISH_REASON_LENGTH)
     for question, single, batched in zip(QUESTIONS, alone, together):
         assert batched == single, question
