@@ -378,22 +378,12 @@ class ModelRunner:
         return max(0.0, budget)
 
     def _native_linears(self) -> list[dict[str, Q4_1Linear]] | None:
-        """The GGUF's Q4_1 layers; None where `--weights auto` chose native but the model has none to
-        serve (one read of the file either way: parsing its header alone took ~3 s)."""
-        from kvserve.executor.weights.gguf_weights import NativeWeightsUnavailable, native_layer_linears
+        """The GGUF's Q4_1 layers (this rank's share); None where `--weights auto` chose native but the
+        model has none to serve."""
+        from kvserve.executor.weights.gguf_weights import native_linears_or_none  # reads `gguf` lazily
 
-        source = model_store.resolve_source(self.config.model)
-        try:
-            if source.gguf_file is None:
-                raise NativeWeightsUnavailable(
-                    f"--weights native needs a GGUF model; {source.path} is a safetensors directory"
-                )
-            return native_layer_linears(source.path / source.gguf_file, self.model_config, self.layout)
-        except NativeWeightsUnavailable as why:
-            if self.config.weights == "native":
-                raise
-            log.info("serving dequantized weights: the model has no Q4_1 layers to serve natively", why=str(why))
-            return None
+        required = self.config.weights == "native"
+        return native_linears_or_none(self.config.model, self.model_config, self.layout, required=required)
 
     def _model_id(self) -> str:
         source = model_store.resolve_source(self.config.model)

@@ -35,7 +35,6 @@ from kvserve.executor.model_config import ModelConfig, load_model_config
 from kvserve.executor.sequence_state import SequenceState
 from kvserve.executor.weights import model_store
 from kvserve.executor.weights.loader import load_weights
-from kvserve.executor.weights.q4_1_linear import Q4_1Linear
 from kvserve.protos.step import PlanError, SampledToken
 
 log = structlog.get_logger(__name__)
@@ -83,7 +82,11 @@ class DraftModel:
                 f"--draft-model {spec.source}: its vocabulary has {self.config.vocab_size} tokens, the served "
                 f"model's {spec.vocab_size}; a draft model must share the served model's tokenizer"
             )
-        native = self._native_linears() if spec.weights == "native" else None
+        native = None
+        if spec.weights == "native":
+            from kvserve.executor.weights.gguf_weights import native_linears_or_none  # reads `gguf` lazily
+
+            native = native_linears_or_none(spec.source, self.config, required=False)
         weights = load_weights(self.model_dir, self.config, device, dtype, native, q8_lm_head=bool(native))
         self.model = LlamaModel(self.config, weights, spec.max_model_len, device, dtype, silu_mul=silu_mul)
         self.geometry = CacheGeometry(
@@ -97,19 +100,6 @@ class DraftModel:
         self.cache: PagedKVCache | None = None
         self.num_blocks = 0
         self.load_seconds = time.monotonic() - started
-
-    def _native_linears(self) -> list[dict[str, Q4_1Linear]] | None:
-        """The draft's Q4_1 layers from its GGUF; None (dequantized weights) where it has none."""
-        from kvserve.executor.weights.gguf_weights import NativeWeightsUnavailable, native_layer_linears
-
-        source = model_store.resolve_source(self.spec.source)
-        try:
-            if source.gguf_file is None:
-                raise NativeWeightsUnavailable(f"{source.path} is a safetensors directory")
-            return native_layer_linears(source.path / source.gguf_file, self.config)
-        except NativeWeightsUnavailable as why:
-            log.info("the draft model runs dequantized weights: it has no Q4_1 layers to run natively", why=str(why))
-            return None
 
     @property
     def model_id(self) -> str:

@@ -23,6 +23,7 @@ from gguf import GGMLQuantizationType, GGUFReader
 from kvserve.executor.config_error import ExecutorConfigError
 from kvserve.executor.model_config import ModelConfig
 from kvserve.executor.tensor_parallel.layout import TensorParallelLayout, check_fits, plan_layout
+from kvserve.executor.weights import model_store
 from kvserve.executor.weights.gguf_q4_1 import GROUP, Q4_1Weight, concat_rows, parse_q4_1, select_columns, select_rows
 from kvserve.executor.weights.q4_1_linear import Q4_1Linear, make_q4_1_linear
 
@@ -33,6 +34,26 @@ _LAYER_TENSORS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_
 
 class NativeWeightsUnavailable(ExecutorConfigError):
     """The model has no Q4_1 linear layers to serve natively (not a GGUF, or another format)."""
+
+
+def native_linears_or_none(
+    model: str | None, config: ModelConfig, layout: TensorParallelLayout | None = None, *, required: bool
+) -> list[dict[str, Q4_1Linear]] | None:
+    """`native_layer_linears` of the model `model` names (a `--model` or `--draft-model` source, None the
+    default model); None where it has no Q4_1 layers to serve and `required` is false, so the caller loads
+    dequantized weights instead. One read of the file either way: parsing its header alone took ~3 s."""
+    source = model_store.resolve_source(model)
+    try:
+        if source.gguf_file is None:
+            raise NativeWeightsUnavailable(
+                f"--weights native needs a GGUF model; {source.path} is a safetensors directory"
+            )
+        return native_layer_linears(source.path / source.gguf_file, config, layout)
+    except NativeWeightsUnavailable as why:
+        if required:
+            raise
+        log.info("dequantized weights: the model has no Q4_1 layers to run natively", model=model, why=str(why))
+        return None
 
 
 def read_q4_1_layers(gguf_path: Path, config: ModelConfig) -> list[dict[str, Q4_1Weight]]:

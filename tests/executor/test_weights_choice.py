@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from kvserve.executor import cpu_features
+from kvserve.executor.model_config import ModelConfig, RopeConfig
 from kvserve.executor.runner_config import RunnerConfig, resolve_dtype, resolve_weights
+from kvserve.executor.weights.gguf_weights import native_linears_or_none
+
+SMOLLM2_SHAPE = ModelConfig(
+    architecture="LlamaForCausalLM", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
+    num_heads=9, num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5, max_position_embeddings=8192,
+    tie_word_embeddings=True, attention_bias=False, rope=RopeConfig(),
+)  # fmt: skip
 
 
 def test_dequantized_and_native_are_kept_as_asked() -> None:
@@ -33,12 +41,8 @@ def test_auto_weights_are_native_only_where_measured_to_win(
 
 
 def test_auto_falls_back_to_dequantized_weights_where_the_model_has_no_q4_1_layers(tmp_path) -> None:
-    from kvserve.executor.model_runner import ModelRunner
-
-    (tmp_path / "config.json").write_text("{}")
-    runner = object.__new__(ModelRunner)  # only the source check, without loading a model
-    runner.config = RunnerConfig(model=str(tmp_path))
-    assert runner._native_linears() is None
+    (tmp_path / "config.json").write_text("{}")  # a safetensors directory: nothing native to serve
+    assert native_linears_or_none(str(tmp_path), SMOLLM2_SHAPE, required=False) is None
 
 
 @pytest.mark.parametrize(
@@ -55,13 +59,9 @@ def test_refused_combinations_say_why(weights: str, device: str, dtype: str, mes
 
 
 def test_native_refuses_a_model_that_is_not_a_gguf(tmp_path) -> None:
-    from kvserve.executor.model_runner import ModelRunner
-
     (tmp_path / "config.json").write_text("{}")
-    runner = object.__new__(ModelRunner)  # only the source check, without loading a model
-    runner.config = RunnerConfig(model=str(tmp_path), weights="native")
     with pytest.raises(ValueError, match="needs a GGUF model"):
-        runner._native_linears()
+        native_linears_or_none(str(tmp_path), SMOLLM2_SHAPE, required=True)
 
 
 @pytest.mark.parametrize(
