@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 SOURCE_DIR = Path(__file__).with_name("cpu")
-SOURCES = ("paged_attention.cpp", "silu_mul.cpp", "q8_linear.cpp", "q4_1_linear.cpp")
+SOURCES = ("paged_attention.cpp", "silu_mul.cpp", "q8_linear.cpp", "q4_1_linear.cpp", "decoder_layer.cpp")
 HEADERS = ("vec8.h", "q8_activations.h", "interleaved_linear.h")
 CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fopenmp")
 """-ffp-contract=off: only the explicit fused multiply-adds fuse, so vector and scalar code agree bit for bit.
@@ -99,12 +99,17 @@ def _register_shapes() -> None:
     def quantized_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, out_features: int) -> torch.Tensor:
         return x.new_empty(x.shape[0], out_features, dtype=torch.float32)
 
+    def norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return torch.empty_like(x)
+
     shapes: dict[str, Callable[..., object]] = {
         "paged_attention": attention,
         "store_kv": store,
         "silu_mul": silu_mul,
         "q8_linear": quantized_linear,
         "q4_1_linear": quantized_linear,
+        "rms_norm": norm,
+        "decoder_layer": store,
     }
     for name, shape in shapes.items():
         torch.library.register_fake(f"kvserve_cpu::{name}", shape)
@@ -164,6 +169,39 @@ def q4_1_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, out_
     [out / 8, in * 4] and float32 `scales` [out / 8, in / 32, 2, 8]. float32 [rows, out_features], each
     output one float chain over exact integer group sums (`kernels/cpu/q4_1_linear.cpp` says which)."""
     return torch.ops.kvserve_cpu.q4_1_linear(x, codes, scales, out_features)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of float32 rows [rows, width] (width a multiple of 8), each row's squares summed in one
+    fixed order, so a row's result does not depend on the batch (`kernels/cpu/decoder_layer.cpp`)."""
+    return torch.ops.kvserve_cpu.rms_norm(x, weight, eps)
+
+
+def decoder_layer(
+    x: torch.Tensor,
+    norms: tuple[torch.Tensor, torch.Tensor],
+    eps: float,
+    matrices: tuple[list[torch.Tensor], list[torch.Tensor], list[int]],
+    rotary: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    heads: tuple[int, int],
+    caches: tuple[torch.Tensor, torch.Tensor],
+    attention: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float],
+) -> None:
+    """One native decoder layer on float32 `x` [tokens, hidden], in place: `rms_norm` (input norm), the
+    Q4_1 qkv product, rotate-half RoPE of q and k, `store_kv`, `paged_attention`, the o_proj product
+    added to `x`, `rms_norm` (post-attention norm), gate_up, `silu_mul`, down added to `x`.
+
+    `matrices`: the qkv, o_proj, gate_up and down codes, scales and out_features (`q4_1_linear`'s
+    layout); `rotary`: int64 positions and the float32 cos and sign-folded sin tables [positions,
+    head_dim]; `heads`: (num_heads, num_kv_heads); `attention`: slot_mapping, block_tables,
+    query_start_loc, seq_lens and the softmax scale, as `store_kv` and `paged_attention` take them."""
+    codes, scales, out_features = matrices
+    positions, cos, sin_signed = rotary
+    slot_mapping, block_tables, query_start_loc, seq_lens, scale = attention
+    torch.ops.kvserve_cpu.decoder_layer(
+        x, norms[0], norms[1], eps, codes, scales, out_features, positions, cos, sin_signed, heads[0], heads[1],
+        caches[0], caches[1], slot_mapping, block_tables, query_start_loc, seq_lens, scale,
+    )  # fmt: skip
 
 
 def _put_ninja_on_path() -> None:

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from kvserve.executor.attention.base import AttentionBackend
 from kvserve.executor.model.input_batch import InputBatch
 from kvserve.executor.model.kv_cache import PagedKVCache
+from kvserve.executor.model.native_layers import NativeLayers
 from kvserve.executor.model_config import ModelConfig, RopeConfig
 from kvserve.executor.weights.loader import ModelWeights
 
@@ -81,18 +82,36 @@ class LlamaModel:
         )
         self.scale = config.head_dim**-0.5
         self._qk_width = (config.num_heads + config.num_kv_heads) * config.head_dim
+        self.native_layers = (
+            NativeLayers.from_weights(config, weights)
+            if group is None and device == "cpu" and dtype == torch.float32
+            else None
+        )
+        """Native Q4_1 layers on one rank run as one C++ op each (`native_layers`), at every batch size."""
 
     def forward(self, batch: InputBatch, cache: PagedKVCache, backend: AttentionBackend) -> torch.Tensor | None:
         """Logits [sampled rows, vocab] in float32; None on a tensor-parallel rank other than 0."""
         cfg, w, group = self.config, self.weights, self.group
         meta = batch.attention
         backend.prepare(meta)
-        num_tokens = batch.num_tokens
-        cos = self.cos.index_select(0, batch.positions)[:, None, :]
-        sin = self.sin_signed.index_select(0, batch.positions)[:, None, :]
         x = w.embed(batch.input_ids)  # a fresh tensor: the residual adds below are in place
         if group is not None:
             group.all_reduce_(x)
+        if self.native_layers is not None and backend.name == "cpu":
+            self.native_layers.run(x, batch.positions, (self.cos, self.sin_signed), cache, meta)
+        else:
+            self._layers(x, batch, cache, backend)
+        x = x.index_select(0, batch.sample_indices)
+        x = self.norm(x, w.final_norm, cfg.rms_norm_eps)
+        logits = w.lm_head(x).float()
+        return logits if group is None else group.gather_columns(logits, cfg.vocab_size)
+
+    def _layers(self, x: torch.Tensor, batch: InputBatch, cache: PagedKVCache, backend: AttentionBackend) -> None:
+        """Every decoder layer on `x` in place, op by op."""
+        cfg, w, group, meta = self.config, self.weights, self.group, batch.attention
+        num_tokens = batch.num_tokens
+        cos = self.cos.index_select(0, batch.positions)[:, None, :]
+        sin = self.sin_signed.index_select(0, batch.positions)[:, None, :]
         for index, layer in enumerate(w.layers):
             h = self.norm(x, layer.input_norm, cfg.rms_norm_eps)
             qkv = layer.qkv(h)
@@ -108,10 +127,6 @@ class LlamaModel:
             h = self.norm(x, layer.post_attention_norm, cfg.rms_norm_eps)
             mlp_out = layer.down(self.silu_mul(layer.gate_up(h)))
             x.add_(mlp_out if group is None else group.all_reduce_(mlp_out))
-        x = x.index_select(0, batch.sample_indices)
-        x = self.norm(x, w.final_norm, cfg.rms_norm_eps)
-        logits = w.lm_head(x).float()
-        return logits if group is None else group.gather_columns(logits, cfg.vocab_size)
 
 
 def torch_silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

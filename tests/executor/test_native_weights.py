@@ -75,6 +75,7 @@ def test_every_layer_runs_4_bit_on_the_codes_it_shipped_with(runner) -> None:
     # each in fixed GEMM call shapes (kvserve.executor.weights.row_invariance)
     assert all(isinstance(lin, RowFixedLinear) and isinstance(lin.inner, Q4_1Linear) for lin in linears)
     assert all(lin.min_rows == 1 for lin in linears)  # its own kernel sums every row alike: never padded
+    assert runner.model.native_layers is not None  # each layer one fused op (kvserve.executor.model.native_layers)
     assert runner.info().model_id.endswith("+q4_1")  # never shares a prefix cache with the fp32 weights
     source = model_store.default_model_source()
     q4 = read_q4_1_layers(source.path / source.gguf_file, runner.model_config)[0]

@@ -2,8 +2,9 @@
 
 `vec8.h` and the format tiles have a plain C++ version for CPUs without AVX2 (ARM, old x86). Both
 versions promise the same bits: exact integer sums, the same float32 chain per output. This test
-builds the two quantized kernels for baseline x86-64 (no AVX2) in a child process, runs them on
-the same operands as the AVX2 build loaded here, and compares every output bit for bit.
+builds the two quantized kernels and the native layer's RMSNorm for baseline x86-64 (no AVX2) in a
+child process, runs them on the same operands as the AVX2 build loaded here, and compares every
+output bit for bit.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ SCALAR_CHILD = textwrap.dedent(
     build, operands, out = sys.argv[1:]
     cpu_ops._put_ninja_on_path()
     flags = [f for f in cpu_ops.CFLAGS if f != "-march=native"] + ["-march=x86-64"]
-    sources = [str(cpu_ops.SOURCE_DIR / name) for name in ("q4_1_linear.cpp", "q8_linear.cpp")]
+    sources = [str(cpu_ops.SOURCE_DIR / name) for name in ("q4_1_linear.cpp", "q8_linear.cpp", "decoder_layer.cpp")]
     cpp_extension.load(name="kvserve_scalar_check", sources=sources, extra_cflags=flags,
                        extra_ldflags=list(cpu_ops.LDFLAGS), build_directory=build, is_python_module=False)
     results = [getattr(torch.ops.kvserve_cpu, op)(*args) for op, args in torch.load(operands)]
@@ -57,6 +58,7 @@ def test_scalar_and_avx2_builds_of_the_quantized_kernels_give_the_same_bits(tmp_
         for activations in (x, x.bfloat16()):
             calls.append(("q4_1_linear", (activations, q4.codes, q4.scales, n)))
             calls.append(("q8_linear", (activations, q8.codes, q8.d, n)))
+        calls.append(("rms_norm", (x, torch.randn(k, generator=gen), 1e-5)))
     torch.save(calls, tmp_path / "operands.pt")
     child = subprocess.run(
         [*PYTHON, "-c", SCALAR_CHILD, str(tmp_path), str(tmp_path / "operands.pt"), str(tmp_path / "scalar.pt")],
@@ -67,4 +69,4 @@ def test_scalar_and_avx2_builds_of_the_quantized_kernels_give_the_same_bits(tmp_
     assert child.returncode == 0, child.stderr[-3000:]
     scalar = torch.load(tmp_path / "scalar.pt")
     for (op, args), got in zip(calls, scalar, strict=True):
-        assert torch.equal(got, getattr(cpu_ops, op)(*args)), (op, args[0].dtype, args[3])
+        assert torch.equal(got, getattr(cpu_ops, op)(*args)), (op, args[0].dtype, args[-1])

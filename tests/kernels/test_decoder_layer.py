@@ -1,0 +1,146 @@
+"""The native path's fused decoder layer and its RMSNorm (`kernels/cpu/decoder_layer.cpp`).
+
+The fused op must equal its own steps run one by one through the separate kernels, bit for bit,
+and a token's result must not depend on what shares the call."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvserve.executor.attention.cpu_backend import ensure_kernels
+from kvserve.executor.model.llama import apply_rope, rms_norm
+from kvserve.kernels import cpu_ops
+
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE, BLOCK = 64, 4, 2, 16, 96, 16
+EPS = 1e-5
+MAX_POSITIONS = 64
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _kernels() -> None:
+    ensure_kernels()
+
+
+def _q4_1(out_features: int, in_features: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Random codes and scales in `q4_1_linear`'s layout of eight interleaved rows."""
+    blocks, groups = (out_features + 7) // 8, in_features // 32
+    codes = torch.randint(0, 256, (blocks, in_features * 4), generator=gen, dtype=torch.uint8)
+    d = torch.rand(blocks, groups, 1, 8, generator=gen) * 0.02
+    m = -torch.rand(blocks, groups, 1, 8, generator=gen) * 0.1
+    return codes, torch.cat([d, m], dim=2).half().float().contiguous(), out_features
+
+
+def _layer(gen: torch.Generator):
+    """Norm weights, the four matrices (qkv, o_proj, gate_up, down) and rotary tables."""
+    norms = (1 + 0.1 * torch.randn(HIDDEN, generator=gen), 1 + 0.1 * torch.randn(HIDDEN, generator=gen))
+    shapes = [((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN), (HIDDEN, HEADS * HEAD_DIM), (2 * INTERMEDIATE, HIDDEN),
+              (HIDDEN, INTERMEDIATE)]  # fmt: skip
+    matrices = [_q4_1(out, inp, gen) for out, inp in shapes]
+    angles = torch.outer(torch.arange(MAX_POSITIONS, dtype=torch.float32), torch.rand(HEAD_DIM // 2, generator=gen))
+    angles = torch.cat([angles, angles], dim=-1)
+    half = HEAD_DIM // 2
+    sin_signed = torch.cat([-angles[:, :half].sin(), angles[:, half:].sin()], dim=-1)
+    return norms, matrices, angles.cos().contiguous(), sin_signed.contiguous()
+
+
+def _batch(cached: list[int], new: list[int]):
+    """Positions, slot mapping, block tables (disjoint, in order), query starts and lengths."""
+    tables, positions, slots, next_block = [], [], [], 0
+    for before, count in zip(cached, new, strict=True):
+        blocks = -(-(before + count) // BLOCK)
+        tables.append(list(range(next_block, next_block + blocks)))
+        next_block += blocks
+        for p in range(before, before + count):
+            positions.append(p)
+            slots.append(tables[-1][p // BLOCK] * BLOCK + p % BLOCK)
+    width = max(len(t) for t in tables)
+    return (
+        torch.tensor(positions, dtype=torch.int64),
+        torch.tensor(slots, dtype=torch.int64),
+        torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
+        torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], dtype=torch.int32),
+        torch.tensor([b + n for b, n in zip(cached, new, strict=True)], dtype=torch.int32),
+    )
+
+
+def _caches(gen: torch.Generator, blocks: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """Head-major caches with random contents standing for earlier tokens."""
+    k = torch.randn(blocks, BLOCK, KV_HEADS, HEAD_DIM, generator=gen)
+    v = torch.randn(blocks, BLOCK, KV_HEADS, HEAD_DIM, generator=gen)
+    return cpu_ops.head_major(k, v)
+
+
+def _fused(x, layer, batch, caches) -> None:
+    norms, matrices, cos, sin_signed = layer
+    positions, slots, tables, starts, lens = batch
+    codes, scales, outs = (list(column) for column in zip(*matrices, strict=True))
+    cpu_ops.decoder_layer(
+        x, norms, EPS, (codes, scales, outs), (positions, cos, sin_signed), (HEADS, KV_HEADS), caches,
+        (slots, tables, starts, lens, HEAD_DIM**-0.5),
+    )  # fmt: skip
+
+
+def _step_by_step(x, layer, batch, caches) -> None:
+    """The same layer through the separate kernels and `apply_rope`, as the unfused forward runs it."""
+    norms, (qkv_w, o_w, gate_up_w, down_w), cos, sin_signed = layer
+    positions, slots, tables, starts, lens = batch
+    tokens, qk_width = x.shape[0], (HEADS + KV_HEADS) * HEAD_DIM
+    qkv = cpu_ops.q4_1_linear(cpu_ops.rms_norm(x, norms[0], EPS), *qkv_w)
+    rotary = cos[positions][:, None], sin_signed[positions][:, None]
+    qk = apply_rope(qkv[:, :qk_width].view(tokens, -1, HEAD_DIM), *rotary)
+    q, k = qk[:, :HEADS].contiguous(), qk[:, HEADS:]
+    v = qkv[:, qk_width:].view(tokens, KV_HEADS, HEAD_DIM)
+    cpu_ops.store_kv(k, v, caches[0], caches[1], slots)
+    attn = cpu_ops.paged_attention(q, caches[0], caches[1], tables, starts, lens, HEAD_DIM**-0.5)
+    x.add_(cpu_ops.q4_1_linear(attn.reshape(tokens, -1), *o_w))
+    h = cpu_ops.rms_norm(x, norms[1], EPS)
+    x.add_(cpu_ops.q4_1_linear(cpu_ops.silu_mul(cpu_ops.q4_1_linear(h, *gate_up_w)), *down_w))
+
+
+def test_rms_norm_matches_torch_and_a_row_gives_the_same_bits_in_any_batch() -> None:
+    gen = torch.Generator().manual_seed(1)
+    x, weight = torch.randn(37, 576, generator=gen) * 3, torch.randn(576, generator=gen)
+    got = cpu_ops.rms_norm(x, weight, EPS)
+    torch.testing.assert_close(got, rms_norm(x, weight, EPS), rtol=2e-6, atol=2e-6)
+    for rows in (1, 3, 16):
+        assert torch.equal(torch.cat([cpu_ops.rms_norm(x[i : i + rows], weight, EPS) for i in range(0, 37, rows)]), got)
+
+
+def test_the_fused_layer_equals_its_steps_bit_for_bit() -> None:
+    """Two sequences: one with 19 cached tokens and 3 new (its blocks cross a boundary), one prefilling 21."""
+    gen = torch.Generator().manual_seed(2)
+    layer, batch = _layer(gen), _batch(cached=[19, 0], new=[3, 21])
+    x = torch.randn(24, HIDDEN, generator=gen)
+    caches = _caches(gen)
+    fused_x, fused_caches = x.clone(), tuple(c.clone() for c in caches)
+    _fused(fused_x, layer, batch, fused_caches)
+    _step_by_step(x, layer, batch, caches)
+    assert torch.equal(fused_x, x)
+    assert all(torch.equal(a, b) for a, b in zip(fused_caches, caches, strict=True))
+    assert not torch.equal(fused_x, torch.zeros_like(x))
+
+
+def test_a_tokens_layer_output_is_the_same_alone_and_in_a_batch() -> None:
+    gen = torch.Generator().manual_seed(3)
+    layer = _layer(gen)
+    x = torch.randn(24, HIDDEN, generator=gen)
+    caches = _caches(gen)
+    together, together_caches = x.clone(), tuple(c.clone() for c in caches)
+    _fused(together, layer, _batch(cached=[19, 0], new=[3, 21]), together_caches)
+    alone, alone_caches = x[:3].clone(), tuple(c.clone() for c in caches)
+    _fused(alone, layer, _batch(cached=[19], new=[3]), alone_caches)
+    assert torch.equal(alone, together[:3])
+
+
+def test_bad_arguments_are_refused_by_name() -> None:
+    gen = torch.Generator().manual_seed(4)
+    norms, matrices, cos, sin_signed = layer = _layer(gen)
+    x, caches = torch.randn(3, HIDDEN, generator=gen), _caches(gen)
+    positions, *rest = _batch(cached=[19], new=[3])
+    with pytest.raises(RuntimeError, match="past the rotary tables"):
+        _fused(x, layer, (positions + MAX_POSITIONS, *rest), caches)
+    with pytest.raises(RuntimeError, match="qkv's out_features"):
+        _fused(x, (norms, [matrices[1], *matrices[1:]], cos, sin_signed), (positions, *rest), caches)
+    with pytest.raises(RuntimeError, match="float32"):
+        cpu_ops.rms_norm(x.double(), norms[0], EPS)
