@@ -10,8 +10,8 @@
 // Batch invariance: every step is row-local. RMSNorm sums a row's squares in one fixed order (eight
 // lanes, then the lanes in index order), rotary and the residual adds are single IEEE operations
 // per element, and the kernels called are batch-invariant themselves. So a token's bits do not
-// depend on what it was batched with, and the op's result equals its steps run one by one
-// (`kvserve.kernels.reference.decoder_layer_steps`), bit for bit.
+// depend on what it was batched with, and the op's result equals its steps run one by one through
+// the separate kernels, bit for bit (tests/kernels/test_decoder_layer.py).
 //
 // float32 activations only: the native path keeps float32 between its layers.
 
