@@ -77,8 +77,9 @@ class ModelRunner:
         self.backend_name = resolve_attention_backend(config, self.device)
         # Rows computed alike in every batch: the CPU kernels, fixed GEMM call shapes (weights.invariance).
         self.invariant = config.batch_invariant and self.device == "cpu"
+        ranks_on_host = place.local_world_size if place is not None else 1
         if self.device == "cpu":
-            torch.set_num_threads(resolve_num_threads(config, place.local_world_size if place is not None else 1))
+            torch.set_num_threads(resolve_num_threads(config, ranks_on_host))
         elif self.device.startswith("cuda:"):
             torch.cuda.set_device(self.device)
         started = time.monotonic()
@@ -101,6 +102,11 @@ class ModelRunner:
         native = self._native_linears() if self.weights_mode == "native" else None
         if native is None:
             self.weights_mode = "dequantized"  # auto, and the model has no Q4_1 layers to serve
+        threads = resolve_num_threads(config, ranks_on_host, self.weights_mode) if self.device == "cpu" else 0
+        if threads and threads != torch.get_num_threads():
+            # The native path's default takes every core (resolve_num_threads); the probes are per thread count.
+            torch.set_num_threads(threads)
+            self.probes = probe_cache() if self.invariant else None
         compiled = resolve_compile(config, self.device, self.weights_mode, self.backend_name, size)
         buckets = compile_buckets(config) if compiled else ()
         if self.invariant or self.backend_name == "cpu" or self.weights_mode == "native":

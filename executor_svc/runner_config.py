@@ -100,12 +100,11 @@ class RunnerConfig:
     num_threads: int | None = field(
         default=None,
         metadata=flag(
-            "torch intra-op threads on cpu; None: every usable core but one, which is left to the scheduler "
-            "process (on a single core: that core)"
+            "threads on cpu (torch's and kvserve's kernels'); None: every usable core with --weights native, "
+            "else every usable core but one, left to the scheduler process (docs/benchmarks.md, 'Threads "
+            "that coexist')"
         ),
     )
-    # One core is left to the scheduler process and the link: oversubscribed OpenMP threads
-    # stall for whole seconds.
     draft_model: str | None = field(
         default=None,
         metadata=flag(
@@ -161,20 +160,26 @@ def resolve_device(config: RunnerConfig, local_rank: int | None = None) -> str:
     return device
 
 
-def resolve_num_threads(config: RunnerConfig, ranks_on_host: int = 1) -> int:
-    """`ranks_on_host`: tensor-parallel ranks sharing this host's cores, each taking its share."""
+def resolve_num_threads(config: RunnerConfig, ranks_on_host: int = 1, weights: str = "dequantized") -> int:
+    """`ranks_on_host`: tensor-parallel ranks sharing this host's cores, each taking its share.
+
+    `weights` native: every usable core. That path runs its whole step in kvserve's kernels, whose
+    loops let the caller take over a chunk from a thread that lost its core (kernels/cpu/work_pool.h),
+    so a busy neighbour slows a step instead of stalling it. Measured on 2 cores (docs/benchmarks.md,
+    "Threads that coexist"): two threads served 1.5x the tokens of one at 16 in flight, and a batch-1
+    step beside one busy process took 10-13 ms against one thread's 9-11.
+
+    Otherwise every usable core but one, left to the scheduler process (HTTP, gRPC, tokenizers, the
+    step loop) and whatever else runs on the host: torch's GEMMs are OpenMP regions whose threads wait
+    for each other at every op. With both cores a batch-1 step took 38 ms alone and 240 ms beside one
+    busy process; with one thread, 43 ms and 44 ms."""
     import os
 
     if config.num_threads:
         return config.num_threads
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    # One core is left to the scheduler process (HTTP, gRPC, tokenizers, the step loop) and to
-    # whatever else runs on the host. Measured on 2 cores (docs/benchmarks.md, "Threads that
-    # coexist"): with both cores a B=1 step took 38 ms alone and 240 ms beside one busy process,
-    # OpenMP's threads waiting at every op for the one that lost its core; with one thread, 43 ms
-    # alone and 44 ms beside it. Serving at concurrency 1 ran as fast with one thread and twice as
-    # steady (ITL p99 60 ms against 129); at 16 and 64 it gave up 4% and 10% of throughput.
-    usable = usable - 1 if usable > 1 else usable
+    if weights != "native" and usable > 1:
+        usable -= 1
     return max(1, usable // ranks_on_host)
 
 

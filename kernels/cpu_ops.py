@@ -26,12 +26,11 @@ import torch
 
 SOURCE_DIR = Path(__file__).with_name("cpu")
 SOURCES = ("paged_attention.cpp", "silu_mul.cpp", "q8_linear.cpp", "q4_1_linear.cpp", "decoder_layer.cpp")
-HEADERS = ("vec8.h", "q8_activations.h", "interleaved_linear.h")
-CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fopenmp")
+HEADERS = ("vec8.h", "q8_activations.h", "interleaved_linear.h", "work_pool.h")
+CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-pthread")
 """-ffp-contract=off: only the explicit fused multiply-adds fuse, so vector and scalar code agree bit for bit.
--fopenmp: `at::parallel_for` is an OpenMP loop in torch's headers; without it every kernel ran on one thread."""
-LDFLAGS = ("-fopenmp",)
-"""The library then needs libgomp.so.1, which resolves to the copy torch has already loaded: one thread pool."""
+-pthread: the kernels run their loops on their own threads (`cpu/work_pool.h`), not OpenMP's."""
+LDFLAGS = ("-pthread",)
 
 _lock = threading.Lock()
 _loaded: Path | None = None

@@ -16,7 +16,6 @@
 // float32 activations only: the native path keeps float32 between its layers.
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
@@ -24,6 +23,7 @@
 #include <cmath>
 
 #include "vec8.h"
+#include "work_pool.h"
 
 namespace kvserve_cpu {
 namespace {
@@ -33,7 +33,7 @@ constexpr int64_t kRowGrain = 16;  // rows per thread chunk of the row-local loo
 // out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight: the squares summed in eight lanes in index order,
 // the lanes then summed in a fixed order (sum_lanes), so a row's result is the same in any batch.
 void rms_norm_rows(const float* x, const float* weight, float* out, int64_t rows, int64_t width, double eps) {
-  at::parallel_for(0, rows, kRowGrain, [&](int64_t first, int64_t last) {
+  parallel_for(0, rows, kRowGrain, [&](int64_t first, int64_t last) {
     for (int64_t r = first; r < last; ++r) {
       const float* src = x + r * width;
       float* dst = out + r * width;
@@ -69,7 +69,7 @@ void add_rows(at::Tensor& x, const at::Tensor& y) {
   const int64_t width = x.size(1);
   float* dst = x.data_ptr<float>();
   const float* src = y.data_ptr<float>();
-  at::parallel_for(0, x.size(0), kRowGrain, [&](int64_t first, int64_t last) {
+  parallel_for(0, x.size(0), kRowGrain, [&](int64_t first, int64_t last) {
     for (int64_t i = first * width; i < last * width; i += 8)
       (Vec8::load(dst + i) + Vec8::load(src + i)).store(dst + i);
   });
@@ -82,7 +82,7 @@ void add_rows(at::Tensor& x, const at::Tensor& y) {
 void rotate_qk(const float* qkv, int64_t qkv_stride, const int64_t* positions, const float* cos, const float* sin,
                int64_t heads, int64_t kv_heads, int64_t head_dim, float* q, float* k, int64_t tokens) {
   const int64_t half = head_dim / 2;
-  at::parallel_for(0, tokens, kRowGrain, [&](int64_t first, int64_t last) {
+  parallel_for(0, tokens, kRowGrain, [&](int64_t first, int64_t last) {
     for (int64_t t = first; t < last; ++t) {
       const float* c = cos + positions[t] * head_dim;
       const float* s = sin + positions[t] * head_dim;

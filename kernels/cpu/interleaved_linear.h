@@ -16,11 +16,11 @@
 #pragma once
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 
 #include "q8_activations.h"
+#include "work_pool.h"
 
 namespace kvserve_cpu {
 
@@ -71,7 +71,7 @@ at::Tensor interleaved_linear(const char* op, const at::Tensor& x, const Format&
   at::Tensor out = at::empty({m, n}, x.options().dtype(at::kFloat));
   float* op_out = out.data_ptr<float>();
   const int64_t whole = n / kLanes;  // blocks whose eight outputs are all real
-  at::parallel_for(0, blocks, kThreadBlocks, [&](int64_t first, int64_t last) {
+  parallel_for(0, blocks, kThreadBlocks, [&](int64_t first, int64_t last) {
     for (int64_t chunk = 0; chunk < m; chunk += kChunkRows) {
       const int64_t rows = std::min(kChunkRows, m - chunk);
       for (int64_t b = first; b < std::min(last, whole); ++b)

@@ -19,7 +19,6 @@
 // scores of a block's keys are plain vector multiply-adds with no gather or transpose.
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
@@ -29,6 +28,7 @@
 #include <vector>
 
 #include "vec8.h"
+#include "work_pool.h"
 
 namespace kvserve_cpu {
 namespace {
@@ -296,7 +296,7 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache, c
       auto* o = static_cast<QW*>(out.data_ptr());
       const auto* kc = static_cast<const KV*>(k_cache.data_ptr());
       const auto* vc = static_cast<const KV*>(v_cache.data_ptr());
-      at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t first, int64_t last) {
+      parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t first, int64_t last) {
         Scratch scratch;
         for (int64_t i = first; i < last; ++i) {
           const WorkItem& item = items[i];

@@ -8,11 +8,11 @@
 #pragma once
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 
 #include <cstdint>
 
 #include "vec8.h"
+#include "work_pool.h"
 
 namespace kvserve_cpu {
 
@@ -59,7 +59,7 @@ inline Q8Rows quantize_rows(const at::Tensor& x) {
   auto run = [&](auto element) {
     using T = decltype(element);
     const auto* xp = static_cast<const T*>(x.data_ptr());
-    at::parallel_for(0, m * groups, 2048, [&](int64_t first, int64_t last) {
+    parallel_for(0, m * groups, 2048, [&](int64_t first, int64_t last) {
       for (int64_t g = first; g < last; ++g) quantize_group(xp + g * kActGroup, q + g * kActGroup, d + g, s + g);
     });
   };

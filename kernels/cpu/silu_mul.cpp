@@ -8,7 +8,6 @@
 // the kernels' own exp, times up, rounded once to the output dtype.
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
@@ -16,6 +15,7 @@
 #include <algorithm>
 
 #include "vec8.h"
+#include "work_pool.h"
 
 namespace kvserve_cpu {
 namespace {
@@ -58,7 +58,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
     const auto* in = static_cast<const R*>(gate_up.data_ptr());
     auto* o = static_cast<W*>(out.data_ptr());
     const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, width));
-    at::parallel_for(0, tokens, grain, [&](int64_t first, int64_t last) {
+    parallel_for(0, tokens, grain, [&](int64_t first, int64_t last) {
       silu_mul_rows(in, gate_up.stride(0), o, width, first, last);
     });
   };

@@ -135,9 +135,18 @@ def test_each_rank_takes_its_gpu_its_backend_and_its_share_of_the_cores() -> Non
 
 @pytest.mark.parametrize("cores,ranks,threads", [(1, 1, 1), (2, 1, 1), (3, 1, 2), (8, 1, 7), (8, 2, 3), (2, 2, 1)])
 def test_the_default_leaves_one_core_to_the_scheduler(monkeypatch, cores, ranks, threads) -> None:
-    """The scheduler process keeps a core wherever there are two (docs/benchmarks.md, "Threads that coexist")."""
+    """Where torch's OpenMP GEMMs run the step, the scheduler process keeps a core wherever there are
+    two (docs/benchmarks.md, "Threads that coexist")."""
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cores)), raising=False)
     assert resolve_num_threads(RunnerConfig(), ranks_on_host=ranks) == threads
+
+
+@pytest.mark.parametrize("cores,threads", [(1, 1), (2, 2), (8, 8)])
+def test_the_native_path_takes_every_core_by_default(monkeypatch, cores, threads) -> None:
+    """Its kernels' loops never wait for a thread without work (kernels/cpu/work_pool.h); asked-for counts stand."""
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    assert resolve_num_threads(RunnerConfig(), weights="native") == threads
+    assert resolve_num_threads(RunnerConfig(num_threads=1), weights="native") == 1
 
 
 def test_an_unknown_backend_is_refused_by_the_parser() -> None:
