@@ -102,15 +102,19 @@ class ModelRunner:
         native = self._native_linears() if self.weights_mode == "native" else None
         if native is None:
             self.weights_mode = "dequantized"  # auto, and the model has no Q4_1 layers to serve
-        threads = resolve_num_threads(config, ranks_on_host, self.weights_mode) if self.device == "cpu" else 0
-        if threads and threads != torch.get_num_threads():
-            # The native path's default takes every core (resolve_num_threads); the probes are per thread count.
-            torch.set_num_threads(threads)
-            self.probes = probe_cache() if self.invariant else None
         compiled = resolve_compile(config, self.device, self.weights_mode, self.backend_name, size)
         buckets = compile_buckets(config) if compiled else ()
         if self.invariant or self.backend_name == "cpu" or self.weights_mode == "native":
             ensure_kernels()  # native: the Q8_0 lm_head's kernel
+            cpu_ops.set_num_threads(0)  # the kernels' loops on torch's threads...
+        self.num_threads = torch.get_num_threads() if self.device == "cpu" else 0
+        if self.weights_mode == "native":
+            # ...except on the native path: every thread to the kernels, one to torch, whose OpenMP
+            # threads would spin on the kernels' cores after each of its own ops (kernels/cpu/work_pool.h).
+            self.num_threads = resolve_num_threads(config, ranks_on_host, "native")
+            cpu_ops.set_num_threads(self.num_threads)
+            torch.set_num_threads(1)
+            self.probes = probe_cache() if self.invariant else None  # the probes are per torch thread count
         if "auto" in (config.dtype, config.weights):
             log.info(
                 "chose dtype and weights",
@@ -176,7 +180,7 @@ class ModelRunner:
             attention=self.backend_name,
             num_blocks=num_blocks,
             num_cpu_blocks=num_cpu_blocks,
-            threads=torch.get_num_threads() if self.device == "cpu" else None,
+            threads=self.num_threads or None,
             compiled_buckets=",".join(map(str, buckets)) or None,
             tensor_parallel=f"rank {self.layout.rank} of {size}" if size > 1 else None,
             rss_mib=round(resident_bytes() / MIB),
@@ -200,7 +204,7 @@ class ModelRunner:
             device=self.device,
             dtype=self.dtype_name,
             attention_backend=self.backend_name,
-            num_threads=torch.get_num_threads() if self.device == "cpu" else 0,
+            num_threads=self.num_threads,
             draft_model_id=self.draft.model_id if self.draft is not None else "",
         )
 

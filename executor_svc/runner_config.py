@@ -100,9 +100,9 @@ class RunnerConfig:
     num_threads: int | None = field(
         default=None,
         metadata=flag(
-            "threads on cpu (torch's and kvserve's kernels'); None: every usable core with --weights native, "
-            "else every usable core but one, left to the scheduler process (docs/benchmarks.md, 'Threads "
-            "that coexist')"
+            "threads on cpu: with --weights native kvserve's kernels' (torch keeps one), else torch's; None: "
+            "every usable core with --weights native, else every usable core but one, left to the scheduler "
+            "process (docs/benchmarks.md, 'Threads that coexist')"
         ),
     )
     draft_model: str | None = field(

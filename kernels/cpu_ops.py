@@ -25,7 +25,14 @@ from pathlib import Path
 import torch
 
 SOURCE_DIR = Path(__file__).with_name("cpu")
-SOURCES = ("paged_attention.cpp", "silu_mul.cpp", "q8_linear.cpp", "q4_1_linear.cpp", "decoder_layer.cpp")
+SOURCES = (
+    "paged_attention.cpp",
+    "silu_mul.cpp",
+    "q8_linear.cpp",
+    "q4_1_linear.cpp",
+    "decoder_layer.cpp",
+    "work_pool.cpp",
+)
 HEADERS = ("vec8.h", "q8_activations.h", "interleaved_linear.h", "work_pool.h")
 CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-pthread")
 """-ffp-contract=off: only the explicit fused multiply-adds fuse, so vector and scalar code agree bit for bit.
@@ -201,6 +208,17 @@ def decoder_layer(
         x, norms[0], norms[1], eps, codes, scales, out_features, positions, cos, sin_signed, heads[0], heads[1],
         caches[0], caches[1], slot_mapping, block_tables, query_start_loc, seq_lens, scale,
     )  # fmt: skip
+
+
+def set_num_threads(threads: int) -> int:
+    """The kernels' loop threads, the caller included (`cpu/work_pool.h`); 0: torch's count.
+    Returns the previous setting."""
+    return int(torch.ops.kvserve_cpu.set_num_threads(threads))
+
+
+def num_threads() -> int:
+    """How many threads the kernels' loops run on."""
+    return int(torch.ops.kvserve_cpu.num_threads())
 
 
 def _put_ninja_on_path() -> None:

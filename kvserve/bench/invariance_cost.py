@@ -18,8 +18,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from kvserve.config.flags import HelpFormatter, add_flags, config_from_args, flag
 from kvserve.executor.model_runner import ModelRunner
 from kvserve.executor.runner_config import DTYPES, WEIGHTS, RunnerConfig
@@ -123,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     first = runners["invariant"]
     print(
-        f"{first.dtype_name}, weights {first.weights_mode}, {torch.get_num_threads()} threads; "
+        f"{first.dtype_name}, weights {first.weights_mode}, {first.num_threads} threads; "
         f"median step in ms, and the invariant runner's speed relative to each (> 1: faster)"
     )
     rows = [(f"decode B={b}", b, decode(runners, b, args.prompt_len, args.steps)) for b in args.batches]

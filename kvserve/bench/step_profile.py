@@ -161,13 +161,14 @@ def main(argv: list[str] | None = None) -> int:
         new_tokens = 3 * args.steps + args.profile_steps + 8
         driver = start_driver(runner, args.batch, args.prompt_len, new_tokens)
         print(
-            f"{runner.dtype_name}, weights {runner.weights_mode}, {torch.get_num_threads()} threads, "
+            f"{runner.dtype_name}, weights {runner.weights_mode}, {runner.num_threads} threads, "
             f"batch {args.batch}: median decode step {1e3 * median_step(driver, args.steps):.2f} ms"
         )
         if args.neighbours:
             step = beside_neighbours(driver, args.steps, args.neighbours)
             print(f"beside {args.neighbours} busy process(es): median decode step {1e3 * step:.2f} ms")
-        print("\n".join(profile_ops(driver, args.profile_steps, args.top)))
+        if args.profile_steps:
+            print("\n".join(profile_ops(driver, args.profile_steps, args.top)))
         if args.compile:
             print("\n".join(compare_compiled(runner, driver, args.steps)))
     finally:

@@ -20,6 +20,7 @@ from kvserve.executor.weights.gguf_weights import read_q4_1_layers
 from kvserve.executor.weights.q4_1_linear import Q4_1Linear
 from kvserve.executor.weights.q8_0 import Q8Linear, unpack
 from kvserve.executor.weights.row_invariance import RowFixedLinear
+from kvserve.kernels import cpu_ops
 from kvserve.kernels.reference import q8_activations_reference
 from kvserve.scheduler.server.tokenizer import Tokenizer
 from kvserve.testing.plan_driver import PlanDriver
@@ -76,6 +77,9 @@ def test_every_layer_runs_4_bit_on_the_codes_it_shipped_with(runner) -> None:
     assert all(isinstance(lin, RowFixedLinear) and isinstance(lin.inner, Q4_1Linear) for lin in linears)
     assert all(lin.min_rows == 1 for lin in linears)  # its own kernel sums every row alike: never padded
     assert runner.model.native_layers is not None  # each layer one fused op (kvserve.executor.model.native_layers)
+    # The threads go to the kernels' loops, and torch keeps one (kernels/cpu/work_pool.h says why).
+    assert runner.info().num_threads == cpu_ops.num_threads() == runner.num_threads >= 1
+    assert torch.get_num_threads() == 1
     assert runner.info().model_id.endswith("+q4_1")  # never shares a prefix cache with the fp32 weights
     source = model_store.default_model_source()
     q4 = read_q4_1_layers(source.path / source.gguf_file, runner.model_config)[0]

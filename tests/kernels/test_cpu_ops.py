@@ -281,14 +281,13 @@ def test_q4_1_linear_gives_the_same_bits_on_one_thread_and_on_two():
     gen = torch.Generator().manual_seed(10)
     codes, scales = _q4_1_case(1000, 64, gen)
     x = torch.randn(5, 64, generator=gen)
-    threads = torch.get_num_threads()
+    before = cpu_ops.set_num_threads(1)
     try:
-        torch.set_num_threads(1)
         one = cpu_ops.q4_1_linear(x, codes, scales, 1000)
-        torch.set_num_threads(2)
+        cpu_ops.set_num_threads(2)
         assert torch.equal(cpu_ops.q4_1_linear(x, codes, scales, 1000), one)
     finally:
-        torch.set_num_threads(threads)
+        cpu_ops.set_num_threads(before)
 
 
 def test_q4_1_linear_refuses_what_it_cannot_multiply():

@@ -26,11 +26,11 @@ def _kernels() -> None:
 
 
 @pytest.fixture
-def threads() -> Iterator[Callable[[int], None]]:
-    """Set torch's thread count (which sizes the pool) for one test, and put it back after."""
-    before = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(before)
+def threads() -> Iterator[Callable[[int], int]]:
+    """Set the kernels' thread count (which sizes the pool) for one test, and put it back after."""
+    before = cpu_ops.set_num_threads(0)
+    yield cpu_ops.set_num_threads
+    cpu_ops.set_num_threads(before)
 
 
 def _q4_1_case(gen: torch.Generator, out_features: int = 1000, in_features: int = 256):
@@ -59,7 +59,7 @@ def _attention_case(gen: torch.Generator, block_size: int = BLOCK):
 
 
 def test_the_results_are_the_same_bits_on_one_two_and_five_threads(threads) -> None:
-    """Five threads on this machine's cores: helpers lose their cores mid-loop, and chunks move between threads."""
+    """Five threads on a small machine's cores: helpers lose their cores mid-loop, and chunks move between threads."""
     gen = torch.Generator().manual_seed(1)
     x, matrix = torch.randn(70, 256, generator=gen), _q4_1_case(gen)
     gate_up = torch.randn(70, 2 * 1536, generator=gen)
@@ -73,6 +73,7 @@ def test_the_results_are_the_same_bits_on_one_two_and_five_threads(threads) -> N
     one = run()
     for count in (2, 5, 2):  # five, then back to two: the pool is resized both ways
         threads(count)
+        assert cpu_ops.num_threads() == count
         for _ in range(3):
             assert all(torch.equal(a, b) for a, b in zip(run(), one, strict=True)), count
 
@@ -92,7 +93,7 @@ def test_an_error_inside_a_chunk_reaches_the_caller_and_the_pool_goes_on(threads
 
 
 def _child(queue, x, matrix) -> None:
-    torch.set_num_threads(2)
+    cpu_ops.set_num_threads(2)
     queue.put(cpu_ops.q4_1_linear(x, *matrix).tolist())  # plain floats: a tensor would travel as a shared fd
 
 
