@@ -166,8 +166,9 @@ def resolve_num_threads(config: RunnerConfig, ranks_on_host: int = 1, weights: s
     `weights` native: every usable core. That path runs its whole step in kvserve's kernels, whose
     loops let the caller take over a chunk from a thread that lost its core (kernels/cpu/work_pool.h),
     so a busy neighbour slows a step instead of stalling it. Measured on 2 cores (docs/benchmarks.md,
-    "Threads that coexist"): two threads served 1.5x the tokens of one at 16 in flight, and a batch-1
-    step beside one busy process took 10-13 ms against one thread's 9-11.
+    "The kernels' own threads"): two threads served 1.5x the tokens of one at 16 in flight and took
+    a batch-1 step in 7.1 ms against 9.3-10.8; beside a process that never yields its core, 12-13 ms
+    against one thread's 10-11.
 
     Otherwise every usable core but one, left to the scheduler process (HTTP, gRPC, tokenizers, the
     step loop) and whatever else runs on the host: torch's GEMMs are OpenMP regions whose threads wait
