@@ -167,6 +167,14 @@ class Pool {
 };
 
 inline thread_local bool in_loop = false;
+
+// Marks the running thread as inside a loop body for the body's length, however it ends.
+struct InLoop {
+  InLoop() { in_loop = true; }
+  ~InLoop() { in_loop = false; }
+  InLoop(const InLoop&) = delete;
+  InLoop& operator=(const InLoop&) = delete;
+};
 inline std::atomic<int> configured_threads{0};
 
 }  // namespace work_pool_detail
@@ -202,14 +210,8 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, const Body& body) {
   const int64_t chunks = (n + chunk - 1) / chunk;
   d::Loop loop;
   loop.call = [](const void* b, int64_t first, int64_t last) {
-    d::in_loop = true;
-    try {
-      (*static_cast<const Body*>(b))(first, last);
-    } catch (...) {
-      d::in_loop = false;
-      throw;
-    }
-    d::in_loop = false;
+    const d::InLoop inside;
+    (*static_cast<const Body*>(b))(first, last);
   };
   loop.body = &body;
   loop.begin = begin;
