@@ -139,3 +139,10 @@ def test_two_calling_threads_at_once_each_get_their_own_results(threads) -> None
         caller.join(timeout=300)
     assert not any(caller.is_alive() for caller in callers)
     assert failures == []
+
+
+def test_a_negative_thread_count_is_refused_by_name(threads) -> None:
+    before = cpu_ops.num_threads()
+    with pytest.raises(RuntimeError, match="threads must be >= 0"):
+        cpu_ops.set_num_threads(-1)
+    assert cpu_ops.num_threads() == before
