@@ -149,7 +149,7 @@ class ModelRunner:
             silu_mul=cpu_ops.silu_mul if self.invariant else None,
         )
         self.backend = create_backend(self.backend_name)
-        self.kv_dtype_name = resolve_kv_cache_dtype(config, self.dtype_name, self.backend_name)
+        self.kv_dtype_name = resolve_kv_cache_dtype(config, self.dtype_name, self.backend_name, self.weights_mode)
         self.geometry = CacheGeometry(
             self.shard_config.num_layers,
             self.shard_config.num_kv_heads,

@@ -62,10 +62,12 @@ class QualityConfig:
     dtype: str
     weights: str
     max_ppl_increase: float | None = None
+    kv_cache_dtype: str = "auto"
 
     @property
     def name(self) -> str:
-        return f"{self.dtype}/{self.weights}"
+        kv = "" if self.kv_cache_dtype == "auto" else f"/{self.kv_cache_dtype}"
+        return f"{self.dtype}/{self.weights}{kv}"
 
 
 REFERENCE = QualityConfig("float32", "dequantized")
@@ -89,24 +91,29 @@ class QualityBenchConfig:
     prompts: int | None = field(default=None, metadata=flag("use only the first N fixed prompts"))
     configs: tuple[str, ...] = field(
         default=tuple(c.name for c in CANDIDATES),
-        metadata=flag("configurations after the reference", nargs="+", metavar="DTYPE/WEIGHTS"),
+        metadata=flag(
+            "configurations after the reference; a third part sets --kv-cache-dtype (float32/native/float32)",
+            nargs="+",
+            metavar="DTYPE/WEIGHTS[/KV]",
+        ),
     )
     num_threads: int | None = field(default=None, metadata=flag("torch CPU threads"))
     json: bool = field(default=False, metadata=flag("print the results as JSON"))
 
 
 def parse_config(spec: str) -> QualityConfig:
-    """A `--configs` entry (`DTYPE/WEIGHTS`, weights dequantized when left off), with its goal when
-    it is one of `CANDIDATES`."""
-    dtype, _, weights = spec.partition("/")
-    weights = weights or "dequantized"
-    if dtype not in DTYPES or weights not in WEIGHTS:
+    """A `--configs` entry (`DTYPE/WEIGHTS[/KV]`, weights dequantized and the KV cache's dtype `auto`
+    when left off), with the goal of its `CANDIDATES` entry, whatever its KV cache's dtype."""
+    dtype, _, rest = spec.partition("/")
+    weights, _, kv_cache_dtype = rest.partition("/")
+    weights, kv_cache_dtype = weights or "dequantized", kv_cache_dtype or "auto"
+    if dtype not in DTYPES or weights not in WEIGHTS or kv_cache_dtype not in ("auto", *DTYPES):
         raise ValueError(
-            f"--configs {spec!r}: expected DTYPE/WEIGHTS, DTYPE one of {', '.join(DTYPES)}, "
+            f"--configs {spec!r}: expected DTYPE/WEIGHTS[/KV], DTYPE and KV one of {', '.join(DTYPES)}, "
             f"WEIGHTS one of {', '.join(WEIGHTS)}"
         )
-    known = {c.name: c for c in CANDIDATES}
-    return known.get(f"{dtype}/{weights}", QualityConfig(dtype, weights))
+    known = {c.name: c.max_ppl_increase for c in CANDIDATES}
+    return QualityConfig(dtype, weights, known.get(f"{dtype}/{weights}"), kv_cache_dtype)
 
 
 @dataclass(slots=True)
@@ -250,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
                 device="cpu",
                 dtype=quality.dtype,
                 weights=quality.weights,
+                kv_cache_dtype=quality.kv_cache_dtype,
                 kv_cache_gb=0.25,
                 num_threads=config.num_threads,
             )

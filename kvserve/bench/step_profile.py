@@ -44,6 +44,9 @@ class StepProfileConfig:
     model: str | None = field(default=None, metadata=flag("as `kvserve executor --model` (default: the default model)"))
     dtype: str = field(default="auto", metadata=flag("as `kvserve executor --dtype`", choices=("auto", *DTYPES)))
     weights: str = field(default="auto", metadata=flag("as `kvserve executor --weights`", choices=("auto", *WEIGHTS)))
+    kv_cache_dtype: str = field(
+        default="auto", metadata=flag("as `kvserve executor --kv-cache-dtype`", choices=("auto", *DTYPES))
+    )
     num_threads: int | None = field(default=None, metadata=flag("as `kvserve executor --num-threads`"))
     batch: int = field(default=1, metadata=flag("decoding sequences per step"))
     prompt_len: int = field(default=128, metadata=flag("context of each decoding sequence"))
@@ -154,14 +157,20 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(level="WARNING")
     runner = ModelRunner(
         RunnerConfig(
-            model=args.model, dtype=args.dtype, weights=args.weights, num_threads=args.num_threads, kv_cache_gb=0.5
+            model=args.model,
+            dtype=args.dtype,
+            weights=args.weights,
+            kv_cache_dtype=args.kv_cache_dtype,
+            num_threads=args.num_threads,
+            kv_cache_gb=0.5,
         )
     )
     try:
         new_tokens = 3 * args.steps + args.profile_steps + 8
         driver = start_driver(runner, args.batch, args.prompt_len, new_tokens)
         print(
-            f"{runner.dtype_name}, weights {runner.weights_mode}, {runner.num_threads} threads, "
+            f"{runner.dtype_name}, KV {runner.kv_dtype_name}, weights {runner.weights_mode}, "
+            f"{runner.num_threads} threads, "
             f"batch {args.batch}: median decode step {1e3 * median_step(driver, args.steps):.2f} ms"
         )
         if args.neighbours:

@@ -54,6 +54,11 @@ def test_bench_configs_parse_their_spellings() -> None:
     assert [parse_config(spec).max_ppl_increase for spec in quality.configs] == [0.02, 0.01]
     with pytest.raises(ValueError, match="--configs 'float64/native'"):
         parse_config("float64/native")
+    kv = parse_config("float32/native/float32")  # a KV cache's dtype keeps its configuration's goal
+    assert (kv.name, kv.kv_cache_dtype, kv.max_ppl_increase) == ("float32/native/float32", "float32", 0.02)
+    assert parse_config("float16").name == "float16/dequantized"
+    with pytest.raises(ValueError, match="--configs 'float32/native/int8'"):
+        parse_config("float32/native/int8")
 
 
 def test_the_cli_and_every_bench_parser_load_without_torch() -> None:

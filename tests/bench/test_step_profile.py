@@ -29,8 +29,10 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def test_it_reports_the_step_its_busiest_ops_and_the_step_beside_a_busy_neighbour(tiny_llama) -> None:
     argv = ["--model", tiny_llama, "--dtype", "float32", "--batch", "3", "--steps", "3", "--profile-steps", "2"]
+    argv += ["--kv-cache-dtype", "bfloat16"]
     out = [line for line in _step_profile(*argv, "--neighbours", "1", "--top", "500") if not line.startswith("USDT")]
-    assert out[0].startswith("float32, weights dequantized,") and "batch 3: median decode step" in out[0]
+    assert out[0].startswith("float32, KV bfloat16, weights dequantized,"), out[0]
+    assert "batch 3: median decode step" in out[0]
     assert out[1].startswith("beside 1 busy process(es): median decode step")
     ops, total = out[2:-1], out[-1]
     assert total.startswith("all ops") and 10 <= len(ops) <= 500

@@ -80,6 +80,8 @@ def test_every_layer_runs_4_bit_on_the_codes_it_shipped_with(runner) -> None:
     # The threads go to the kernels' loops, and torch keeps one (kernels/cpu/work_pool.h says why).
     assert runner.info().num_threads == cpu_ops.num_threads() == runner.num_threads >= 1
     assert torch.get_num_threads() == 1
+    # K/V stored in bfloat16 under fp32 activations (runner_config.resolve_kv_cache_dtype says why)
+    assert runner.kv_dtype_name == "bfloat16" and runner.cache.tensor.dtype == torch.bfloat16
     assert runner.info().model_id.endswith("+q4_1")  # never shares a prefix cache with the fp32 weights
     source = model_store.default_model_source()
     q4 = read_q4_1_layers(source.path / source.gguf_file, runner.model_config)[0]

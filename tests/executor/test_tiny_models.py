@@ -209,10 +209,20 @@ def test_a_bf16_kv_cache_holds_twice_the_tokens_and_stays_close_to_fp32(tmp_path
 def test_a_kv_cache_dtype_other_than_the_activations_needs_a_cpu_or_torch_backend():
     from kvserve.executor.runner_config import resolve_kv_cache_dtype
 
-    assert resolve_kv_cache_dtype(RunnerConfig(), "bfloat16", "triton") == "bfloat16"
-    assert resolve_kv_cache_dtype(RunnerConfig(kv_cache_dtype="bfloat16"), "float32", "torch") == "bfloat16"
-    assert resolve_kv_cache_dtype(RunnerConfig(kv_cache_dtype="bfloat16"), "float32", "cpu") == "bfloat16"
+    assert resolve_kv_cache_dtype(RunnerConfig(), "bfloat16", "triton", "dequantized") == "bfloat16"
+    bf16 = RunnerConfig(kv_cache_dtype="bfloat16")
+    assert resolve_kv_cache_dtype(bf16, "float32", "torch", "dequantized") == "bfloat16"
+    assert resolve_kv_cache_dtype(bf16, "float32", "cpu", "dequantized") == "bfloat16"
     with pytest.raises(ValueError, match="needs --attention-backend cpu or torch, not triton"):
-        resolve_kv_cache_dtype(RunnerConfig(kv_cache_dtype="float16"), "bfloat16", "triton")
+        resolve_kv_cache_dtype(RunnerConfig(kv_cache_dtype="float16"), "bfloat16", "triton", "dequantized")
     with pytest.raises(ValueError, match="kv_cache_dtype must be auto, float32, bfloat16 or float16, got 'fp8'"):
-        resolve_kv_cache_dtype(RunnerConfig(kv_cache_dtype="fp8"), "float32", "torch")
+        resolve_kv_cache_dtype(RunnerConfig(kv_cache_dtype="fp8"), "float32", "torch", "dequantized")
+
+
+def test_auto_stores_kv_in_bfloat16_under_native_weights_and_in_the_activation_dtype_elsewhere():
+    from kvserve.executor.runner_config import resolve_kv_cache_dtype
+
+    assert resolve_kv_cache_dtype(RunnerConfig(), "float32", "cpu", "native") == "bfloat16"
+    assert resolve_kv_cache_dtype(RunnerConfig(), "float32", "cpu", "dequantized") == "float32"
+    assert resolve_kv_cache_dtype(RunnerConfig(kv_cache_dtype="float32"), "float32", "cpu", "native") == "float32"
+    assert resolve_kv_cache_dtype(RunnerConfig(kv_cache_dtype="float16"), "float32", "cpu", "native") == "float16"

@@ -140,6 +140,8 @@ def config(request) -> Iterator[tuple[str, list[str], list[list[int]]]]:
                 assert ready["dtype"] == "bfloat16" and "batch-invariant from" in chose["why"], chose
             assert ready["weights"] == AUTO_WEIGHTS, (ready, chose)
         assert ready["attention"] == "cpu", ready
+        # the native path stores K/V in bfloat16 (runner_config.resolve_kv_cache_dtype), the others in --dtype
+        assert ready["kv_cache_dtype"] == ("bfloat16" if ready["weights"] == "native" else ready["dtype"]), ready
         if name == "native-int4":
             assert ready["weights"] == "native", ready  # the int4 kernels, through `kvserve serve`
         if name == "dequantized":
