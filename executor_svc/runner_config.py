@@ -205,8 +205,8 @@ def resolve_kv_cache_dtype(config: RunnerConfig, dtype: str, attention_backend: 
     Triton kernels take K/V in the activation dtype).
 
     Why bfloat16 on the native path: a decode step there reads its context's K/V beside 4-bit
-    weights, so at 640 tokens fp32 K/V were a quarter of the step's bytes. Rounding them to bfloat16
-    holds twice the tokens per GiB and made such a step ~15% faster, at no quality cost `bench quality`
+    weights, so at 640 tokens fp32 K/V were a fifth of the step's bytes. Rounding them to bfloat16
+    holds twice the tokens per GiB and made such a step 4-16% faster, at no quality cost `bench quality`
     could see (docs/benchmarks.md). bfloat16 rather than float16: a Q4_1 file of any Llama-family model
     may run there, and bfloat16 keeps fp32's range."""
     check_choice("kv_cache_dtype", config.kv_cache_dtype, DTYPES)

@@ -1,7 +1,7 @@
 """Where a decode step goes: the median step, torch.profiler's busiest ops, and what a neighbour costs.
 
-    python -m kvserve.bench.step_profile [--batch 1] [--dtype D] [--weights W] [--num-threads T]
-                                         [--neighbours N] [--compile]
+    python -m kvserve.bench.step_profile [--batch 1] [--dtype D] [--weights W] [--kv-cache-dtype KV]
+                                         [--num-threads T] [--neighbours N] [--compile]
 
 Runs one runner in-process on `PlanDriver` plans (B sequences decoding past a `--prompt-len`
 prefill), as `kvserve bench executor` does, then profiles `--profile-steps` more steps and prints
