@@ -24,6 +24,7 @@ from kvserve.executor.attention.registry import create_backend
 from kvserve.executor.config_error import ExecutorConfigError
 from kvserve.executor.cpu_features import has_avx512, has_native_bf16
 from kvserve.executor.disk_cache import cache_dir
+from kvserve.executor.model.cuda_graphs import CudaDecodeGraphs
 from kvserve.executor.model.decode_graphs import DecodeGraphs
 from kvserve.executor.model.draft_model import DraftModel, DraftModelSpec, log_loaded
 from kvserve.executor.model.input_batch import InputBatch, build_input_batch
@@ -280,6 +281,7 @@ class ModelRunner:
         if self.group is not None:
             self.group.destroy()
             self.group = None
+        self.graphs = None  # a CUDA graph's memory pool is freed with it
         self.cache = None  # type: ignore[assignment]
         self.model = None  # type: ignore[assignment]
         if self.device.startswith("cuda"):
@@ -307,14 +309,23 @@ class ModelRunner:
             "step to: float32 instead"
         )
 
-    def _capture_decode_graphs(self, buckets: tuple[int, ...]) -> DecodeGraphs:
-        """Compile the decode forward for every bucket (the first start on a machine; later ones hit the cache)."""
+    def _capture_decode_graphs(self, buckets: tuple[int, ...]) -> DecodeGraphs | CudaDecodeGraphs:
+        """Compile the decode forward for every bucket: CUDA graphs on CUDA; on the CPU torch.compile (the
+        first start on a machine; later ones hit the cache)."""
+        width = -(-self.max_model_len // self.config.block_size)
+        started = time.monotonic()
+        if self.device.startswith("cuda"):
+            cuda = CudaDecodeGraphs(self.model, self.cache, self.backend, buckets, width)
+            log.info("capturing CUDA graphs of the decode step", buckets=",".join(map(str, buckets)))
+            torch.cuda.synchronize()
+            cuda.capture_all()
+            torch.cuda.synchronize()
+            log.info("captured CUDA graphs of the decode step", seconds=round(time.monotonic() - started, 1))
+            return cuda
         configured = self.config.compile_cache_dir
         directory = Path(configured) if configured else cache_dir() / "inductor"
-        width = -(-self.max_model_len // self.config.block_size)
         graphs = DecodeGraphs(self.model, self.cache, self.backend, buckets, width, directory)
         log.info("compiling the decode step", buckets=",".join(map(str, buckets)), cache_dir=str(directory))
-        started = time.monotonic()
         captured = graphs.capture_all()
         log.info(
             "compiled the decode step",

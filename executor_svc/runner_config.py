@@ -117,10 +117,11 @@ class RunnerConfig:
     compile: str = field(
         default="auto",
         metadata=flag(
-            "on: the decode forward compiled (torch.compile, inductor's C++ backend) once per batch-size bucket "
-            "at start-up, cpu with --weights native only; off: eager; auto: off, because on the CPUs measured "
-            "(docs/benchmarks.md) it was no faster at batch 1 or 8 and slower at 64. Compiled and eager tokens are "
-            "identical. "
+            "on: the decode forward compiled once per batch-size bucket at start-up: on cpu (with --weights native) "
+            "by torch.compile, inductor's C++ backend, whose tokens are eager's bit for bit; on cuda as CUDA graphs "
+            "(--attention-backend triton, one rank). off: eager. auto: off, because on the CPUs measured "
+            "(docs/benchmarks.md) it was no faster at batch 1 or 8 and slower at 64, and the CUDA graphs are not "
+            "measured on a GPU yet. "
             "A restart re-traces every bucket (seconds each from a warm cache): raise the scheduler's "
             "--executor-restart-timeout to match",
             choices=("auto", *COMPILE_MODES),
@@ -246,17 +247,26 @@ def resolve_weights(config: RunnerConfig, device: str, dtype: str, ranks: int = 
 
 
 def resolve_compile(config: RunnerConfig, device: str, weights: str, attention_backend: str, ranks: int) -> bool:
-    """Whether the decode forward is compiled. auto is off: on the CPUs measured (docs/benchmarks.md,
-    "Compiled decode") the compiled native step was no faster at batch 1 or 8 and slower at 64, for
-    tens of seconds of compilation a bucket; on CUDA, graphs of the decode step are not captured yet."""
+    """Whether the decode forward is compiled: on the CPU by torch.compile (`decode_graphs`), on CUDA
+    as CUDA graphs (`cuda_graphs`). auto is off. On the CPUs measured (docs/benchmarks.md, "Compiled
+    decode") the compiled native step was no faster at batch 1 or 8 and slower at 64, for tens of
+    seconds of compilation a bucket. On CUDA the graphs have not yet been measured on a GPU
+    (`scripts/gpu_check.sh` does), so auto does not choose them."""
     check_choice("compile", config.compile, COMPILE_MODES)
     if config.compile != "on":
         return False
+    if device.startswith("cuda"):
+        if attention_backend != "triton" or ranks > 1:
+            raise ExecutorConfigError(
+                "--compile on on cuda captures CUDA graphs, which need --attention-backend triton and one rank "
+                f"(no tensor parallelism), got {attention_backend}, {ranks} rank(s)"
+            )
+        return True
     if device != "cpu" or weights != "native" or attention_backend != "cpu" or ranks > 1:
         raise ExecutorConfigError(
             "--compile on needs device cpu, --weights native, --attention-backend cpu and one rank (inductor lowers "
-            "the dequantized weights' prepacked oneDNN linears only when frozen, and CUDA graphs are not captured "
-            f"yet), got {device}, {weights}, {attention_backend}, {ranks} rank(s)"
+            "the dequantized weights' prepacked oneDNN linears only when frozen), or device cuda with "
+            f"--attention-backend triton, got {device}, {weights}, {attention_backend}, {ranks} rank(s)"
         )
     return True
 

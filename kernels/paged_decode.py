@@ -6,6 +6,13 @@ memory once per KV head rather than once per query head. Each split runs an onli
 softmax over its range of KV tiles (`kvserve.kernels.kv_tile`: one block, or two 8-token blocks)
 and writes a partial output plus its log-sum-exp; a second kernel merges the splits.
 Splitting the context keeps the GPU busy when the batch is small but contexts are long.
+
+The split count follows the batch size and the KV heads alone, and each sequence cuts its own
+context into that many equal runs of tiles in the kernel, from the length it reads on the device.
+So the host never reads the step's lengths: one launch serves every context, which a CUDA graph
+needs (`kvserve.executor.model.cuda_graphs`), and a row's arithmetic depends on its own length and
+the batch size, not on the longest context beside it (a graph and an eager step of the same batch
+size compute the same bits).
 """
 
 from __future__ import annotations
@@ -27,7 +34,6 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]  # Triton JIT: untyped
     out_ptr,
     lse_ptr,
     scale,
-    tiles_per_split,
     stride_q_b,
     stride_q_h,
     stride_bt_b,
@@ -44,6 +50,7 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]  # Triton JIT: untyped
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
     num_tiles = tl.cdiv(seq_len, TILE_N)
+    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)  # this sequence's own share: every split has work
     first = split * tiles_per_split
     last = tl.minimum(first + tiles_per_split, num_tiles)
 
@@ -107,10 +114,17 @@ def _merge_splits_kernel(  # type: ignore[no-untyped-def]  # Triton JIT: untyped
     tl.store(out_ptr + seq * stride_o_b + head * stride_o_h + offs_d, out.to(out_ptr.dtype.element_ty))
 
 
-def choose_num_splits(num_seqs: int, kv_heads: int, max_tiles: int, target_programs: int = 256) -> int:
-    """Enough splits to fill the device, never more than one per KV tile."""
-    wanted = triton.cdiv(target_programs, max(1, num_seqs * kv_heads))
-    return max(1, min(wanted, max_tiles, 64))
+TARGET_PROGRAMS = {"cuda": 256}
+"""Split programs a launch aims for: enough to fill a GPU. Elsewhere (the Triton interpreter, tests
+without a GPU, which runs programs one at a time) `TARGET_PROGRAMS_ELSEWHERE`."""
+TARGET_PROGRAMS_ELSEWHERE = 8
+MAX_SPLITS = 64
+
+
+def choose_num_splits(num_seqs: int, kv_heads: int, device_type: str = "cuda") -> int:
+    """Enough splits to fill the device at this batch size; a split past a sequence's tiles exits at once."""
+    target = TARGET_PROGRAMS.get(device_type, TARGET_PROGRAMS_ELSEWHERE)
+    return max(1, min(triton.cdiv(target, max(1, num_seqs * kv_heads)), MAX_SPLITS))
 
 
 def paged_decode_attention(
@@ -120,7 +134,6 @@ def paged_decode_attention(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
-    max_seq_len: int,
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -129,10 +142,8 @@ def paged_decode_attention(
     _, block_size, kv_heads, _ = k_cache.shape
     group = num_heads // kv_heads
     tile_n = kv_tile_tokens(block_size)
-    max_tiles = triton.cdiv(max_seq_len, tile_n)
     if num_splits is None:
-        num_splits = choose_num_splits(num_seqs, kv_heads, max_tiles)
-    tiles_per_split = triton.cdiv(max_tiles, num_splits)
+        num_splits = choose_num_splits(num_seqs, kv_heads, query.device.type)
     out = torch.empty_like(query) if out is None else out
     if num_seqs == 0:
         return out
@@ -148,7 +159,6 @@ def paged_decode_attention(
         part,
         lse,
         scale,
-        tiles_per_split,
         query.stride(0),
         query.stride(1),
         block_tables.stride(0),

@@ -36,9 +36,7 @@ class TritonAttentionBackend:
         self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
         if meta.max_query_len == 1:
-            return paged_decode_attention(
-                query, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.scale, max_seq_len=meta.max_seq_len
-            )
+            return paged_decode_attention(query, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.scale)
         return extend_attention(
             query,
             k_cache,

@@ -40,7 +40,7 @@ def measure_point(batch: int, context: int, heads: tuple[int, int, int], device:
     out = torch.empty_like(query)
 
     def call(i: int) -> None:
-        paged_decode_attention(query, k_cache, v_cache, tables[i % sets], seq_lens, head_dim**-0.5, context, out=out)
+        paged_decode_attention(query, k_cache, v_cache, tables[i % sets], seq_lens, head_dim**-0.5, out=out)
 
     iterations = max(sets, 20 if kv_bytes < 2**30 else 10) if device == "cuda" else 2
     seconds = seconds_per_call(call, iterations, device)

@@ -30,6 +30,8 @@ class Sizes:
     decode_batches: tuple[int, ...] = (1, 8, 64, 256)
     decode_prompt_len: int = 512
     decode_steps: int = 8
+    graph_batches: tuple[int, ...] = (1, 64)
+    """The CUDA-graph buckets captured and timed against eager decode."""
     prefill_shapes: tuple[tuple[int, int], ...] = ((1, 2048), (16, 2048))
     """(sequences, prompt tokens) of each prefill step timed."""
     serve_streams: int = 64
@@ -60,6 +62,7 @@ CPU_REHEARSAL = replace(
     decode_batches=(1, 4),
     decode_prompt_len=32,
     decode_steps=2,
+    graph_batches=(1, 4),
     prefill_shapes=((1, 64),),
     serve_streams=8,
     serve_tokens=12,

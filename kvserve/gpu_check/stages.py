@@ -42,7 +42,6 @@ STAGES = (
 
 CHECKS = (
     Check("environment", CHECK, "env", "environment:check_environment", "CUDA, versions, imports, glibc"),
-    Check("cuda_graphs_compile", MEASUREMENT, "env", None, "not implemented: kvserve has no CUDA graphs"),
     Check("pytest_cuda", CHECK, "kernels", "pytest_check:run_pytest_cuda", "`pytest -m cuda`: kernels, models"),
     Check("runner_vs_hf_tiny", CHECK, "kernels", "pytest_check:tiny_models_result", "fp32 tiny logits = HF's"),
     Check("build_models", CHECK, "models", "random_models:build_models", "random 8B-shaped checkpoint"),
@@ -52,6 +51,7 @@ CHECKS = (
     Check("kv_sizing", CHECK, "measure", "kv_sizing:check_kv_sizing", "KV pool fills the budget; stress steps fit"),
     Check("decode_throughput", MEASUREMENT, "measure", "model_throughput:measure_decode", "8B decode tok/s"),
     Check("prefill_throughput", MEASUREMENT, "measure", "model_throughput:measure_prefill", "8B prefill tok/s"),
+    Check("cuda_graphs_compile", MEASUREMENT, "measure", "cuda_graphs:measure", "decode, CUDA graphs vs eager"),
     Check("bench_serve_vs_hf", MEASUREMENT, "serve", "serve_bench:measure_bench_serve", "bench serve vs HF"),
     Check("serve_64_streams", CHECK, "serve", "serve_checks:check_64_streams", "64 concurrent streams complete"),
     Check("serve_kill9", CHECK, "serve", "serve_checks:check_kill9", "kill -9 of the executor under 64 streams"),

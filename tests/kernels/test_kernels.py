@@ -67,8 +67,9 @@ def test_store_kv_matches_reference_and_skips_negative_slots(block_size):
 
 @block_sizes
 @pytest.mark.parametrize("num_heads,kv_heads,head_dim", [(4, 4, 64), (6, 2, 64), (8, 2, 128)])
-@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("num_splits", [1, 3, 8])
 def test_paged_decode_matches_reference(num_heads, kv_heads, head_dim, num_splits, block_size):
+    """8 splits: more than the shorter sequences have tiles, so some splits of a sequence are empty."""
     from kvserve.kernels.paged_decode import paged_decode_attention
 
     gen = torch.Generator().manual_seed(num_heads * 100 + head_dim + num_splits + block_size)
@@ -84,10 +85,33 @@ def test_paged_decode_matches_reference(num_heads, kv_heads, head_dim, num_split
         *_to(query, k_cache, v_cache, padded),
         torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
         scale,
-        max_seq_len=max(seq_lens),
         num_splits=num_splits,
     )
     torch.testing.assert_close(got.cpu(), expected, atol=2e-5, rtol=1e-4)
+
+
+@block_sizes
+def test_a_decode_row_does_not_depend_on_the_longest_context_beside_it(block_size):
+    """Each sequence splits its own context (the kernel reads its length), so at one split count a
+    row's bits are the same beside a far longer sequence: what lets one launch, or one CUDA graph,
+    serve every context."""
+    from kvserve.kernels.paged_decode import paged_decode_attention
+
+    gen = torch.Generator().manual_seed(block_size)
+    seq_lens, num_heads, kv_heads, head_dim = [37, 70, 12 * block_size + 3], 6, 2, 64
+    k_cache, v_cache, tables, padded = _random_paged_cache(seq_lens, kv_heads, head_dim, gen, block_size)
+    query = torch.randn(len(seq_lens), num_heads, head_dim, generator=gen)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    beside_long = torch.tensor([seq_lens[0], seq_lens[1], seq_lens[1]], dtype=torch.int32)
+    outputs = [
+        paged_decode_attention(*_to(query, k_cache, v_cache, padded, lengths), head_dim**-0.5, num_splits=8).cpu()
+        for lengths in (lens, beside_long)
+    ]
+    assert torch.equal(outputs[0][:2], outputs[1][:2])
+    expected = paged_attention_reference(
+        query, k_cache, v_cache, list(range(len(seq_lens) + 1)), seq_lens, tables, head_dim**-0.5
+    )
+    torch.testing.assert_close(outputs[0], expected, atol=2e-5, rtol=1e-4)
 
 
 @block_sizes

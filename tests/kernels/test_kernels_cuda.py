@@ -63,7 +63,6 @@ def _decode(dtype, seq_lens, heads, block_size, seed, num_splits=None):
         padded.cuda(),
         torch.tensor(seq_lens, dtype=torch.int32, device="cuda"),
         scale,
-        max_seq_len=max(seq_lens),
         num_splits=num_splits,
     )
     _assert_close(got, expected, dtype)
