@@ -25,7 +25,7 @@ from kvserve.executor.config_error import ExecutorConfigError
 from kvserve.executor.cpu_features import has_avx512, has_native_bf16
 from kvserve.executor.disk_cache import cache_dir
 from kvserve.executor.model.cuda_graphs import CudaDecodeGraphs
-from kvserve.executor.model.decode_graphs import DecodeGraphs
+from kvserve.executor.model.decode_graphs import DecodeGraphs, buckets_up_to
 from kvserve.executor.model.draft_model import DraftModel, DraftModelSpec, log_loaded
 from kvserve.executor.model.input_batch import InputBatch, build_input_batch
 from kvserve.executor.model.kv_cache import CacheGeometry, PagedKVCache
@@ -315,6 +315,7 @@ class ModelRunner:
         width = -(-self.max_model_len // self.config.block_size)
         started = time.monotonic()
         if self.device.startswith("cuda"):
+            buckets = buckets_up_to(buckets, self.config.max_num_seqs)  # a graphed step has a row per sequence
             cuda = CudaDecodeGraphs(self.model, self.cache, self.backend, buckets, width)
             log.info("capturing CUDA graphs of the decode step", buckets=",".join(map(str, buckets)))
             torch.cuda.synchronize()

@@ -59,6 +59,13 @@ def bucket_for(rows: int, buckets: tuple[int, ...]) -> int | None:
     return next((size for size in buckets if size >= rows), None)
 
 
+def buckets_up_to(buckets: tuple[int, ...], max_rows: int) -> tuple[int, ...]:
+    """The buckets a step of at most `max_rows` rows can take: those below it and the first that
+    holds it (all of them when none does). Capturing the others would cost start-up and memory."""
+    cap = bucket_for(max_rows, buckets)
+    return buckets if cap is None else tuple(size for size in buckets if size <= cap)
+
+
 def every_row_samples(batch: InputBatch) -> bool:
     """Each scheduled row is sampled: a decode or a verification step, the steps a graph serves.
     A prefill (or a chunk of one) has rows that do not sample."""

@@ -132,12 +132,13 @@ def test_graphs_refuse_another_attention_backend(tiny_llama) -> None:
 
 @pytest.mark.parametrize("_", [pytest.param(None, marks=CUDA)])
 def test_captured_graphs_give_eager_tokens_on_cuda(tiny_llama, _) -> None:
-    """The runner `--compile on` builds on CUDA: captured buckets, padded and alone, and a bucket miss."""
+    """The runner `--compile on` builds on CUDA: the buckets `max_num_seqs` can reach, captured; full,
+    padded and alone; and a bucket miss."""
     eager_runner = runner(tiny_llama, "cuda")
     eager = [run_prompts(eager_runner, prompts) for prompts in (PROMPTS, PROMPTS[:3], PROMPTS[:1])]
-    served = runner(tiny_llama, "cuda", compile="on", compile_buckets="1,2,4")
+    served = runner(tiny_llama, "cuda", compile="on", compile_buckets="1,2,4,8", max_num_seqs=4)
     assert isinstance(served.graphs, CudaDecodeGraphs)
-    assert sorted(served.graphs._static) == [1, 2, 4]
+    assert sorted(served.graphs._static) == [1, 2, 4]  # no step of 4 sequences at most takes bucket 8
     assert all(b.graph is not None for b in served.graphs._static.values())
     for prompts, expected in zip((PROMPTS, PROMPTS[:3], PROMPTS[:1]), eager):
         before = served.graphs.replays

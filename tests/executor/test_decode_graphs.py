@@ -21,7 +21,13 @@ import torch
 from kvserve.child_python import PYTHON
 from kvserve.executor.attention.base import AttentionMetadata
 from kvserve.executor.config_error import ExecutorConfigError
-from kvserve.executor.model.decode_graphs import PAD_SLOT, bucket_for, every_row_samples, pad_decode_batch
+from kvserve.executor.model.decode_graphs import (
+    PAD_SLOT,
+    bucket_for,
+    buckets_up_to,
+    every_row_samples,
+    pad_decode_batch,
+)
 from kvserve.executor.model.input_batch import InputBatch
 from kvserve.executor.model_runner import ModelRunner
 from kvserve.executor.runner_config import RunnerConfig, compile_buckets, resolve_compile
@@ -61,6 +67,13 @@ def decode_batch(rows: int, width: int) -> InputBatch:
 def test_a_step_takes_the_smallest_bucket_that_holds_it() -> None:
     buckets = (1, 4, 16)
     assert [bucket_for(n, buckets) for n in (1, 2, 4, 5, 16, 17)] == [1, 4, 4, 16, 16, None]
+
+
+def test_buckets_past_the_largest_step_are_not_captured() -> None:
+    buckets = (1, 2, 4, 8, 16)
+    assert buckets_up_to(buckets, 5) == (1, 2, 4, 8)
+    assert buckets_up_to(buckets, 4) == (1, 2, 4)
+    assert buckets_up_to(buckets, 64) == buckets  # no bucket holds it: all of them, and larger steps run eagerly
 
 
 def test_padding_rows_write_nowhere_and_read_one_token_of_block_0() -> None:
