@@ -6,7 +6,8 @@ replays them all from one launch. This is vLLM's pattern, through the same bucke
 compiled graphs (`decode_graphs`).
 
 How: each bucket of B rows owns static input tensors (ids, positions, slots, sequence lengths,
-block tables) at fixed addresses. A step of R <= B sequences copies its tensors into the bucket's
+block tables) at fixed addresses, made as the CPU graphs' padding-only batch
+(`decode_graphs.padding_only_batch`). A step of R <= B sequences copies its tensors into the bucket's
 and replays its graph; rows R..B are padding: token 0 at position 0, each its own one-token
 sequence in block 0, writing to slot -1, which the Triton KV store skips. The Triton decode kernel
 reads every length from the device tensors and takes its split count from the batch size alone
@@ -34,8 +35,14 @@ from typing import Any
 import structlog
 import torch
 
-from kvserve.executor.attention.base import AttentionBackend, AttentionMetadata
-from kvserve.executor.model.decode_graphs import PAD_SLOT, BucketCompile, bucket_for
+from kvserve.executor.attention.base import AttentionBackend
+from kvserve.executor.model.decode_graphs import (
+    PAD_SLOT,
+    BucketCompile,
+    bucket_for,
+    every_row_samples,
+    padding_only_batch,
+)
 from kvserve.executor.model.input_batch import InputBatch
 from kvserve.executor.model.kv_cache import PagedKVCache
 from kvserve.executor.model.llama import LlamaModel
@@ -58,8 +65,7 @@ class _Bucket:
 
 def is_pure_decode(batch: InputBatch) -> bool:
     """One new token per sequence, each sampled: the only steps a CUDA graph serves."""
-    rows = batch.num_tokens
-    return batch.attention.max_query_len == 1 and batch.sample_indices.shape[0] == rows and rows > 0
+    return batch.num_tokens > 0 and batch.attention.max_query_len == 1 and every_row_samples(batch)
 
 
 class CudaDecodeGraphs:
@@ -89,7 +95,7 @@ class CudaDecodeGraphs:
         captured = []
         for index, size in enumerate(sorted(self.buckets, reverse=True), start=1):
             started = time.monotonic()
-            bucket = _Bucket(size, self._static_batch(size))
+            bucket = _Bucket(size, padding_only_batch(size, self.table_width, self.model, self.cache))
             with torch.inference_mode():
                 self._capture(bucket)
             self._static[size] = bucket
@@ -142,33 +148,6 @@ class CudaDecodeGraphs:
             bucket.logits = self._run(bucket)
         self._pool = graph.pool()
         bucket.graph = graph
-
-    def _static_batch(self, size: int) -> InputBatch:
-        """`size` padding rows in tensors that live as long as the bucket."""
-        device, width = self.model.cos.device, self.table_width
-        capacity = width * self.cache.geometry.block_size
-        meta = AttentionMetadata(
-            slot_mapping=torch.full((size,), PAD_SLOT, dtype=torch.long, device=device),
-            query_start_loc=torch.arange(size + 1, dtype=torch.int32, device=device),
-            seq_lens=torch.ones(size, dtype=torch.int32, device=device),
-            block_tables=torch.zeros(size, width, dtype=torch.int32, device=device),
-            # The Triton backend reads lengths from the tensors above, never these host-side values.
-            query_lens_cpu=[1] * size,
-            seq_lens_cpu=[capacity] * size,
-            max_query_len=1,
-            max_seq_len=capacity,
-            scale=self.model.scale,
-            block_size=self.cache.geometry.block_size,
-            num_kv_heads=self.cache.geometry.num_kv_heads,
-            dtype=self.model.dtype,
-        )
-        return InputBatch(
-            input_ids=torch.zeros(size, dtype=torch.long, device=device),
-            positions=torch.zeros(size, dtype=torch.long, device=device),
-            attention=meta,
-            sample_indices=torch.arange(size, dtype=torch.long, device=device),
-            sampling_seqs=[],
-        )
 
     @staticmethod
     def _load(bucket: _Bucket, batch: InputBatch) -> None:
