@@ -15,10 +15,12 @@ distribution over what may follow, as vLLM reports by default).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from kvserve.executor.sampling.penalties import apply_penalties
-from kvserve.executor.sampling.seeded_noise import row_key, uniform_noise
+from kvserve.executor.sampling.seeded_noise import row_key, uniform_noise, uniform_noise_at
 from kvserve.executor.sampling.token_mask import TokenMasks, apply_token_masks
 from kvserve.executor.sequence_state import SequenceState
 from kvserve.protos.step import SampledToken, TokenLogprob
@@ -58,13 +60,17 @@ def sample(
     if masks is not None:
         apply_token_masks(logits, masks, may_empty=held_back)
 
-    chosen = logits.argmax(dim=-1)
     random_rows = [i for i, p in enumerate(params) if not p.greedy]
-    if random_rows:
+    if len(random_rows) == n:
+        chosen = _draw(logits, params, [row_key(s.seed, s.output_len) for s in seqs])
+    elif random_rows:
+        chosen = logits.argmax(dim=-1)
         rows = torch.tensor(random_rows, dtype=torch.long, device=logits.device)
         keys = [row_key(seqs[i].seed, seqs[i].output_len) for i in random_rows]
         drawn = _draw(logits.index_select(0, rows), [params[i] for i in random_rows], keys)
         chosen = chosen.index_copy(0, rows, drawn)
+    else:
+        chosen = logits.argmax(dim=-1)
     return _outputs(logits, chosen, seqs)
 
 
@@ -88,28 +94,72 @@ def _suppress_early_stops(
 def filtered_logits(
     logits: torch.Tensor, temperature: list[float], top_k: list[int], top_p: list[float], min_p: list[float]
 ) -> torch.Tensor:
-    """Temperature-scaled logits with tokens outside top-k / top-p / min-p set to -inf."""
+    """Temperature-scaled logits with tokens outside top-k / top-p / min-p set to -inf.
+
+    Each filter runs only on the rows that ask for it, so a row's result never depends on
+    what shares its batch: a row at top_p = 1.0 sorted beside a top_p = 0.9 row would lose
+    tail tokens whose float32 cumulative mass rounds past 1.0.
+    """
     _n, vocab = logits.shape
     device = logits.device
     scaled = logits / torch.tensor(temperature, dtype=logits.dtype, device=device)[:, None]
-    if any(m > 0.0 for m in min_p):
-        probs = scaled.softmax(-1)
-        floor = torch.tensor(min_p, dtype=probs.dtype, device=device)[:, None] * probs.max(-1, keepdim=True).values
-        scaled = scaled.masked_fill(probs < floor, float("-inf"))
-    if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p):
-        sorted_logits, order = scaled.sort(dim=-1, descending=True)
-        rank = torch.arange(vocab, device=device)[None, :]
-        k = torch.tensor([k if k > 0 else vocab for k in top_k], device=device)[:, None]
-        drop = rank >= k
-        sorted_probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)
-        mass_before = sorted_probs.cumsum(-1) - sorted_probs
-        drop |= mass_before > torch.tensor(top_p, dtype=sorted_probs.dtype, device=device)[:, None]
-        drop[:, 0] = False
-        scaled = scaled.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
+    min_p_rows = [i for i, m in enumerate(min_p) if m > 0.0]
+    if min_p_rows:
+        scaled = _on_rows(scaled, min_p_rows, lambda sub: _min_p(sub, [min_p[i] for i in min_p_rows]))
+    sorted_rows = [i for i in range(len(top_k)) if 0 < top_k[i] < vocab or top_p[i] < 1.0]
+    if sorted_rows:
+        ks = [top_k[i] if 0 < top_k[i] < vocab else vocab for i in sorted_rows]
+        ps = [top_p[i] for i in sorted_rows]
+        scaled = _on_rows(scaled, sorted_rows, lambda sub: _top_k_top_p(sub, ks, ps))
     return scaled
 
 
+def _on_rows(x: torch.Tensor, rows: list[int], fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """`fn` applied to the given rows of `x` only (the whole tensor, without a gather, when all are given)."""
+    if len(rows) == x.shape[0]:
+        return fn(x)
+    index = torch.tensor(rows, dtype=torch.long, device=x.device)
+    return x.index_copy(0, index, fn(x.index_select(0, index)))
+
+
+def _min_p(scaled: torch.Tensor, min_p: list[float]) -> torch.Tensor:
+    probs = scaled.softmax(-1)
+    floor = torch.tensor(min_p, dtype=probs.dtype, device=probs.device)[:, None] * probs.max(-1, keepdim=True).values
+    return scaled.masked_fill(probs < floor, float("-inf"))
+
+
+def _top_k_top_p(scaled: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+    """Keep each row's `top_k` largest, then the smallest prefix of those whose mass reaches `top_p`.
+
+    A row at top_p >= 1.0 is cut by rank alone: its threshold is infinite, since a float32
+    cumulative sum can exceed 1.0 in the tail. The sort is stable, so ties fall the same way every time.
+    """
+    vocab = scaled.shape[1]
+    device = scaled.device
+    sorted_logits, order = scaled.sort(dim=-1, descending=True, stable=True)
+    rank = torch.arange(vocab, device=device)[None, :]
+    drop = rank >= torch.tensor(top_k, device=device)[:, None]
+    sorted_probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)
+    mass_before = sorted_probs.cumsum(-1) - sorted_probs
+    threshold = [p if p < 1.0 else float("inf") for p in top_p]
+    drop |= mass_before > torch.tensor(threshold, dtype=sorted_probs.dtype, device=device)[:, None]
+    drop[:, 0] = False
+    return scaled.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
+
+
+SPARSE_ROW_SHARE = 4
+"""A row with fewer than vocab / SPARSE_ROW_SHARE samplable tokens (after filters and masks) hashes
+noise for those tokens only: a grammar or top-k row pays for tens of hashes, not the vocabulary.
+The choice is the row's own and both ways give the same bits, so no row depends on its batch."""
+
+
 def _draw(logits: torch.Tensor, params: list, keys: list[int]) -> torch.Tensor:
+    """The exponential race: argmax of scaled - log(E), E = -log(U), U strictly inside (0, 1).
+
+    E is finite and positive for every U (`seeded_noise.UNIFORM_BITS`), so the noise is finite;
+    a token filtered or masked to -inf never gets a score, and a score that is not finite is
+    -inf, so no excluded token can win the argmax.
+    """
     scaled = filtered_logits(
         logits,
         [p.temperature for p in params],
@@ -117,8 +167,45 @@ def _draw(logits: torch.Tensor, params: list, keys: list[int]) -> torch.Tensor:
         [p.top_p for p in params],
         [p.min_p for p in params],
     )
-    exponential = -torch.log(uniform_noise(keys, logits.shape[1], logits.device))
-    return (scaled - torch.log(exponential)).argmax(dim=-1)
+    n, vocab = scaled.shape
+    allowed = scaled > float("-inf")
+    counts = allowed.sum(-1, dtype=torch.int32)  # int32: a plain bool sum widens a copy to int64 first
+    sparse = (counts * SPARSE_ROW_SHARE < vocab).tolist()
+    chosen = torch.zeros(n, dtype=torch.long, device=scaled.device)
+    sparse_rows = [i for i in range(n) if sparse[i]]
+    dense_rows = [i for i in range(n) if not sparse[i]]
+    if sparse_rows:
+        index = torch.tensor(sparse_rows, dtype=torch.long, device=scaled.device)
+        sub = allowed if len(sparse_rows) == n else allowed.index_select(0, index)
+        sub_rows, tokens = sub.nonzero(as_tuple=True)
+        rows = sub_rows if len(sparse_rows) == n else index.index_select(0, sub_rows)
+        scores = _race(scaled[rows, tokens], uniform_noise_at(keys, rows, tokens))
+        _first_max_per_row(chosen, rows, tokens, scores)
+    if dense_rows:
+        index = torch.tensor(dense_rows, dtype=torch.long, device=scaled.device)
+        noise = uniform_noise([keys[i] for i in dense_rows], vocab, scaled.device)
+        chosen.index_copy_(0, index, _race(scaled.index_select(0, index), noise).argmax(dim=-1))
+    return chosen
+
+
+def _first_max_per_row(chosen: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, scores: torch.Tensor) -> None:
+    """Write into `chosen` each listed row's highest-scoring token, the lowest token id on a tie:
+    a dense row's argmax, over the row's listed (samplable) tokens only. `rows` is sorted."""
+    if rows.numel() == 0:
+        return
+    best = torch.full(chosen.shape, float("-inf"), dtype=scores.dtype, device=scores.device)
+    best.scatter_reduce_(0, rows, scores, "amax")
+    hit = scores == best.index_select(0, rows)
+    position = torch.arange(rows.numel(), device=rows.device)
+    first = torch.full_like(chosen, rows.numel()).scatter_reduce_(0, rows[hit], position[hit], "amin")
+    present = first < rows.numel()
+    chosen[present] = tokens.index_select(0, first[present])
+
+
+def _race(scaled: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Each token's score in the race: -inf wherever it is not finite (a masked token's among them)."""
+    scores = scaled - torch.log(-torch.log(uniforms))
+    return scores.masked_fill(~scores.isfinite(), float("-inf"))
 
 
 def _outputs(logits: torch.Tensor, chosen: torch.Tensor, seqs: list[SequenceState]) -> list[SampledToken]:

@@ -163,3 +163,42 @@ def test_min_tokens_suppresses_eos_and_stop_tokens_until_reached():
     assert out[0].token_id not in (5, 6)
     assert out[1].token_id == 5
     assert out[2].token_id == 5  # ignore_eos: EOS does not stop, so it is not suppressed
+
+
+FULL_VOCAB = 49_152
+"""The default model's vocabulary: long enough a tail for float32 cumulative sums to pass 1.0."""
+NEIGHBOURS = [
+    SamplingParams(temperature=1.0, top_p=1.0),
+    SamplingParams(temperature=1.0, top_p=0.9),
+    SamplingParams(temperature=1.0, top_k=5),
+    SamplingParams(temperature=1.0, min_p=0.1),
+]
+
+
+def _filtered(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    return filtered_logits(
+        logits,
+        [p.temperature for p in params],
+        [p.top_k for p in params],
+        [p.top_p for p in params],
+        [p.min_p for p in params],
+    )
+
+
+@pytest.mark.parametrize("trial", range(5))
+def test_each_row_is_filtered_the_same_alone_or_beside_rows_with_other_filters(trial):
+    logits = torch.randn(len(NEIGHBOURS), FULL_VOCAB, generator=torch.Generator().manual_seed(trial)) * 3
+    together = _filtered(logits, NEIGHBOURS)
+    seqs = [_seq(i, p, seed=trial * 10 + i) for i, p in enumerate(NEIGHBOURS)]
+    tokens = [o.token_id for o in sample(logits.clone(), seqs)]
+    for i, params in enumerate(NEIGHBOURS):
+        alone = _filtered(logits[i : i + 1], [params])
+        assert torch.equal(together[i : i + 1], alone), f"row {i} ({params}) changed beside other filters"
+        assert sample(logits[i : i + 1].clone(), [seqs[i]])[0].token_id == tokens[i]
+    assert bool(together[0].isfinite().all()), "a top_p=1.0 row lost tokens"
+
+
+def test_a_top_k_row_keeps_exactly_k_tokens_whatever_its_tail_mass():
+    logits = torch.randn(1, FULL_VOCAB, generator=torch.Generator().manual_seed(9)) * 3
+    kept = _filtered(logits, [SamplingParams(temperature=1.0, top_k=49_000)]).isfinite().sum()
+    assert int(kept) == 49_000  # at top_p 1.0 a cumulative-mass cut took 3,563 more of them
