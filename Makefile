@@ -4,6 +4,8 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 50051
 PYTEST_ARGS ?=
+# pytest's 30 slowest tests, and a stop that names the slowest ones past an hour (tests/time_budget.py)
+TEST_REPORT := --durations=30 --time-budget-s=3600
 
 .PHONY: setup serve test test-fast browser lint format protos clean
 
@@ -13,19 +15,17 @@ setup:
 serve: setup
 	$(BIN)/kvserve serve --host $(HOST) --port $(PORT)
 
-# The habits every change keeps: lint, formatting, types of the core and the contract, import rules.
+# The habits every change keeps: lint, formatting, types, import rules.
 lint: setup
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
-	$(BIN)/mypy
-	$(BIN)/lint-imports --no-cache
+	@VENV=$(VENV) scripts/lint.sh
 
-test: lint browser
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+# Set-up, lint and every test, each timed (scripts/test.sh).
+test:
+	@VENV=$(VENV) scripts/test.sh $(TEST_REPORT) $(PYTEST_ARGS)
 
-# The fast loop: lint and every test but the slow real-model ones.
-test-fast: lint browser
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+# The fast loop: the same without the slow real-model tests.
+test-fast:
+	@VENV=$(VENV) scripts/test.sh -m "not slow" $(TEST_REPORT) $(PYTEST_ARGS)
 
 # Debian's Chromium for the web page's browser tests (tests/ui).
 browser:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kvserve.testing.server_launcher import ServeProcess, start_serve
+from tests.shared_servers import REAL_MODEL_ARGS, kept_clean
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,6 +30,8 @@ def _checkout_root_last() -> None:
 
 
 _checkout_root_last()
+
+pytest_plugins = ["tests.time_budget"]
 
 
 @pytest.fixture(scope="session")
@@ -62,3 +65,28 @@ def serve_factory() -> Iterator[Callable[..., ServeProcess]]:
 def http_serve_factory(serve_factory) -> Callable[..., ServeProcess]:
     """`start(args, wait=True)`: `kvserve serve ARGS` with the HTTP API on too, on a free port."""
     return functools.partial(serve_factory, http=True)
+
+
+@pytest.fixture(scope="session")
+def _real_model_server_process(default_model_dir) -> Iterator[ServeProcess]:
+    tmp_dir = Path(tempfile.mkdtemp(prefix="kvserve-real-"))
+    server = start_serve(REAL_MODEL_ARGS, tmp_dir, http=True)
+    try:
+        server.wait_serving()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def real_model_server(_real_model_server_process: ServeProcess, request) -> Iterator[ServeProcess]:
+    """The session's one real-model server (`REAL_MODEL_ARGS`, HTTP on), for tests that only send requests.
+
+    Loading the default model costs tens of seconds, so every such test shares one server. A test
+    that kills, pauses, restarts, fills or reconfigures a server starts its own instead. After each
+    test the server must be clean again (nothing waiting, running, swapped or referenced, and its
+    executor never replaced); a test that leaves it otherwise fails by name.
+    """
+    with kept_clean(_real_model_server_process, request.node.nodeid) as server:
+        yield server

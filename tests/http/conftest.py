@@ -15,10 +15,11 @@ import pytest
 
 from kvserve.testing.server_launcher import ServeProcess, start_serve
 from tests.http.http_clients import FAKE_ARGS
+from tests.shared_servers import kept_clean
 
 
 @pytest.fixture(scope="module")
-def http_server() -> Iterator[ServeProcess]:
+def _http_server_process() -> Iterator[ServeProcess]:
     """One fake-executor server with HTTP on, shared by a module's tests."""
     tmp_dir = Path(tempfile.mkdtemp(prefix="kvserve-http-"))
     server = start_serve(FAKE_ARGS, tmp_dir, http=True)
@@ -28,3 +29,10 @@ def http_server() -> Iterator[ServeProcess]:
     finally:
         server.stop()
         shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def http_server(_http_server_process: ServeProcess, request: pytest.FixtureRequest) -> Iterator[ServeProcess]:
+    """The module's fake-executor HTTP server, checked clean after each test (tests/shared_servers.py)."""
+    with kept_clean(_http_server_process, request.node.nodeid) as server:
+        yield server

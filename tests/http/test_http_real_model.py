@@ -19,8 +19,8 @@ QUESTION = "What is the capital of Japan?"
 MAX_TOKENS = 32
 
 
-def test_real_model_http_answer_equals_grpc(http_serve_factory, default_model_dir) -> None:
-    server = http_serve_factory(["--executor", "torch", "--kv-cache-gb", "0.25"])
+def test_real_model_http_answer_equals_grpc(real_model_server) -> None:
+    server = real_model_server
     client = sdk(server)
     model = client.models.list().data[0].id
     messages = [{"role": "user", "content": QUESTION}]

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from kvserve.testing.server_launcher import ServeProcess, start_serve
+from tests.shared_servers import kept_clean
 
 
 @pytest.fixture(scope="module")
-def fake_server() -> Iterator[ServeProcess]:
+def _fake_server_process() -> Iterator[ServeProcess]:
     """One fake-executor server shared by a module's tests (fast: no model)."""
     tmp_dir = Path(tempfile.mkdtemp(prefix="kvserve-test-"))
     server = start_serve(["--executor", "fake", "--num-blocks", "4096", "--step-latency-ms", "2"], tmp_dir)
@@ -23,3 +24,10 @@ def fake_server() -> Iterator[ServeProcess]:
     finally:
         server.stop()
         shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def fake_server(_fake_server_process: ServeProcess, request: pytest.FixtureRequest) -> Iterator[ServeProcess]:
+    """The module's fake-executor server, checked clean after each test (tests/shared_servers.py)."""
+    with kept_clean(_fake_server_process, request.node.nodeid) as server:
+        yield server

@@ -48,8 +48,8 @@ async def _text(stub: api_pb2_grpc.KVServeStub, request: api_pb2.GenerateRequest
     return text, ids, reason
 
 
-def test_real_model_serves_chat_and_batches_like_alone(serve_factory) -> None:
-    server = serve_factory(["--executor", "torch", "--kv-cache-gb", "0.25"])
+def test_real_model_serves_chat_and_batches_like_alone(real_model_server) -> None:
+    server = real_model_server
 
     async def scenario():
         async with grpc.aio.insecure_channel(server.address) as channel:

@@ -13,15 +13,15 @@ import json
 import os
 import re
 import signal
-from collections.abc import Iterator
 
 import jsonschema
 import pytest
 from grpc_health.v1 import health_pb2
 
 from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
-from kvserve.testing.server_launcher import ServeProcess, serving
+from kvserve.testing.server_launcher import ServeProcess
 from tests.services.person_requests import PEOPLE, PERSON, ask_all, person_prompt
+from tests.shared_servers import REAL_MODEL_ARGS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -33,13 +33,13 @@ QUESTIONS = [
 ]  # fmt: skip
 ISO_DATE = r"[0-9]{4}-[0-9]{2}-[0-9]{2}"
 SENTIMENTS = ["positive", "negative", "neutral"]
-SERVE_ARGS = ["--executor", "torch", "--kv-cache-gb", "0.25"]
+SERVE_ARGS = REAL_MODEL_ARGS
 
 
-@pytest.fixture(scope="module")
-def real_server() -> Iterator[ServeProcess]:
-    with serving(SERVE_ARGS, http=True) as server:
-        yield server
+@pytest.fixture
+def real_server(real_model_server: ServeProcess) -> ServeProcess:
+    """The session's shared real-model server (tests/conftest.py), which serves `SERVE_ARGS`."""
+    return real_model_server
 
 
 def test_twelve_prompts_under_a_json_schema_all_validate(real_server) -> None:
