@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any
 
 import grpc
@@ -141,6 +141,9 @@ def fill_sampling(target: api_pb2.SamplingParams, sampling: Mapping[str, Any]) -
         current = getattr(target, name)
         if isinstance(current, (bool, int, float, str)):
             setattr(target, name, value)
+        elif isinstance(current, MutableMapping):  # logit_bias: {token id: bias}
+            target.ClearField(name)
+            getattr(target, name).update(value)
         else:  # repeated field; a lone string would otherwise be split into characters
             target.ClearField(name)
             getattr(target, name).extend([value] if isinstance(value, (str, int)) else value)

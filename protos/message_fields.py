@@ -2,7 +2,9 @@
 
 The wire messages mirror the contract dataclasses (`ExecutorInfo`, `SamplingParams`) field
 for field, so a conversion is a table: the names both sides have, and for each whether the
-message field repeats or tracks presence (an unset optional field is the dataclass's None).
+message field repeats or tracks presence (an unset optional field is the dataclass's None); a
+`map<K, V>` field is the dataclass's tuple of (key, value) pairs, sorted by key (hashable, and
+the same on both sides whatever order the map's entries crossed in).
 `FieldTable` builds that table once per pair from the dataclass's type hints and the message's
 descriptor; adding a field to both then needs no edit here or in any caller.
 """
@@ -20,7 +22,7 @@ from google.protobuf.message import Message
 T = TypeVar("T")
 M = TypeVar("M", bound=Message)
 
-_PLAIN, _REPEATED, _OPTIONAL = 0, 1, 2
+_PLAIN, _REPEATED, _OPTIONAL, _MAP = 0, 1, 2, 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,16 +38,20 @@ class FieldTable:
             value = getattr(obj, name)
             if kind == _REPEATED:
                 getattr(out, name).extend(value)
+            elif kind == _MAP:
+                getattr(out, name).update(value)
             elif kind != _OPTIONAL or value is not None:
                 setattr(out, name, value)
         return out
 
     def values(self, msg: Message) -> dict[str, Any]:
         """The shared fields of `msg` as dataclass values: a repeated field as the dataclass's list or
-        tuple, an unset optional field as None."""
+        tuple, a map as its (key, value) pairs sorted by key, an unset optional field as None."""
         values: dict[str, Any] = {}
         for name, kind, sequence in self.fields:
-            if kind == _REPEATED:
+            if kind == _MAP:
+                values[name] = tuple(sorted(getattr(msg, name).items()))
+            elif kind == _REPEATED:
                 values[name] = sequence(getattr(msg, name))
             elif kind == _OPTIONAL and not msg.HasField(name):
                 values[name] = None
@@ -68,7 +74,9 @@ def field_table(cls: Any, message: Any) -> FieldTable:
         descriptor = by_name.get(f.name)
         if descriptor is None:
             continue
-        if descriptor.is_repeated:
+        if descriptor.message_type is not None and descriptor.message_type.GetOptions().map_entry:
+            rows.append((f.name, _MAP, tuple))
+        elif descriptor.is_repeated:
             sequence = typing.get_origin(hints[f.name]) or hints[f.name]
             rows.append((f.name, _REPEATED, list if sequence is list else tuple))
         else:

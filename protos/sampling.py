@@ -34,6 +34,9 @@ class SamplingParams:
     pick one at admission, so a recompute after preemption draws the same tokens.
     `logprobs = None` returns none; `0` returns the sampled token's logprob only;
     `k > 0` adds the top-k alternatives.
+    `logit_bias` is OpenAI's token id -> bias map, as (token id, bias) pairs sorted by id, each id
+    once (a tuple, so the params stay hashable): the executor adds each bias to its token's logit
+    after the penalties, and a bias of -MAX_ABS_LOGIT_BIAS (-100) bans the token.
     """
 
     temperature: float = 1.0
@@ -51,13 +54,15 @@ class SamplingParams:
     stop: tuple[str, ...] = field(default=())
     ignore_eos: bool = False
     logprobs: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    def validate(self) -> None:
-        """Raise InvalidFieldError naming the first field whose value is out of range."""
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raise InvalidFieldError naming the first field whose value is out of range; with
+        `vocab_size`, also a `logit_bias` token id outside the model's vocabulary."""
         _finite_in("temperature", self.temperature, 0.0, 100.0)
         if not isinstance(self.top_k, int) or self.top_k < -1 or self.top_k == 0:
             raise InvalidFieldError("top_k", f"must be -1 (off) or a positive integer, got {self.top_k}")
@@ -93,6 +98,31 @@ class SamplingParams:
                 )
         if self.logprobs is not None and not 0 <= self.logprobs <= defaults.MAX_LOGPROBS:
             raise InvalidFieldError("logprobs", f"must be in [0, {defaults.MAX_LOGPROBS}], got {self.logprobs}")
+        validate_logit_bias(self.logit_bias, vocab_size)
+
+
+def validate_logit_bias(logit_bias: tuple[tuple[int, float], ...], vocab_size: int | None = None) -> None:
+    """The one definition of `logit_bias`'s limits: at most MAX_LOGIT_BIAS_ENTRIES entries, token ids
+    sorted and unique in [0, vocab_size), biases finite in [-MAX_ABS_LOGIT_BIAS, MAX_ABS_LOGIT_BIAS]."""
+    limit = defaults.MAX_ABS_LOGIT_BIAS
+    if len(logit_bias) > defaults.MAX_LOGIT_BIAS_ENTRIES:
+        raise InvalidFieldError(
+            "logit_bias", f"at most {defaults.MAX_LOGIT_BIAS_ENTRIES} entries allowed, got {len(logit_bias)}"
+        )
+    previous = -1
+    for token, bias in logit_bias:
+        if isinstance(token, bool) or not isinstance(token, int):
+            raise InvalidFieldError("logit_bias", f"token ids must be integers, got {token!r}")
+        if token < 0 or (vocab_size is not None and token >= vocab_size):
+            vocab = f" [0, {vocab_size})" if vocab_size is not None else ""
+            raise InvalidFieldError("logit_bias", f"token id {token} is outside the vocabulary{vocab}")
+        if token <= previous:
+            raise InvalidFieldError("logit_bias", f"token id {token} is listed twice or out of order")
+        previous = token
+        if isinstance(bias, bool) or not _finite(bias) or not -limit <= bias <= limit:
+            raise InvalidFieldError(
+                "logit_bias", f"the bias of token {token} must be a number in [{-limit:g}, {limit:g}], got {bias!r}"
+            )
 
 
 def _finite(x: float) -> bool:

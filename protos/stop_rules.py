@@ -29,6 +29,10 @@ class FinishReason(str, enum.Enum):
     """max_tokens reached, or the sequence reached max_model_len."""
     ABORT = "abort"
     ERROR = "error"
+    """It could not be completed around an executor change or failure (e.g. it no longer fits a new executor)."""
+    INTERNAL = "internal"
+    """The executor broke its contract for this sequence (it sampled a token the grammar forbids): a bug,
+    never the client's doing; the APIs fail the request with an internal error (HTTP 500, gRPC INTERNAL)."""
 
 
 def stop_token_ids(sampling: SamplingParams, eos_token_ids: Iterable[int]) -> frozenset[int]:

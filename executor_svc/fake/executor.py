@@ -25,7 +25,9 @@ read back after the forward pass, and block moves and empty schedules are refuse
 Tokens depend only on the context and the seed, never on the batch, so recompute after
 preemption, swap and executor restarts reproduce outputs exactly. A structured-output
 mask restricts the draw to the tokens it allows (ordinary ones first), so `choice` and
-fixed-string regexes come out whole. No torch import.
+fixed-string regexes come out whole. `logit_bias` is honoured simply (`tokens.biased_token`):
+the allowed token with the highest positive bias is picked (lowest id on a tie), and a banned
+(-100) token is never picked. No torch import.
 """
 
 from __future__ import annotations
@@ -38,10 +40,13 @@ import structlog
 
 from kvserve.config import defaults
 from kvserve.config.flags import flag
+from kvserve.executor.fake.faults import forbidden_token
+from kvserve.executor.fake.scripted_reply import ScriptedReplies
 from kvserve.executor.fake.shadow_kv import ShadowKV
 from kvserve.executor.fake.tokens import (
     DEFAULT_CONTEXT_WINDOW,
     allowed_token_ids,
+    biased_token,
     context_hash,
     copied_token,
     copies,
@@ -55,7 +60,7 @@ from kvserve.executor.fake.tokens import (
 from kvserve.executor.fake.vocabulary import default_model_dir, load_vocabulary, plain_vocabulary
 from kvserve.protos.sampling import SamplingParams
 from kvserve.protos.step import ExecutorInfo, PlanError, SampledToken, StepPlan, StepResult
-from kvserve.protos.stop_rules import stop_tokens_allowed
+from kvserve.protos.stop_rules import stop_token_ids, stop_tokens_allowed
 
 log = structlog.get_logger(__name__)
 
@@ -110,6 +115,20 @@ class FakeExecutorConfig:
             "whole-context read-backs; with --vocab-size and no --tokenizer-path it needs no model files"
         ),
     )
+    scripted_replies: bool = field(
+        default=False,
+        metadata=flag(
+            "tests: answer a prompt holding [[fake-reply]]TEXT[[/fake-reply]] with TEXT's tokens, then eos "
+            "(kvserve.executor.fake.scripted_reply)"
+        ),
+    )
+    fault_violate_token_masks: bool = field(
+        default=False,
+        metadata=flag(
+            "FAULT INJECTION, tests only: under a structured-output mask, draw a token the mask forbids, as a "
+            "broken executor would (kvserve.executor.fake.faults)"
+        ),
+    )
 
 
 @dataclass(slots=True)
@@ -124,6 +143,8 @@ class _Sequence:
     """Token sampled in the previous step, which the next plan must send back first."""
     drafts: list[int] = field(default_factory=list)
     """This step's proposed tokens (speculative decoding), written and verified after the known ones."""
+    script: list[int] | None = None
+    """The prompt's scripted reply (`--scripted-replies`), None for an ordinary prompt."""
 
     def step_tokens(self) -> list[int]:
         return self.token_ids + self.drafts if self.drafts else self.token_ids
@@ -150,6 +171,7 @@ class FakeExecutor:
         self.seqs: dict[int, _Sequence] = {}
         self.steps = 0
         self._samplable_set = frozenset(self.vocab.samplable)
+        self._scripts = ScriptedReplies(self.tokenizer_path) if config.scripted_replies else None
 
     # --- Executor protocol -------------------------------------------------------
 
@@ -296,6 +318,8 @@ class FakeExecutor:
         if len(set(block_table)) != len(block_table):
             raise PlanError(f"{what}: block table {block_table} holds a block twice")
         seq = _Sequence(list(token_ids), prompt_len, list(block_table), sampling, seed, num_computed)
+        if self._scripts is not None:
+            seq.script = self._scripts.script(seq.token_ids[:prompt_len])
         self.shadow.check_covered(seq.block_table, num_computed, what)
         if num_computed:
             # Prefix-cache hit, copied block or swap-in: the KV must already hold these tokens.
@@ -395,6 +419,11 @@ class FakeExecutor:
         greedy = seq.sampling.temperature == 0.0
         h = context_hash(window, length, seq.seed, greedy)
         may_end = self._may_end_by_eos(seq, length - seq.prompt_len) and wants_eos(h, self.config.eos_probability)
+        if seq.script is not None or (mask is not None and self.config.fault_violate_token_masks):
+            chosen = self._test_draw(seq, length, h, mask)
+            if chosen is not None:
+                return chosen, h
+        allowed = None
         if mask is None:
             token = self.vocab.eos_token_ids[0] if may_end else None
             if token is None and copies(h, greedy):
@@ -405,7 +434,36 @@ class FakeExecutor:
             allowed = allowed_token_ids(mask)
             eos = next((t for t in self.vocab.eos_token_ids if t in allowed), None)
             token = eos if may_end and eos is not None else pick_allowed(h, allowed, self._samplable_set)
+        if seq.sampling.logit_bias:
+            held_back = (
+                frozenset()
+                if stop_tokens_allowed(seq.sampling, length - seq.prompt_len)
+                else stop_token_ids(seq.sampling, self.vocab.eos_token_ids)
+            )
+            within = None if allowed is None else frozenset(allowed)
+            fallback = self.vocab.samplable if allowed is None else allowed
+            token = biased_token(token, h, seq.sampling.logit_bias, within, fallback, held_back)
         return token, h
+
+    def _test_draw(self, seq: _Sequence, length: int, h: int, mask: bytes | None) -> int | None:
+        """What the tests' options draw instead of the fake model, None where they leave the draw alone: a
+        token the mask forbids (`--fault-violate-token-masks`), else the scripted reply's next token, or eos
+        after its last, as far as the mask allows (`--scripted-replies`)."""
+        allowed = None if mask is None else allowed_token_ids(mask)
+        if allowed is not None and self.config.fault_violate_token_masks:
+            forbidden = forbidden_token(h, allowed, self.vocab.samplable)
+            if forbidden is not None:
+                return forbidden
+        if seq.script is None:
+            return None
+        position = length - seq.prompt_len
+        if position < len(seq.script):
+            token = seq.script[position]
+        elif self._may_end_by_eos(seq, position):
+            token = self.vocab.eos_token_ids[0]
+        else:
+            return None
+        return token if allowed is None or token in allowed else None
 
     def _propose(self, seq: _Sequence, sampled: list[int], count: int) -> list[int]:
         """A fake draft model's proposals after this step's `sampled` tokens: the tokens this fake model

@@ -7,8 +7,9 @@ and a test can compute a sequence's expected completion without running any exec
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Collection, Container, Iterable, Sequence
 
+from kvserve.config import defaults
 from kvserve.protos.step import TokenLogprob
 
 DEFAULT_CONTEXT_WINDOW = 4
@@ -74,6 +75,32 @@ def pick_allowed(h: int, allowed: Sequence[int], samplable: frozenset[int]) -> i
     if not allowed:
         raise ValueError("the token mask allows no token")
     return allowed[0]
+
+
+def biased_token(
+    token: int,
+    h: int,
+    logit_bias: Iterable[tuple[int, float]],
+    allowed: Collection[int] | None,
+    fallback: Sequence[int],
+    held_back: Container[int],
+) -> int:
+    """The fake model's answer to `logit_bias`, given its drawn `token`: the token with the highest
+    positive bias, the lowest id on a tie; else `token`, unless it is banned (-100), then a draw by `h`
+    among the `fallback` tokens that are not. Only tokens the mask `allowed` (None: all) and not
+    `held_back` (stop tokens before min_tokens) can win a bias; with every fallback banned, `token` stays
+    (the grammar wins, as in the real sampler)."""
+    ban = -defaults.MAX_ABS_LOGIT_BIAS
+    favoured = [
+        (-bias, t) for t, bias in logit_bias if bias > 0 and (allowed is None or t in allowed) and t not in held_back
+    ]
+    if favoured:
+        return min(favoured)[1]
+    banned = {t for t, bias in logit_bias if bias <= ban}
+    if token not in banned:
+        return token
+    rest = [t for t in fallback if t not in banned]
+    return rest[h % len(rest)] if rest else token
 
 
 def wants_eos(h: int, probability: float) -> bool:

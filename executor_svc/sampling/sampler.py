@@ -1,4 +1,4 @@
-"""The batched sampler: penalties, greedy or seeded sampling with top-k/top-p/min-p, logprobs.
+"""The batched sampler: penalties, logit biases, greedy or seeded sampling with top-k/top-p/min-p, logprobs.
 
 Every row is processed in one vectorised pass. Random draws use the exponential race
 (argmax of p_i / E_i with E_i ~ Exp(1)), i.e. Gumbel-max, with E_i from a hash of
@@ -7,9 +7,10 @@ the batch and after a recompute. Greedy rows take the exact argmax, with no nois
 
 Before a sequence has `min_tokens` outputs, its EOS (unless ignore_eos) and stop token ids
 are masked out, by the rules in `kvserve.protos.stop_rules` that the scheduler applies too.
-Structured output's token masks (`kvserve.executor.sampling.token_mask`) come after the penalties, so
-nothing can re-admit a token the grammar forbids. Logprobs are reported from the
-penalised, grammar-masked logits before temperature and filtering (the model's
+Each row's `logit_bias` (`kvserve.executor.sampling.logit_bias`; -100 bans) is added after the
+penalties. Structured output's token masks (`kvserve.executor.sampling.token_mask`) come after
+both, so nothing can re-admit a token the grammar forbids. Logprobs are reported from the
+penalised, biased, grammar-masked logits before temperature and filtering (the model's
 distribution over what may follow, as vLLM reports by default).
 """
 
@@ -19,6 +20,7 @@ from collections.abc import Callable
 
 import torch
 
+from kvserve.executor.sampling.logit_bias import apply_logit_bias
 from kvserve.executor.sampling.penalties import apply_penalties
 from kvserve.executor.sampling.seeded_noise import row_key, uniform_noise, uniform_noise_at
 from kvserve.executor.sampling.token_mask import TokenMasks, apply_token_masks
@@ -57,8 +59,9 @@ def sample(
             frequency=[params[i].frequency_penalty for i in penalised],
         )
         logits = logits.index_copy(0, rows, sub)
+    banned = apply_logit_bias(logits, [p.logit_bias for p in params])
     if masks is not None:
-        apply_token_masks(logits, masks, may_empty=held_back)
+        apply_token_masks(logits, masks, may_empty=held_back or banned)
 
     random_rows = [i for i, p in enumerate(params) if not p.greedy]
     if len(random_rows) == n:

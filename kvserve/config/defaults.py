@@ -52,6 +52,11 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
 MAX_LOGPROBS = 20
+MAX_LOGIT_BIAS_ENTRIES = 300
+"""Most `logit_bias` entries (token id -> bias) one request may send: OpenAI's own limit, so every
+request OpenAI accepts is accepted here, and applying a row's biases stays a few hundred adds a step."""
+MAX_ABS_LOGIT_BIAS = 100.0
+"""`logit_bias` values lie in [-100, 100], as in OpenAI's API; -100 bans the token (its logit becomes -inf)."""
 MAX_SEED = 2**63 - 1
 MAX_STRUCTURED_SPEC_CHARS = 256 * 1024
 """Longest JSON schema, regex or grammar (or all choices together) of a structured-output request."""

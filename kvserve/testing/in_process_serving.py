@@ -27,6 +27,8 @@ class Served:
 
     tokens: dict[tuple[str, int], list[int]] = field(default_factory=dict)
     logprobs: dict[tuple[str, int], list[float]] = field(default_factory=dict)
+    top_logprobs: dict[tuple[str, int], list[dict[int, float]]] = field(default_factory=dict)
+    """Per output position, the requested top tokens' logprobs (token id → logprob), where asked for."""
     drafts: dict[str, DraftCounts] = field(default_factory=dict)
     """Speculative decoding's counts per request (none when it is off)."""
     steps: int = 0
@@ -78,6 +80,9 @@ def _run(executor: Executor, scheduler: Scheduler, served: Served, max_steps: in
             served.tokens.setdefault(key, []).extend(out.new_token_ids)
             if out.logprobs is not None:
                 served.logprobs.setdefault(key, []).extend(lp.logprob for lp in out.logprobs)
+                served.top_logprobs.setdefault(key, []).extend(
+                    {t.token_id: t.logprob for t in lp.top} for lp in out.logprobs
+                )
             if out.drafts is not None:
                 served.drafts[out.request_id] = out.drafts
         served.steps += 1

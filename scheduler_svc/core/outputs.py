@@ -72,6 +72,8 @@ class SequenceOutput:
     complete once every sequence of the request has finished, as with its last final output."""
     drafts: DraftCounts | None = None
     """The request's own `DraftCounts` (speculative decoding), shared like `blocks`."""
+    error: str | None = None
+    """With `FinishReason.INTERNAL`: what went wrong, for the client's error message."""
 
 
 @dataclass(slots=True)

@@ -85,6 +85,7 @@ class ResultApplier:
             new_tokens: list[int] = []
             logprobs: list[SampledLogprob] | None = [] if request.sampling.logprobs is not None else None
             reason = None
+            error = None
             for sampled in sampled_tokens:
                 token = sampled.token_id
                 tokens.append(token)
@@ -94,6 +95,8 @@ class ResultApplier:
                     reason = stop_reason(request.sampling, token, num_output, len(tokens), eos, max_model_len)
                 if seq.matcher is not None and reason is None:
                     reason = _advance_matcher(seq, token)
+                    if reason is FinishReason.INTERNAL:
+                        error = f"the executor sampled a token the grammar forbids (token id {token})"
                 if logprobs is not None:
                     logprob = sampled.logprob if sampled.logprob is not None else float("nan")
                     logprobs.append(SampledLogprob(token, logprob, list(sampled.top_logprobs)))
@@ -127,6 +130,7 @@ class ResultApplier:
                     ttft_s=request.ttft_s,
                     blocks=request.blocks,
                     drafts=request.drafts if st.proposer is not None else None,
+                    error=error,
                 )
             )
         if any_finished:
@@ -237,11 +241,19 @@ def _verified(sampled: list[SampledToken], drafts: list[int] | None) -> bool:
 
 
 def _advance_matcher(seq: Sequence, token: int) -> FinishReason | None:
-    """Feed a constrained completion's token to its grammar: GRAMMAR once it admits nothing more."""
+    """Feed a constrained completion's token to its grammar: GRAMMAR once it admits nothing more,
+    INTERNAL for a token it forbids."""
     matcher = seq.matcher
     assert matcher is not None
     if not matcher.accept(token):
         # The plan's mask forbade it: an executor that ignored the mask, never a client error.
-        log.error("executor sampled a token the grammar forbids", seq_id=seq.seq_id, token_id=token)
-        return FinishReason.ERROR
+        log.error(
+            "executor sampled a token the grammar forbids",
+            request_id=seq.request.request_id,
+            index=seq.index,
+            seq_id=seq.seq_id,
+            token_id=token,
+            output_position=len(seq.token_ids) - 1 - seq.prompt_len,
+        )
+        return FinishReason.INTERNAL
     return FinishReason.GRAMMAR if matcher.is_finished else None

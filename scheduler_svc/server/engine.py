@@ -300,6 +300,9 @@ class Engine:
                 self._pending_finishes.add((active.request_id, output.index))
                 active.stop_pending = True
                 self._wakeup.set()
+            elif output.finish_reason is FinishReason.INTERNAL and not active.all_finished:
+                self._pending_aborts.add(active.request_id)  # it failed: its other completions end too
+                self._wakeup.set()
             if active.all_finished and not active.stop_pending:
                 self._finish_request(active, output.finish_reason)
 

@@ -7,7 +7,7 @@ once the executor's handshake has sized the scheduler.
 Status codes: INVALID_ARGUMENT "field: message" for bad fields (refused while parsing,
 a duplicate in-flight id, or a request the KV cache can never hold), RESOURCE_EXHAUSTED
 when the queue is full, UNAVAILABLE without a usable executor or while draining,
-INTERNAL when the executor failed a step. A body that is not valid protobuf gets
+INTERNAL when the executor failed a step or sampled a token the grammar forbids. A body that is not valid protobuf gets
 INVALID_ARGUMENT "request: not a valid <type> message: ..." (strict_handlers.py): every
 service is registered with handlers that decode their own requests.
 """

@@ -17,7 +17,8 @@ from kvserve.protos.stop_rules import FinishReason
 from kvserve.scheduler.core import BlockCounts, SequenceOutput
 from kvserve.scheduler.server.detokenizer import CompletionText, Decoder
 from kvserve.scheduler.server.metrics import ServerMetrics
-from kvserve.scheduler.server.request_stream import CompletionChunk, RequestStream, Usage
+from kvserve.scheduler.server.namespaces import client_request_id
+from kvserve.scheduler.server.request_stream import CompletionChunk, FailureKind, RequestFailed, RequestStream, Usage
 from kvserve.scheduler.server.tools.tool_formats import FORMATS, ToolCallParser
 from kvserve.scheduler.server.tools.tool_use import ToolCall, ToolUse
 
@@ -112,6 +113,9 @@ class ActiveRequest:
         completion = self.completions[output.index]
         if self.blocks is None:
             self.blocks = output.blocks
+        if output.finish_reason is FinishReason.INTERNAL:
+            self._fail_internal(completion, output.error)
+            return False
         token_ids = list(output.new_token_ids)
         logprobs = list(output.logprobs or [])
         num_output_tokens = output.num_output_tokens
@@ -171,6 +175,15 @@ class ActiveRequest:
             )
         )
         return stopped
+
+    def _fail_internal(self, completion: Completion, error: str | None) -> None:
+        """A bug ended the completion (the executor broke its contract; the scheduler has logged it): the
+        request fails with an internal error naming the client's request id, which the server log's lines
+        carry too; the engine aborts its other completions."""
+        completion.finished = True
+        completion.finish_reason = FinishReason.INTERNAL
+        message = f"internal error in request {client_request_id(self.request_id)}: {error or 'unknown'}"
+        self.stream.fail(RequestFailed(FailureKind.INTERNAL, message))
 
     @staticmethod
     def _take_calls(parser: ToolCallParser, text: str, calls: list[ToolCall]) -> str:

@@ -4,9 +4,9 @@ This is the one place a request is checked: past it, the engine and the schedule
 the request as given (the core only asserts its preconditions). Every refusal raises
 `InvalidFieldError` whose `field` is the API field path (e.g. "sampling.top_p"), which
 the API maps to INVALID_ARGUMENT "field: message". The value ranges of the sampling
-fields are defined by `SamplingParams.validate`; this module adds what needs the model:
-context length, vocabulary, chat template, roles and tools (a forced tool choice becomes the
-request's grammar). What needs the KV pool (does it
+fields are defined by `SamplingParams.validate` (given the vocabulary size, for `logit_bias`);
+this module adds what else needs the model: context length, vocabulary, chat template, roles
+and tools (a forced tool choice becomes the request's grammar). What needs the KV pool (does it
 ever fit?) is known only to the scheduler and is refused there, as capacity.
 
 Unset sampling fields take `ModelLimits.sampling_defaults` (the model's
@@ -213,9 +213,10 @@ def sampling_params(pb: api_pb2.SamplingParams, prompt_len: int, limits: ModelLi
         stop_token_ids=stop_token_ids,
         stop=tuple(pb.stop),
         ignore_eos=bool(pb.ignore_eos),
+        logit_bias=tuple(sorted(pb.logit_bias.items())),
     )
     try:
-        params.validate()
+        params.validate(vocab_size=limits.vocab_size)
     except InvalidFieldError as exc:
         raise InvalidFieldError(f"sampling.{exc.field}", exc.reason) from exc
     return params

@@ -54,6 +54,10 @@ def test_single_stop_string_is_not_split_into_characters() -> None:
     assert list(build_generate_request("x", stop="END").sampling.stop) == ["END"]
 
 
+def test_logit_bias_is_a_map_of_token_ids() -> None:
+    assert dict(build_generate_request("x", logit_bias={5: -100, 7: 2.5}).sampling.logit_bias) == {5: -100.0, 7: 2.5}
+
+
 def test_unknown_sampling_kwarg_is_a_type_error_naming_it() -> None:
     with pytest.raises(TypeError, match="temprature"):
         build_generate_request("x", temprature=0.5)

@@ -145,7 +145,7 @@ def test_completion_prompt_shapes(prompt, shapes) -> None:
             {"messages": [{"role": "assistant", "tool_calls": [{"type": "function", "function": {"arguments": 1}}]}]},
             "messages[0].tool_calls[0].function.arguments",
         ),
-        ({"messages": USER, "logit_bias": {"1": 5}}, "logit_bias"),
+        ({"messages": USER, "logit_bias": {"one": 5}}, "logit_bias"),
     ],
 )
 def test_chat_refusals_name_the_openai_field(body: dict, param: str) -> None:
@@ -164,6 +164,7 @@ def test_chat_refusals_name_the_openai_field(body: dict, param: str) -> None:
         ({"prompt": "p", "suffix": "s"}, "suffix"),
         ({"prompt": "p", "best_of": 3}, "best_of"),
         ({"prompt": "p", "echo": True, "logprobs": 1}, "echo"),
+        ({"prompt": "p", "logit_bias": {"1": "5"}}, "logit_bias"),
     ],
 )
 def test_completion_refusals_name_the_openai_field(body: dict, param: str) -> None:

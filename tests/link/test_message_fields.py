@@ -43,6 +43,7 @@ def test_round_trips_keep_values_sequence_types_and_unset_optionals() -> None:
     for params in (
         SamplingParams(),
         SamplingParams(temperature=0.7, seed=0, logprobs=0, stop=("x",), stop_token_ids=(4, 9), n=2),
+        SamplingParams(logit_bias=((3, -100.0), (7, 2.5), (11, 0.25))),
     ):
         decoded = sampling.build(sampling.fill(params, pb.StepSamplingParams()))
         assert decoded == params and isinstance(decoded.stop_token_ids, tuple)

@@ -94,13 +94,16 @@ def test_max_tokens_still_cuts_a_constrained_completion() -> None:
     assert h.reason("c") is FinishReason.LENGTH
 
 
-def test_a_token_the_mask_forbade_ends_the_completion_with_error() -> None:
+def test_a_token_the_mask_forbade_ends_the_completion_with_an_internal_error() -> None:
     h = Harness(config())
     grammar = ChoiceGrammar([[10, 11, 12]], h.vocab_size)
     h.add("c", PROMPT, max_tokens=20, constraint=grammar)
     plan = h.schedule()
     (seq_id,) = plan.mask_seq_ids
     h.executor.execute(plan)  # what an executor ignoring the mask could return instead:
-    h.collect(h.scheduler.update(StepResult(plan.step_id, [SampledToken(seq_id, 49)])))
-    assert h.reason("c") is FinishReason.ERROR
+    outputs = h.scheduler.update(StepResult(plan.step_id, [SampledToken(seq_id, 49)]))
+    h.collect(outputs)
+    assert h.reason("c") is FinishReason.INTERNAL  # the executor's bug: never the "executor change" ERROR
+    (output,) = outputs
+    assert output.error == "the executor sampled a token the grammar forbids (token id 49)"
     assert not h.scheduler.has_unfinished()

@@ -6,7 +6,8 @@ drafts are accepted as they are on text a real model rewrites. Every answer must
 off server's, token for token; the on server reports its drafts in `usage.speculative`
 (HTTP, through the openai SDK, and gRPC, through the client), in `/metrics`, in
 `ServerStats` and in `kvserve stats`. `--speculative suffix` reuses a tenant's earlier answers
-and never another tenant's.
+and never another tenant's. `--speculative-min-acceptance` and `--speculative-max-batch` reach
+the scheduler from the command line.
 """
 
 from __future__ import annotations
@@ -134,6 +135,43 @@ def test_metrics_stats_and_cli_show_the_acceptance(servers) -> None:
     text = run_cli("stats", *port_args(on)).stdout
     assert re.search(r"draft acceptance: \d+\.\d%", text), text
     assert "draft acceptance" not in run_cli("stats", *port_args(off)).stdout
+
+
+def test_the_acceptance_floor_and_the_batch_limit_reach_the_scheduler(servers, tmp_path: Path) -> None:
+    """`--speculative-min-acceptance 1` pauses a sequence after any rejected draft, and
+    `--speculative-max-batch 1` drafts only in steps where one sequence runs, against the module's
+    server at the defaults (0.2 and 8): the same text, fewer drafts, as each request's counts and
+    `ServerStats` show. (The rules themselves, step by step: tests/scheduler/test_speculation_thresholds.py.)"""
+    on, _ = servers
+    args = [*FAKE_ARGS, *COPYING, "--speculative", "ngram", "--ngram-min", "1"]
+    args += ["--speculative-min-acceptance", "1", "--speculative-max-batch", "1"]
+    with serving(args, tmp_path, http=True, name="strict") as strict:
+
+        def answer(server: ServeProcess, **kwargs) -> tuple[list[str], dict]:
+            completion = _complete(server, **kwargs)
+            return [c.text for c in completion.choices], completion.usage.model_extra["speculative"]
+
+        # Greedy on the copying model: every draft is accepted, so a floor of 1 never pauses, and one
+        # sequence is within a limit of 1.
+        greedy = answer(strict, temperature=0)
+        assert greedy == answer(on, temperature=0) and greedy[1]["verify_steps"] > 0
+        # Seeded: the copying model copies three draws in four, so drafts are rejected, and at a floor of 1
+        # each rejection pauses the sequence.
+        (text, paused), (text_on, counts_on) = (
+            answer(strict, temperature=1.0, seed=11),
+            answer(on, temperature=1.0, seed=11),
+        )
+        assert text == text_on
+        assert 0 < paused["verify_steps"] < counts_on["verify_steps"]
+        assert paused["proposed_tokens"] < counts_on["proposed_tokens"]
+        # n = 2: two sequences run from the step the second joins until the first ends; only in that step
+        # (built while the first ran alone) and after the first has ended may either propose.
+        (texts, pair), (texts_on, pair_on) = answer(strict, n=2, temperature=0), answer(on, n=2, temperature=0)
+        assert texts == texts_on and len(texts) == 2
+        assert pair["verify_steps"] <= 2 and pair_on["verify_steps"] >= 10
+        stats = strict.stats()
+    assert stats.draft_verify_steps == sum(c["verify_steps"] for c in (greedy[1], paused, pair))
+    assert stats.draft_tokens_proposed == sum(c["proposed_tokens"] for c in (greedy[1], paused, pair))
 
 
 def test_suffix_lookup_reuses_a_tenants_earlier_answer_and_no_one_elses(tmp_path: Path) -> None:

@@ -24,19 +24,21 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bprotos/kvserve/v1/api.proto\x12\nkvserve.v1\"l\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12(\n\ntool_calls\x18\x03 \x03(\x0b\x32\x14.kvserve.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\"\xbf\x01\n\nChatPrompt\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.kvserve.v1.ChatMessage\x12\x1f\n\x05tools\x18\x02 \x03(\x0b\x32\x10.kvserve.v1.Tool\x12+\n\x0btool_choice\x18\x03 \x01(\x0b\x32\x16.kvserve.v1.ToolChoice\x12 \n\x13parallel_tool_calls\x18\x04 \x01(\x08H\x00\x88\x01\x01\x42\x16\n\x14_parallel_tool_calls\"=\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x12\n\nparameters\x18\x03 \x01(\t\"V\n\nToolChoice\x12*\n\x04mode\x18\x01 \x01(\x0e\x32\x1a.kvserve.v1.ToolChoiceModeH\x00\x12\x12\n\x08\x66unction\x18\x02 \x01(\tH\x00\x42\x08\n\x06\x63hoice\"7\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x03\"\x96\x04\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x02 \x01(\x03H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x12\n\x05min_p\x18\x04 \x01(\x01H\x03\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x05 \x01(\x01H\x04\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x06 \x01(\x01H\x05\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x07 \x01(\x01H\x06\x88\x01\x01\x12\x11\n\x04seed\x18\x08 \x01(\x03H\x07\x88\x01\x01\x12\x0e\n\x01n\x18\t \x01(\x03H\x08\x88\x01\x01\x12\x17\n\nmax_tokens\x18\n \x01(\x03H\t\x88\x01\x01\x12\x17\n\nmin_tokens\x18\x0b \x01(\x03H\n\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x0c \x03(\x03\x12\x0c\n\x04stop\x18\r \x03(\t\x12\x12\n\nignore_eos\x18\x0e \x01(\x08\x12\x15\n\x08logprobs\x18\x0f \x01(\x03H\x0b\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x08\n\x06_min_pB\x15\n\x13_repetition_penaltyB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x07\n\x05_seedB\x04\n\x02_nB\r\n\x0b_max_tokensB\r\n\x0b_min_tokensB\x0b\n\t_logprobs\"\x98\x02\n\x0fGenerateRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x14.kvserve.v1.TokenIdsH\x00\x12&\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x16.kvserve.v1.ChatPromptH\x00\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.kvserve.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x10\n\x08priority\x18\x06 \x01(\x03\x12\x12\n\ncache_salt\x18\x07 \x01(\t\x12\x30\n\nstructured\x18\x08 \x01(\x0b\x32\x1c.kvserve.v1.StructuredOutputB\x08\n\x06prompt\"\x96\x01\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12(\n\x06\x63hoice\x18\x04 \x01(\x0b\x32\x16.kvserve.v1.ChoiceListH\x00\x12\x11\n\x07grammar\x18\x05 \x01(\tH\x00\x42\x06\n\x04kind\"\x1d\n\nChoiceList\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\",\n\x07Logprob\x12\x10\n\x08token_id\x18\x01 \x01(\x03\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\"T\n\rTokenLogprobs\x12\x10\n\x08token_id\x18\x01 \x01(\x03\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\x12 \n\x03top\x18\x03 \x03(\x0b\x32\x13.kvserve.v1.Logprob\"\xb8\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x03\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x03\x12\x15\n\rcached_tokens\x18\x03 \x01(\x03\x12\x14\n\x0cqueue_time_s\x18\x04 \x01(\x01\x12\x0e\n\x06ttft_s\x18\x05 \x01(\x01\x12\r\n\x05\x65\x32\x65_s\x18\x06 \x01(\x01\x12\x31\n\x0bspeculative\x18\x07 \x01(\x0b\x32\x1c.kvserve.v1.SpeculativeUsage\"Z\n\x10SpeculativeUsage\x12\x17\n\x0fproposed_tokens\x18\x01 \x01(\x03\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x02 \x01(\x03\x12\x14\n\x0cverify_steps\x18\x03 \x01(\x03\"\x80\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x03\x12\x11\n\ttoken_ids\x18\x03 \x03(\x03\x12\x0c\n\x04text\x18\x04 \x01(\t\x12+\n\x08logprobs\x18\x05 \x03(\x0b\x32\x19.kvserve.v1.TokenLogprobs\x12/\n\rfinish_reason\x18\x06 \x01(\x0e\x32\x18.kvserve.v1.FinishReason\x12 \n\x05usage\x18\x07 \x01(\x0b\x32\x11.kvserve.v1.Usage\x12(\n\ntool_calls\x18\x08 \x03(\x0b\x32\x14.kvserve.v1.ToolCall\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"R\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12&\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x16.kvserve.v1.ChatPromptH\x00\x42\x07\n\x05input\"5\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x03\x12\x0e\n\x06tokens\x18\x02 \x03(\t\"\x12\n\x10ModelInfoRequest\"\xfb\x01\n\x11ModelInfoResponse\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x03\x12\x15\n\rmax_model_len\x18\x03 \x01(\x03\x12\x12\n\nblock_size\x18\x04 \x01(\x03\x12\x12\n\nnum_blocks\x18\x05 \x01(\x03\x12\x15\n\reos_token_ids\x18\x06 \x03(\x03\x12\x15\n\rexecutor_kind\x18\x07 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x08 \x01(\t\x12\r\n\x05\x64type\x18\t \x01(\t\x12\x19\n\x11\x61ttention_backend\x18\n \x01(\t\x12\x19\n\x11has_chat_template\x18\x0b \x01(\x08\"\x14\n\x12ServerStatsRequest\"\x8d\x04\n\x13ServerStatsResponse\x12\x12\n\nnum_blocks\x18\x01 \x01(\x03\x12\x13\n\x0b\x62locks_free\x18\x02 \x01(\x03\x12\x15\n\rblocks_cached\x18\x03 \x01(\x03\x12\x19\n\x11\x62locks_referenced\x18\x04 \x01(\x03\x12\x10\n\x08kv_usage\x18\x05 \x01(\x01\x12\x18\n\x10requests_waiting\x18\x06 \x01(\x03\x12\x18\n\x10requests_running\x18\x07 \x01(\x03\x12\x18\n\x10requests_swapped\x18\x08 \x01(\x03\x12\x1d\n\x15prefix_queried_tokens\x18\t \x01(\x03\x12\x19\n\x11prefix_hit_tokens\x18\n \x01(\x03\x12\x17\n\x0fnum_preemptions\x18\x0b \x01(\x03\x12\x31\n\x0e\x65xecutor_state\x18\x0c \x01(\x0e\x32\x19.kvserve.v1.ExecutorState\x12\x19\n\x11\x65xecutor_restarts\x18\r \x01(\x03\x12\r\n\x05steps\x18\x0e \x01(\x03\x12\x15\n\rnum_swap_outs\x18\x0f \x01(\x03\x12\x1a\n\x12num_evicted_blocks\x18\x10 \x01(\x03\x12\x1d\n\x15\x64raft_tokens_proposed\x18\x11 \x01(\x03\x12\x1d\n\x15\x64raft_tokens_accepted\x18\x12 \x01(\x03\x12\x1a\n\x12\x64raft_verify_steps\x18\x13 \x01(\x03*\x87\x01\n\x0eToolChoiceMode\x12 \n\x1cTOOL_CHOICE_MODE_UNSPECIFIED\x10\x00\x12\x19\n\x15TOOL_CHOICE_MODE_NONE\x10\x01\x12\x19\n\x15TOOL_CHOICE_MODE_AUTO\x10\x02\x12\x1d\n\x19TOOL_CHOICE_MODE_REQUIRED\x10\x03*\xc6\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x02\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x03\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x04\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x05\x12\x1c\n\x18\x46INISH_REASON_TOOL_CALLS\x10\x06*~\n\rExecutorState\x12\x1e\n\x1a\x45XECUTOR_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x45XECUTOR_STATE_WAITING\x10\x01\x12\x18\n\x14\x45XECUTOR_STATE_READY\x10\x02\x12\x17\n\x13\x45XECUTOR_STATE_LOST\x10\x03\x32\xf1\x02\n\x07KVServe\x12G\n\x08Generate\x12\x1b.kvserve.v1.GenerateRequest\x1a\x1c.kvserve.v1.GenerateResponse0\x01\x12<\n\x05\x41\x62ort\x12\x18.kvserve.v1.AbortRequest\x1a\x19.kvserve.v1.AbortResponse\x12\x45\n\x08Tokenize\x12\x1b.kvserve.v1.TokenizeRequest\x1a\x1c.kvserve.v1.TokenizeResponse\x12H\n\tModelInfo\x12\x1c.kvserve.v1.ModelInfoRequest\x1a\x1d.kvserve.v1.ModelInfoResponse\x12N\n\x0bServerStats\x12\x1e.kvserve.v1.ServerStatsRequest\x1a\x1f.kvserve.v1.ServerStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bprotos/kvserve/v1/api.proto\x12\nkvserve.v1\"l\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12(\n\ntool_calls\x18\x03 \x03(\x0b\x32\x14.kvserve.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\"\xbf\x01\n\nChatPrompt\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.kvserve.v1.ChatMessage\x12\x1f\n\x05tools\x18\x02 \x03(\x0b\x32\x10.kvserve.v1.Tool\x12+\n\x0btool_choice\x18\x03 \x01(\x0b\x32\x16.kvserve.v1.ToolChoice\x12 \n\x13parallel_tool_calls\x18\x04 \x01(\x08H\x00\x88\x01\x01\x42\x16\n\x14_parallel_tool_calls\"=\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x12\n\nparameters\x18\x03 \x01(\t\"V\n\nToolChoice\x12*\n\x04mode\x18\x01 \x01(\x0e\x32\x1a.kvserve.v1.ToolChoiceModeH\x00\x12\x12\n\x08\x66unction\x18\x02 \x01(\tH\x00\x42\x08\n\x06\x63hoice\"7\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x03\"\x87\x05\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x02 \x01(\x03H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x12\n\x05min_p\x18\x04 \x01(\x01H\x03\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x05 \x01(\x01H\x04\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x06 \x01(\x01H\x05\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x07 \x01(\x01H\x06\x88\x01\x01\x12\x11\n\x04seed\x18\x08 \x01(\x03H\x07\x88\x01\x01\x12\x0e\n\x01n\x18\t \x01(\x03H\x08\x88\x01\x01\x12\x17\n\nmax_tokens\x18\n \x01(\x03H\t\x88\x01\x01\x12\x17\n\nmin_tokens\x18\x0b \x01(\x03H\n\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x0c \x03(\x03\x12\x0c\n\x04stop\x18\r \x03(\t\x12\x12\n\nignore_eos\x18\x0e \x01(\x08\x12\x15\n\x08logprobs\x18\x0f \x01(\x03H\x0b\x88\x01\x01\x12=\n\nlogit_bias\x18\x10 \x03(\x0b\x32).kvserve.v1.SamplingParams.LogitBiasEntry\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x08\n\x06_min_pB\x15\n\x13_repetition_penaltyB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x07\n\x05_seedB\x04\n\x02_nB\r\n\x0b_max_tokensB\r\n\x0b_min_tokensB\x0b\n\t_logprobs\"\x98\x02\n\x0fGenerateRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x14.kvserve.v1.TokenIdsH\x00\x12&\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x16.kvserve.v1.ChatPromptH\x00\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.kvserve.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x10\n\x08priority\x18\x06 \x01(\x03\x12\x12\n\ncache_salt\x18\x07 \x01(\t\x12\x30\n\nstructured\x18\x08 \x01(\x0b\x32\x1c.kvserve.v1.StructuredOutputB\x08\n\x06prompt\"\x96\x01\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12(\n\x06\x63hoice\x18\x04 \x01(\x0b\x32\x16.kvserve.v1.ChoiceListH\x00\x12\x11\n\x07grammar\x18\x05 \x01(\tH\x00\x42\x06\n\x04kind\"\x1d\n\nChoiceList\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\",\n\x07Logprob\x12\x10\n\x08token_id\x18\x01 \x01(\x03\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\"T\n\rTokenLogprobs\x12\x10\n\x08token_id\x18\x01 \x01(\x03\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\x12 \n\x03top\x18\x03 \x03(\x0b\x32\x13.kvserve.v1.Logprob\"\xb8\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x03\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x03\x12\x15\n\rcached_tokens\x18\x03 \x01(\x03\x12\x14\n\x0cqueue_time_s\x18\x04 \x01(\x01\x12\x0e\n\x06ttft_s\x18\x05 \x01(\x01\x12\r\n\x05\x65\x32\x65_s\x18\x06 \x01(\x01\x12\x31\n\x0bspeculative\x18\x07 \x01(\x0b\x32\x1c.kvserve.v1.SpeculativeUsage\"Z\n\x10SpeculativeUsage\x12\x17\n\x0fproposed_tokens\x18\x01 \x01(\x03\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x02 \x01(\x03\x12\x14\n\x0cverify_steps\x18\x03 \x01(\x03\"\x80\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x03\x12\x11\n\ttoken_ids\x18\x03 \x03(\x03\x12\x0c\n\x04text\x18\x04 \x01(\t\x12+\n\x08logprobs\x18\x05 \x03(\x0b\x32\x19.kvserve.v1.TokenLogprobs\x12/\n\rfinish_reason\x18\x06 \x01(\x0e\x32\x18.kvserve.v1.FinishReason\x12 \n\x05usage\x18\x07 \x01(\x0b\x32\x11.kvserve.v1.Usage\x12(\n\ntool_calls\x18\x08 \x03(\x0b\x32\x14.kvserve.v1.ToolCall\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"R\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12&\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x16.kvserve.v1.ChatPromptH\x00\x42\x07\n\x05input\"5\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x03\x12\x0e\n\x06tokens\x18\x02 \x03(\t\"\x12\n\x10ModelInfoRequest\"\xfb\x01\n\x11ModelInfoResponse\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x03\x12\x15\n\rmax_model_len\x18\x03 \x01(\x03\x12\x12\n\nblock_size\x18\x04 \x01(\x03\x12\x12\n\nnum_blocks\x18\x05 \x01(\x03\x12\x15\n\reos_token_ids\x18\x06 \x03(\x03\x12\x15\n\rexecutor_kind\x18\x07 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x08 \x01(\t\x12\r\n\x05\x64type\x18\t \x01(\t\x12\x19\n\x11\x61ttention_backend\x18\n \x01(\t\x12\x19\n\x11has_chat_template\x18\x0b \x01(\x08\"\x14\n\x12ServerStatsRequest\"\x8d\x04\n\x13ServerStatsResponse\x12\x12\n\nnum_blocks\x18\x01 \x01(\x03\x12\x13\n\x0b\x62locks_free\x18\x02 \x01(\x03\x12\x15\n\rblocks_cached\x18\x03 \x01(\x03\x12\x19\n\x11\x62locks_referenced\x18\x04 \x01(\x03\x12\x10\n\x08kv_usage\x18\x05 \x01(\x01\x12\x18\n\x10requests_waiting\x18\x06 \x01(\x03\x12\x18\n\x10requests_running\x18\x07 \x01(\x03\x12\x18\n\x10requests_swapped\x18\x08 \x01(\x03\x12\x1d\n\x15prefix_queried_tokens\x18\t \x01(\x03\x12\x19\n\x11prefix_hit_tokens\x18\n \x01(\x03\x12\x17\n\x0fnum_preemptions\x18\x0b \x01(\x03\x12\x31\n\x0e\x65xecutor_state\x18\x0c \x01(\x0e\x32\x19.kvserve.v1.ExecutorState\x12\x19\n\x11\x65xecutor_restarts\x18\r \x01(\x03\x12\r\n\x05steps\x18\x0e \x01(\x03\x12\x15\n\rnum_swap_outs\x18\x0f \x01(\x03\x12\x1a\n\x12num_evicted_blocks\x18\x10 \x01(\x03\x12\x1d\n\x15\x64raft_tokens_proposed\x18\x11 \x01(\x03\x12\x1d\n\x15\x64raft_tokens_accepted\x18\x12 \x01(\x03\x12\x1a\n\x12\x64raft_verify_steps\x18\x13 \x01(\x03*\x87\x01\n\x0eToolChoiceMode\x12 \n\x1cTOOL_CHOICE_MODE_UNSPECIFIED\x10\x00\x12\x19\n\x15TOOL_CHOICE_MODE_NONE\x10\x01\x12\x19\n\x15TOOL_CHOICE_MODE_AUTO\x10\x02\x12\x1d\n\x19TOOL_CHOICE_MODE_REQUIRED\x10\x03*\xc6\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x02\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x03\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x04\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x05\x12\x1c\n\x18\x46INISH_REASON_TOOL_CALLS\x10\x06*~\n\rExecutorState\x12\x1e\n\x1a\x45XECUTOR_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x45XECUTOR_STATE_WAITING\x10\x01\x12\x18\n\x14\x45XECUTOR_STATE_READY\x10\x02\x12\x17\n\x13\x45XECUTOR_STATE_LOST\x10\x03\x32\xf1\x02\n\x07KVServe\x12G\n\x08Generate\x12\x1b.kvserve.v1.GenerateRequest\x1a\x1c.kvserve.v1.GenerateResponse0\x01\x12<\n\x05\x41\x62ort\x12\x18.kvserve.v1.AbortRequest\x1a\x19.kvserve.v1.AbortResponse\x12\x45\n\x08Tokenize\x12\x1b.kvserve.v1.TokenizeRequest\x1a\x1c.kvserve.v1.TokenizeResponse\x12H\n\tModelInfo\x12\x1c.kvserve.v1.ModelInfoRequest\x1a\x1d.kvserve.v1.ModelInfoResponse\x12N\n\x0bServerStats\x12\x1e.kvserve.v1.ServerStatsRequest\x1a\x1f.kvserve.v1.ServerStatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.kvserve.v1.api_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TOOLCHOICEMODE']._serialized_start=3286
-  _globals['_TOOLCHOICEMODE']._serialized_end=3421
-  _globals['_FINISHREASON']._serialized_start=3424
-  _globals['_FINISHREASON']._serialized_end=3622
-  _globals['_EXECUTORSTATE']._serialized_start=3624
-  _globals['_EXECUTORSTATE']._serialized_end=3750
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
+  _globals['_TOOLCHOICEMODE']._serialized_start=3399
+  _globals['_TOOLCHOICEMODE']._serialized_end=3534
+  _globals['_FINISHREASON']._serialized_start=3537
+  _globals['_FINISHREASON']._serialized_end=3735
+  _globals['_EXECUTORSTATE']._serialized_start=3737
+  _globals['_EXECUTORSTATE']._serialized_end=3863
   _globals['_CHATMESSAGE']._serialized_start=43
   _globals['_CHATMESSAGE']._serialized_end=151
   _globals['_CHATPROMPT']._serialized_start=154
@@ -50,39 +52,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENIDS']._serialized_start=555
   _globals['_TOKENIDS']._serialized_end=578
   _globals['_SAMPLINGPARAMS']._serialized_start=581
-  _globals['_SAMPLINGPARAMS']._serialized_end=1115
-  _globals['_GENERATEREQUEST']._serialized_start=1118
-  _globals['_GENERATEREQUEST']._serialized_end=1398
-  _globals['_STRUCTUREDOUTPUT']._serialized_start=1401
-  _globals['_STRUCTUREDOUTPUT']._serialized_end=1551
-  _globals['_CHOICELIST']._serialized_start=1553
-  _globals['_CHOICELIST']._serialized_end=1582
-  _globals['_LOGPROB']._serialized_start=1584
-  _globals['_LOGPROB']._serialized_end=1628
-  _globals['_TOKENLOGPROBS']._serialized_start=1630
-  _globals['_TOKENLOGPROBS']._serialized_end=1714
-  _globals['_USAGE']._serialized_start=1717
-  _globals['_USAGE']._serialized_end=1901
-  _globals['_SPECULATIVEUSAGE']._serialized_start=1903
-  _globals['_SPECULATIVEUSAGE']._serialized_end=1993
-  _globals['_GENERATERESPONSE']._serialized_start=1996
-  _globals['_GENERATERESPONSE']._serialized_end=2252
-  _globals['_ABORTREQUEST']._serialized_start=2254
-  _globals['_ABORTREQUEST']._serialized_end=2288
-  _globals['_ABORTRESPONSE']._serialized_start=2290
-  _globals['_ABORTRESPONSE']._serialized_end=2320
-  _globals['_TOKENIZEREQUEST']._serialized_start=2322
-  _globals['_TOKENIZEREQUEST']._serialized_end=2404
-  _globals['_TOKENIZERESPONSE']._serialized_start=2406
-  _globals['_TOKENIZERESPONSE']._serialized_end=2459
-  _globals['_MODELINFOREQUEST']._serialized_start=2461
-  _globals['_MODELINFOREQUEST']._serialized_end=2479
-  _globals['_MODELINFORESPONSE']._serialized_start=2482
-  _globals['_MODELINFORESPONSE']._serialized_end=2733
-  _globals['_SERVERSTATSREQUEST']._serialized_start=2735
-  _globals['_SERVERSTATSREQUEST']._serialized_end=2755
-  _globals['_SERVERSTATSRESPONSE']._serialized_start=2758
-  _globals['_SERVERSTATSRESPONSE']._serialized_end=3283
-  _globals['_KVSERVE']._serialized_start=3753
-  _globals['_KVSERVE']._serialized_end=4122
+  _globals['_SAMPLINGPARAMS']._serialized_end=1228
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=1010
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=1058
+  _globals['_GENERATEREQUEST']._serialized_start=1231
+  _globals['_GENERATEREQUEST']._serialized_end=1511
+  _globals['_STRUCTUREDOUTPUT']._serialized_start=1514
+  _globals['_STRUCTUREDOUTPUT']._serialized_end=1664
+  _globals['_CHOICELIST']._serialized_start=1666
+  _globals['_CHOICELIST']._serialized_end=1695
+  _globals['_LOGPROB']._serialized_start=1697
+  _globals['_LOGPROB']._serialized_end=1741
+  _globals['_TOKENLOGPROBS']._serialized_start=1743
+  _globals['_TOKENLOGPROBS']._serialized_end=1827
+  _globals['_USAGE']._serialized_start=1830
+  _globals['_USAGE']._serialized_end=2014
+  _globals['_SPECULATIVEUSAGE']._serialized_start=2016
+  _globals['_SPECULATIVEUSAGE']._serialized_end=2106
+  _globals['_GENERATERESPONSE']._serialized_start=2109
+  _globals['_GENERATERESPONSE']._serialized_end=2365
+  _globals['_ABORTREQUEST']._serialized_start=2367
+  _globals['_ABORTREQUEST']._serialized_end=2401
+  _globals['_ABORTRESPONSE']._serialized_start=2403
+  _globals['_ABORTRESPONSE']._serialized_end=2433
+  _globals['_TOKENIZEREQUEST']._serialized_start=2435
+  _globals['_TOKENIZEREQUEST']._serialized_end=2517
+  _globals['_TOKENIZERESPONSE']._serialized_start=2519
+  _globals['_TOKENIZERESPONSE']._serialized_end=2572
+  _globals['_MODELINFOREQUEST']._serialized_start=2574
+  _globals['_MODELINFOREQUEST']._serialized_end=2592
+  _globals['_MODELINFORESPONSE']._serialized_start=2595
+  _globals['_MODELINFORESPONSE']._serialized_end=2846
+  _globals['_SERVERSTATSREQUEST']._serialized_start=2848
+  _globals['_SERVERSTATSREQUEST']._serialized_end=2868
+  _globals['_SERVERSTATSRESPONSE']._serialized_start=2871
+  _globals['_SERVERSTATSRESPONSE']._serialized_end=3396
+  _globals['_KVSERVE']._serialized_start=3866
+  _globals['_KVSERVE']._serialized_end=4235
 # @@protoc_insertion_point(module_scope)

@@ -42,6 +42,7 @@ GRPC_TO_OPENAI: dict[str, str] = {
     "sampling.stop_token_ids": "stop_token_ids",
     "sampling.stop": "stop",
     "sampling.ignore_eos": "ignore_eos",
+    "sampling.logit_bias": "logit_bias",
     "priority": "priority",
     "cache_salt": "cache_salt",
     "structured": STRUCTURED,

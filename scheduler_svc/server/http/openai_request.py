@@ -12,6 +12,8 @@ n choices, numbered `prompt_index * n + i` as OpenAI does.
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,7 +80,6 @@ def parse_completion_body(data: dict[str, Any]) -> OpenAiRequest:
     unknown: list[str] = []
     prompts = _prompts(body)
     _refuse_if(body, "suffix", lambda v: v != "", "insertion is not implemented")
-    _refuse_if(body, "logit_bias", lambda v: v != {}, "per-token biases are not implemented")
     logprobs = body.integer("logprobs")
     echo = bool(body.boolean("echo"))
     if echo and logprobs is not None:
@@ -163,6 +164,7 @@ def _sampling(body: JsonObject, *, chat: bool) -> tuple[api_pb2.SamplingParams, 
     if stop_ids is not None:
         pb.stop_token_ids.extend(as_integer(t, f"stop_token_ids[{i}]") for i, t in enumerate(stop_ids))
     pb.ignore_eos = bool(body.boolean("ignore_eos"))
+    _logit_bias(body, pb)
     max_tokens = body.integer("max_tokens")
     name = "max_tokens"
     if chat:
@@ -174,6 +176,37 @@ def _sampling(body: JsonObject, *, chat: bool) -> tuple[api_pb2.SamplingParams, 
     if max_tokens is not None:
         pb.max_tokens = max_tokens
     return pb, name
+
+
+def _logit_bias(body: JsonObject, pb: api_pb2.SamplingParams) -> None:
+    """OpenAI's `logit_bias`, `{"50256": -100}`: keys are token ids written as decimal strings. Here only
+    the JSON shape (integer keys, number values, no id twice); the ranges and the entry count are
+    `SamplingParams.validate`'s, after the engine knows the vocabulary."""
+    raw = body.raw("logit_bias")
+    if raw is None:
+        return
+    param = body.param("logit_bias")
+    for key, value in as_object(raw, param).items():
+        if not _TOKEN_ID_KEY.fullmatch(key):
+            raise bad_field(param, f"keys must be token ids (decimal integers), got {key[:32]!r}")
+        token = int(key) if len(key) <= _INT64_DIGITS else None  # int() of a long string is slow, then refused
+        if token is None or not _INT64[0] <= token <= _INT64[1]:
+            raise bad_field(param, f"token id {key[:32]} is outside the vocabulary")
+        if token in pb.logit_bias:
+            raise bad_field(param, f"token id {token} is given twice")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise bad_field(param, f"the bias of token {token} must be a number, got {json_type(value)}")
+        try:
+            pb.logit_bias[token] = float(value)
+        except OverflowError:  # a JSON integer past float's range: an infinite bias, refused by the shared check
+            pb.logit_bias[token] = math.inf if value > 0 else -math.inf
+
+
+_TOKEN_ID_KEY = re.compile(r"-?[0-9]+")
+"""A `logit_bias` key: a decimal integer, ASCII digits only (no spaces, signs other than -, or underscores,
+which Python's int() would take)."""
+_INT64 = (-(2**63), 2**63 - 1)
+_INT64_DIGITS = 20
 
 
 def _request_options(body: JsonObject, request: api_pb2.GenerateRequest) -> str:
@@ -264,7 +297,6 @@ def _refuse_chat_only(body: JsonObject) -> None:
     """The chat fields whose behaviour kvserve does not implement: a 400 naming them, never a silent no-op."""
     _refuse_if(body, "functions", lambda v: v != [], _LEGACY_FUNCTIONS)
     _refuse_if(body, "function_call", lambda v: v != "none", _LEGACY_FUNCTIONS)
-    _refuse_if(body, "logit_bias", lambda v: v != {}, "per-token biases are not implemented")
     _refuse_if(body, "modalities", lambda v: v != ["text"], "only text output is")
     _refuse_if(body, "audio", lambda v: True, "audio output is not implemented")
     _refuse_if(body, "prediction", lambda v: True, "predicted outputs are not implemented")

@@ -34,11 +34,11 @@ def fits(template: str | None) -> bool:
 
 
 def forced_grammar(use: ToolUse) -> str:
-    """An llguidance Lark grammar: one call (or, with parallel calls, up to MAX_PARALLEL_TOOL_CALLS) of the allowed
-    functions, each call's arguments generated from its schema, so they always validate."""
+    """An llguidance Lark grammar: one call (or, for `required` with parallel calls, up to MAX_PARALLEL_TOOL_CALLS)
+    of the allowed functions, each call's arguments generated from its schema, so they always validate."""
     bodies = [f"%json {json.dumps(_call_schema(t), ensure_ascii=False)}" for t in use.callable_tools]
     more = defaults.MAX_PARALLEL_TOOL_CALLS - 1
-    calls = f'call ("\\n" call){{0,{more}}}' if use.parallel else "call"
+    calls = "call" if use.one_call else f'call ("\\n" call){{0,{more}}}'
     return f'start: {calls}\ncall: "{OPEN}\\n" body "\\n{CLOSE}"\n' + "body: " + "\n    | ".join(bodies) + "\n"
 
 

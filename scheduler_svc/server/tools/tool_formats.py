@@ -53,7 +53,7 @@ FORMATS: dict[str, ToolCallFormat] = {
         template_file="hermes.jinja",
         fits=hermes_format.fits,
         forced_grammar=hermes_format.forced_grammar,
-        parser=lambda use: HermesParser(use.names, use.parallel),
+        parser=lambda use: HermesParser(use.names, parallel=not use.one_call),
     ),
 }
 """Every format by its `--tool-call-format` name."""

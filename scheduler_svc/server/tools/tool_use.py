@@ -61,10 +61,10 @@ class ToolUse:
     tools: tuple[ToolFunction, ...]
     mode: ChoiceMode
     """auto: the model decides and its text is parsed; required: at least one call, by grammar;
-    function: exactly `function`, by grammar."""
+    function: exactly one call of `function`, by grammar."""
     function: str | None
     parallel: bool
-    """False: at most one call per completion."""
+    """False: at most one call per completion (`parallel_tool_calls`)."""
     format: str
     """The `--tool-call-format` its calls are written and parsed in."""
 
@@ -76,6 +76,12 @@ class ToolUse:
     def forced(self) -> bool:
         """True when a grammar must enforce the calls (required or a named function)."""
         return self.mode != "auto"
+
+    @property
+    def one_call(self) -> bool:
+        """At most one call per completion: parallel calls are off, or a function is named (which is
+        called exactly once, as OpenAI and vLLM do, whatever `parallel_tool_calls` says)."""
+        return not self.parallel or self.mode == "function"
 
     @property
     def callable_tools(self) -> tuple[ToolFunction, ...]:
