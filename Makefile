@@ -4,8 +4,9 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 50051
 PYTEST_ARGS ?=
-# pytest's 30 slowest tests, and a stop that names the slowest ones past an hour (tests/time_budget.py)
-TEST_REPORT := --durations=30 --time-budget-s=3600
+# Two pytest-xdist workers, a module to a worker (its module-scoped servers stay shared); pytest's
+# 30 slowest tests; a stop that names the slowest ones past an hour (tests/time_budget.py).
+TEST_REPORT := -n 2 --dist loadscope --durations=30 --time-budget-s=3600
 
 .PHONY: setup serve test test-fast browser lint format protos clean
 

@@ -69,5 +69,5 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     budget_s = config.getoption("--time-budget-s")
-    if budget_s is not None:
+    if budget_s is not None and not hasattr(config, "workerinput"):  # pytest-xdist: the controller keeps time
         config.pluginmanager.register(TimeBudget(budget_s), "kvserve-time-budget")

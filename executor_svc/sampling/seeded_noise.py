@@ -4,8 +4,8 @@ A draw must not depend on a generator's running state, batch order, or whether a
 sequence was recomputed after preemption; so each number is a pure hash of its
 coordinates. The hash is murmur3's 32-bit finaliser, evaluated vectorised in int32
 lanes: products wrap modulo 2**32 as the hash wants, and right shifts are masked to be
-logical. That is three times faster than int64 lanes with split products, and the same bits
-(`tests/executor/test_sampler.py` holds both equal to the plain-integer `fmix32`).
+logical. That is 3-7x faster than int64 lanes with split products (docs/benchmarks.md), and the
+same bits (`tests/executor/test_seeded_noise.py` holds the lanes equal to the plain-integer `fmix32`).
 """
 
 from __future__ import annotations

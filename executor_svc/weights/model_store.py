@@ -8,6 +8,7 @@ tokenizer files) and later starts read that directory.
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
 import shutil
@@ -82,7 +83,13 @@ def ensure_model_dir(spec: str | None = None) -> Path:
     target = cache_dir() / "models" / source.name
     if (target / _DONE_MARKER).is_file():
         return target
-    _convert_gguf(source, target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # One conversion at a time per model: a second process starting meanwhile (two servers, or
+    # test workers) waits for the first and reuses its result instead of replacing it under it.
+    with open(target.parent / f".{source.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / _DONE_MARKER).is_file():
+            _convert_gguf(source, target)
     return target
 
 

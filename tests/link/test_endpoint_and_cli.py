@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import shutil
 import stat
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -52,17 +54,23 @@ def test_malformed_endpoints_are_refused(endpoint: str) -> None:
         check_endpoint(endpoint, allow_remote=True)
 
 
-def test_private_ipc_endpoint_is_in_a_0700_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for runtime_dir in (str(tmp_path), ""):
-        monkeypatch.setenv("XDG_RUNTIME_DIR", runtime_dir)
-        endpoint = private_ipc_endpoint()
-        assert endpoint.startswith("ipc://") and endpoint.endswith(".sock")
-        directory = Path(endpoint.removeprefix("ipc://")).parent
-        assert stat.S_IMODE(directory.stat().st_mode) == 0o700
-        assert directory.stat().st_uid == os.getuid()
-        if runtime_dir:
-            assert directory.parent == tmp_path
-        assert endpoint != private_ipc_endpoint()  # every call gets its own directory
+def test_private_ipc_endpoint_is_in_a_0700_directory(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A short runtime directory of the test's own: pytest's tmp_path (longer still under pytest-xdist)
+    # can pass the 107 bytes a unix socket's path may have, which the endpoint rightly refuses.
+    runtime = Path(tempfile.mkdtemp(prefix="xdg-"))
+    try:
+        for runtime_dir in (str(runtime), ""):
+            monkeypatch.setenv("XDG_RUNTIME_DIR", runtime_dir)
+            endpoint = private_ipc_endpoint()
+            assert endpoint.startswith("ipc://") and endpoint.endswith(".sock")
+            directory = Path(endpoint.removeprefix("ipc://")).parent
+            assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+            assert directory.stat().st_uid == os.getuid()
+            if runtime_dir:
+                assert directory.parent == runtime
+            assert endpoint != private_ipc_endpoint()  # every call gets its own directory
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
 
 
 def _executor_parser() -> argparse.ArgumentParser:
