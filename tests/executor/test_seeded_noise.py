@@ -8,6 +8,7 @@ model's full vocabulary, where a row of 49,152 tokens held such a code 0.3% of t
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from kvserve.executor.sampling.sampler import _race, sample
@@ -95,6 +96,7 @@ def test_the_top_hash_code_cannot_draw_a_masked_or_filtered_token():
     assert sample(logits.clone(), [seq], masks=masks)[0].token_id == 17
 
 
+@pytest.mark.slow  # half a minute: 200,000 rows of 49,152 logits
 def test_a_mask_with_one_allowed_token_wins_200_000_seeded_draws_at_full_vocabulary():
     rows, batches = 128, 1_563  # 200,064 draws; batches this small reuse their memory
     logits = torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(1)) * 3
