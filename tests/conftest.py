@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvserve.testing.server_launcher import ServeProcess, start_serve
+from kvserve.testing.server_launcher import ServeProcess, serving, start_serve
 from tests.shared_servers import REAL_MODEL_ARGS, kept_clean
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -69,14 +69,8 @@ def http_serve_factory(serve_factory) -> Callable[..., ServeProcess]:
 
 @pytest.fixture(scope="session")
 def _real_model_server_process(default_model_dir) -> Iterator[ServeProcess]:
-    tmp_dir = Path(tempfile.mkdtemp(prefix="kvserve-real-"))
-    server = start_serve(REAL_MODEL_ARGS, tmp_dir, http=True)
-    try:
-        server.wait_serving()
+    with serving(REAL_MODEL_ARGS, http=True, name="real-model") as server:
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
 @pytest.fixture
