@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 
-from kvserve import __version__
 from kvserve.config.flags import HelpFormatter
 
 COMMANDS = (
@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve a language model to many concurrent clients with a paged, prefix-cached KV store.",
         formatter_class=HelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"kvserve {__version__}")
+    parser.add_argument("--version", action="version", version=f"kvserve {importlib.metadata.version('kvserve')}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         importlib.import_module(name).register(subparsers)

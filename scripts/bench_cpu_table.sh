@@ -13,9 +13,6 @@
 #
 #   scripts/bench_cpu_table.sh [OUT_DIR]        # default: bench-cpu/ (git-ignored)
 set -euo pipefail
-# Python without the working directory on sys.path: the checkout's kernels/ would shadow an
-# installed package of that name (kvserve/child_python.py)
-export PYTHONSAFEPATH=1
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 python="${PYTHON:-$here/.venv/bin/python}"

@@ -18,10 +18,14 @@ set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-$(command -v python3 || command -v python)}
-# kvserve is not pip-installed on the GPU machine: it runs from the checkout, through a folder that
-# holds only a `kvserve` link. The checkout's root itself on PYTHONPATH would let its `kernels/`
-# shadow Hugging Face's `kernels` package, which transformers imports (kvserve/child_python.py).
-import_path="${KVSERVE_GPU_CHECK_WORK:-/tmp/kvserve-gpu-check}/import-path"
-mkdir -p "$import_path" && ln -sfn "$REPO/kvserve" "$import_path/kvserve"
-export PYTHONPATH="$import_path${PYTHONPATH:+:$PYTHONPATH}" KVSERVE_REPO="$REPO" PYTHONSAFEPATH=1
+# kvserve is not pip-installed on the GPU machine: it runs from the checkout, with the folders that
+# hold the package's portions on PYTHONPATH (the editable install's list, pyproject.toml's dev-mode-dirs).
+# Without a pyproject.toml (scripts/ copied alone), the installed kvserve is the one in reach.
+if [ -f "$REPO/pyproject.toml" ]; then
+    import_path=$("$PY" -c 'import sys, tomllib; t = tomllib.load(open(sys.argv[1], "rb"))
+print(":".join(sys.argv[2] + "/" + d for d in t["tool"]["hatch"]["build"]["targets"]["wheel"]["dev-mode-dirs"]))' \
+        "$REPO/pyproject.toml" "$REPO")
+    export PYTHONPATH="$import_path${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export KVSERVE_REPO="$REPO"
 exec "$PY" -m kvserve.gpu_check "$@"

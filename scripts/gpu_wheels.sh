@@ -14,9 +14,6 @@
 #   PYTHON              the interpreter whose pip downloads (default .venv/bin/python, else python3)
 #   KVSERVE_GPU_WHEELS  the folder (default .gpu-wheels)
 set -euo pipefail
-# Python without the working directory on sys.path: the checkout's kernels/ would shadow an
-# installed package of that name (kvserve/child_python.py)
-export PYTHONSAFEPATH=1
 cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-.venv/bin/python}

@@ -19,9 +19,6 @@
 # its previous prompt, plus the host-memory prompt cache (`--cache-ram`, 8192 MiB by default).
 # Extra arguments after PORT go to llama-server unchanged.
 set -euo pipefail
-# Python without the working directory on sys.path: the checkout's kernels/ would shadow an
-# installed package of that name (kvserve/child_python.py)
-export PYTHONSAFEPATH=1
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 python="${PYTHON:-$here/.venv/bin/python}"

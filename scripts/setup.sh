@@ -3,9 +3,6 @@
 # Idempotent: re-running only installs what changed. Used by `make setup` (and so by
 # `make serve`, `make test` and .ci/run).
 set -euo pipefail
-# Python without the working directory on sys.path: the checkout's kernels/ would shadow an
-# installed package of that name (kvserve/child_python.py)
-export PYTHONSAFEPATH=1
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PY=${PYTHON:-python3}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,20 +15,6 @@ from tests.shared_servers import REAL_MODEL_ARGS, kept_clean
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-
-def _checkout_root_last() -> None:
-    """Keep the checkout's root on `sys.path` (tests import `tests.*`), but after the installed packages.
-
-    `python -m pytest` puts the working directory first, and from there the checkout's top-level
-    `kernels/` would shadow Hugging Face's `kernels` package, which transformers imports when it loads
-    a model. kvserve's own code is imported as `kvserve.*` either way; children start with `-P`
-    (`kvserve.child_python`).
-    """
-    sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != REPO_ROOT]
-    sys.path.append(str(REPO_ROOT))
-
-
-_checkout_root_last()
 
 pytest_plugins = ["tests.time_budget"]
 

@@ -24,10 +24,6 @@ class Session:
     turns: list[Turn]
     cache_salt: str = ""
 
-    @property
-    def first_prompt_len(self) -> int:
-        return len(self.turns[0].new_token_ids)
-
 
 @dataclass(slots=True)
 class Workload:

@@ -7,10 +7,10 @@ import importlib
 
 BENCHES = (
     "kvserve.bench.scheduler",
-    "kvserve.bench.executor",
+    "kvserve.bench.executor_command",
     "kvserve.bench.structured",
     "kvserve.bench.quality",
-    "kvserve.bench.serve",
+    "kvserve.bench.serve_command",
     "kvserve.bench.baseline_hf",
     "kvserve.bench.overload",
     "kvserve.bench.viewers",

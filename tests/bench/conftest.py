@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from kvserve.child_python import PYTHON
-
 
 def run_kvserve(args: list[str], timeout_s: float) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [*PYTHON, "-m", "kvserve", *args],
+        [sys.executable, "-m", "kvserve", *args],
         capture_output=True,
         text=True,
         timeout=timeout_s,

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 import subprocess
+import sys
 from dataclasses import dataclass, field
 
 import pytest
 
-from kvserve.bench.executor import ExecutorBenchConfig
+from kvserve.bench.executor_command import ExecutorBenchConfig
 from kvserve.bench.quality import QualityBenchConfig, parse_config
-from kvserve.bench.serve import BenchConfig
-from kvserve.child_python import PYTHON
+from kvserve.bench.serve_config import BenchConfig
 from kvserve.config.flags import add_flags, config_from_args, config_to_argv, flag
 
 
@@ -67,5 +67,5 @@ def test_the_cli_and_every_bench_parser_load_without_torch() -> None:
         "[p.parse_args(['bench', b]) for b in ('scheduler', 'executor', 'structured', 'quality', 'serve', "
         "'baseline-hf', 'viewers')]; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
     )
-    out = subprocess.run([*PYTHON, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]"

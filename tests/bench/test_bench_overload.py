@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 
 import pytest
-
-from kvserve.child_python import PYTHON
 
 pytestmark = pytest.mark.timeout(300)
 
 
 def test_bench_overload_refuses_the_whole_flood_and_reports_latencies() -> None:
     out = subprocess.run(
-        [*PYTHON, "-m", "kvserve", "bench", "overload", "--flood", "24", "--json"],
+        [sys.executable, "-m", "kvserve", "bench", "overload", "--flood", "24", "--json"],
         capture_output=True,
         text=True,
         timeout=240,

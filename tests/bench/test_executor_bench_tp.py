@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
-from kvserve.child_python import PYTHON
 from kvserve.config import defaults
 from kvserve.testing.tiny_checkpoints import SHARDABLE, write_tiny_checkpoint
 
@@ -45,7 +45,7 @@ def test_bench_executor_tp2_reports_the_plan_broadcast_and_stops_its_ranks(tmp_p
         "--json",
     ]
     bench = subprocess.Popen(
-        [*PYTHON, "-m", "kvserve", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO
+        [sys.executable, "-m", "kvserve", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO
     )
     try:
         stdout, stderr = bench.communicate(timeout=180)

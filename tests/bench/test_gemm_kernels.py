@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 
-from kvserve.child_python import PYTHON
 from kvserve.testing.tiny_checkpoints import TINY, write_tiny_checkpoint
 
 
@@ -12,7 +12,7 @@ def test_it_times_every_kernel_at_every_row_count(tmp_path) -> None:
     model = write_tiny_checkpoint(tmp_path / "llama", "llama", **TINY)
     argv = ["--model", str(model), "--num-threads", "1", "--rows", "1", "5", "--repeats", "1"]
     done = subprocess.run(
-        [*PYTHON, "-m", "kvserve.bench.gemm_kernels", *argv], capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "kvserve.bench.gemm_kernels", *argv], capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in done.stdout.splitlines() if line.startswith("|")]

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import math
 import subprocess
+import sys
 
 import pytest
 
 from kvserve.bench.scale_out import SINGLE, ScaleOutBenchConfig, render, run_scale_out_bench
-from kvserve.child_python import PYTHON
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -50,6 +50,6 @@ def test_one_replica_and_each_policy_on_the_same_requests() -> None:
 
 def test_help_names_the_workload_and_the_policies() -> None:
     out = subprocess.run(
-        [*PYTHON, "-m", "kvserve", "bench", "scale-out", "--help"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "kvserve", "bench", "scale-out", "--help"], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0 and "--policies" in out.stdout and "1,000-token" in out.stdout

@@ -6,17 +6,17 @@ default model."""
 from __future__ import annotations
 
 import subprocess
+import sys
 
 import psutil
 import pytest
 
-from kvserve.child_python import PYTHON
 from kvserve.testing.tiny_checkpoints import TINY, write_tiny_checkpoint
 
 
 def _step_profile(*argv: str) -> list[str]:
     done = subprocess.run(
-        [*PYTHON, "-m", "kvserve.bench.step_profile", *argv], capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "kvserve.bench.step_profile", *argv], capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout.splitlines()

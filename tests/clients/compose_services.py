@@ -29,13 +29,13 @@ import os
 import re
 import signal
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import yaml
 
-from kvserve.child_python import PYTHON
 from kvserve.cli import build_parser
 from kvserve.link.endpoint import is_loopback_host
 from kvserve.scheduler.server.bind_policy import BindSecurity, InsecureBindError, check_bind
@@ -309,7 +309,7 @@ def localize_services(compose: dict, scratch: Path, *, executor: str) -> tuple[d
             for inside, outside in paths.items():
                 if arg == inside or arg.startswith(inside + "/"):
                     argv[i] = outside + arg[len(inside) :]
-        program = {"kvserve": [*PYTHON, "-m", "kvserve"], "python": [*PYTHON]}
+        program = {"kvserve": [sys.executable, "-m", "kvserve"], "python": [sys.executable]}
         return [*program.get(argv[0], argv[:1]), *argv[1:]]
 
     for name, service in services.items():
@@ -407,7 +407,7 @@ def wait_healthy(running: Running) -> None:
 def wait_ready(grpc_target: str, http_url: str, timeout_s: float = 120.0) -> None:
     """Readiness as the compose file documents it: `kvserve stats --health-only` exits 0 and /ready is 200."""
     host, port = grpc_target.rsplit(":", 1)
-    probe = [*PYTHON, "-m", "kvserve", "stats", "--health-only", "--host", host, "--port", port]
+    probe = [sys.executable, "-m", "kvserve", "stats", "--health-only", "--host", host, "--port", port]
 
     def ready() -> bool:
         if subprocess.run(probe, capture_output=True, timeout=60).returncode != 0:

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 from grpc_health.v1 import health_pb2
 
-from kvserve.child_python import PYTHON
 from kvserve.config import defaults
 
 CLI_TIMEOUT_S = 60
@@ -20,7 +19,7 @@ CLI_TIMEOUT_S = 60
 def kvserve_argv() -> list[str]:
     """The installed console script when present (what users run), else `python -m kvserve`."""
     script = Path(sys.executable).with_name("kvserve")
-    return [str(script)] if script.exists() else [*PYTHON, "-m", "kvserve"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "kvserve"]
 
 
 def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:

@@ -11,13 +11,13 @@ checker is shown to fail on broken copies of the file.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from kvserve.child_python import PYTHON
 from kvserve.clients import Client
 from kvserve.link.endpoint import is_loopback_host
 from kvserve.testing.ports import free_ports
@@ -91,7 +91,7 @@ def test_dockerfile_default_cmd_starts_on_loopback(scratch: Path) -> None:
     grpc_port, http_port = free_ports(2)
     moved = ["--port", str(grpc_port), "--http-port", str(http_port), "--executor", "fake"]
     service = {
-        "command": [*PYTHON, "-m", *cmd, *moved],
+        "command": [sys.executable, "-m", *cmd, *moved],
         "environment": {"KVSERVE_CACHE": str(scratch / "model-cache")},
         "stop_grace_period": "40s",
     }
@@ -146,9 +146,9 @@ def test_the_checker_catches_a_broken_copy(edit, expected: str) -> None:
 
 def test_a_failing_healthcheck_fails_the_run(tmp_path: Path) -> None:
     """wait_healthy gives up on a check that never exits 0 (and says which), and on a service that died."""
-    failing = ["CMD", *PYTHON, "-c", "raise SystemExit(1)"]
+    failing = ["CMD", sys.executable, "-c", "raise SystemExit(1)"]
     sleeper = {
-        "command": [*PYTHON, "-c", "import time; time.sleep(60)"],
+        "command": [sys.executable, "-c", "import time; time.sleep(60)"],
         "environment": {},
         "healthcheck": {"test": failing, "interval": "1s", "timeout": "1s", "retries": 1, "start_period": "0s"},
     }
@@ -158,7 +158,7 @@ def test_a_failing_healthcheck_fails_the_run(tmp_path: Path) -> None:
             wait_healthy(running)
     finally:
         kill_all([running])
-    dead = {**sleeper, "command": [*PYTHON, "-c", "raise SystemExit(2)"]}
+    dead = {**sleeper, "command": [sys.executable, "-c", "raise SystemExit(2)"]}
     running = start("dead", dead, tmp_path)
     running.process.wait(30)
     with pytest.raises(ComposeError, match="exited with 2"):

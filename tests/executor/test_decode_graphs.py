@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 import random
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from kvserve.child_python import PYTHON
 from kvserve.executor.attention.base import AttentionMetadata
 from kvserve.executor.config_error import ExecutorConfigError
 from kvserve.executor.model.decode_graphs import (
@@ -280,7 +280,7 @@ print(json.dumps(dict(counters["inductor"])))
 
 def start_compiled(cache: Path) -> dict[str, int]:
     """Inductor's counters after a fresh executor process compiled bucket 1 with `cache`."""
-    done = subprocess.run([*PYTHON, "-c", START, str(cache)], capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", START, str(cache)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

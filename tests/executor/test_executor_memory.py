@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 
 import pytest
-
-from kvserve.child_python import PYTHON
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +47,7 @@ print(json.dumps({"rss": resident_bytes(), "weights": weight_bytes, "kv": runner
 
 @pytest.mark.parametrize("weights", ["dequantized", "native"])
 def test_resident_memory_is_weights_plus_kv_plus_at_most_400_mb(weights: str) -> None:
-    done = subprocess.run([*PYTHON, "-c", _PROBE, weights], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", _PROBE, weights], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     m = json.loads(done.stdout.strip().splitlines()[-1])
     overhead = m["rss"] - m["weights"] - m["kv"]

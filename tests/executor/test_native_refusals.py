@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -10,7 +11,6 @@ import numpy as np
 import pytest
 from gguf import GGUFWriter
 
-from kvserve.child_python import PYTHON
 from kvserve.executor.config_error import ExecutorConfigError
 from kvserve.executor.weights.gguf_q4_1 import BLOCK_BYTES, parse_q4_1
 from kvserve.executor.weights.gguf_weights import NativeWeightsUnavailable, native_layer_linears, read_q4_1_layers
@@ -51,7 +51,7 @@ def test_refusals_are_configuration_errors() -> None:
 
 def _serve(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*PYTHON, "-m", "kvserve", "serve", "--port", "0", "--http-port", "0", *args],
+        [sys.executable, "-m", "kvserve", "serve", "--port", "0", "--http-port", "0", *args],
         capture_output=True,
         text=True,
         timeout=300,

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 
 import torch
 
 from kvserve.bench.plan_broadcast import decode_plan
-from kvserve.child_python import PYTHON
 from kvserve.executor.tensor_parallel.plan_channel import INLINE_BYTES, MessageKind, PlanChannel
 from kvserve.protos.sampling import SamplingParams
 from kvserve.protos.step import NewSequence
@@ -68,7 +68,7 @@ def test_a_plan_larger_than_the_inline_buffer_sends_the_rest_after_it() -> None:
 
 def test_the_broadcast_benchmark_measures_a_plan_over_real_gloo_ranks() -> None:
     done = subprocess.run(
-        [*PYTHON, "-m", "kvserve.bench.plan_broadcast", "--sequences", "256", "--rounds", "20"],
+        [sys.executable, "-m", "kvserve.bench.plan_broadcast", "--sequences", "256", "--rounds", "20"],
         capture_output=True,
         text=True,
         timeout=120,

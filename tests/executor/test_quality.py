@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 
 import pytest
 
 from kvserve.bench.quality import CANDIDATES, quality_text, text_windows
-from kvserve.child_python import PYTHON
 from kvserve.scheduler.server.tokenizer import Tokenizer
 
 MIN_TOP1_AGREEMENT = 0.95
@@ -46,7 +46,7 @@ def test_native_and_bf16_stay_within_the_quality_bar(default_model_dir) -> None:
     """The whole benchmark as users run it, on the whole text: about three minutes on 2 cores."""
     assert len(Tokenizer.from_dir(default_model_dir).encode(quality_text())) > 4000
     done = subprocess.run(
-        [*PYTHON, "-m", "kvserve", "bench", "quality", "--json"],
+        [sys.executable, "-m", "kvserve", "bench", "quality", "--json"],
         capture_output=True,
         text=True,
         timeout=900,
@@ -66,7 +66,7 @@ def test_native_and_bf16_stay_within_the_quality_bar(default_model_dir) -> None:
 
 def test_an_unknown_configuration_is_refused_before_any_model_loads() -> None:
     done = subprocess.run(
-        [*PYTHON, "-m", "kvserve", "bench", "quality", "--configs", "float32/native", "fp8/native"],
+        [sys.executable, "-m", "kvserve", "bench", "quality", "--configs", "float32/native", "fp8/native"],
         capture_output=True,
         text=True,
         timeout=120,

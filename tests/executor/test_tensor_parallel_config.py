@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from kvserve.child_python import PYTHON
 from kvserve.executor import entry
 from kvserve.executor.runner_config import RunnerConfig, resolve_device, resolve_num_threads
 from kvserve.executor.tensor_parallel.config import (
@@ -81,7 +81,7 @@ def test_bad_sizes_and_places_exit_2_naming_the_flag(argv: list[str], message: s
     env.update(arg.removeprefix("ENV:").split("=", 1) for arg in argv if arg.startswith("ENV:"))
     flags = [arg for arg in argv if not arg.startswith("ENV:")]
     proc = subprocess.run(
-        [*PYTHON, "-m", "kvserve", "executor", "--link", "ipc:///tmp/kvserve-tp-never.sock", *flags],
+        [sys.executable, "-m", "kvserve", "executor", "--link", "ipc:///tmp/kvserve-tp-never.sock", *flags],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

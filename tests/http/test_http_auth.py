@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ssl
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +13,6 @@ import httpx
 import openai
 import pytest
 
-from kvserve.child_python import PYTHON
 from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from kvserve.testing.server_launcher import ServeProcess, start_serve
 from tests.http.http_clients import ALICE, BOB, FAKE_ARGS, sdk, token_file
@@ -83,7 +83,7 @@ def test_cached_tokens_per_tenant_shared_with_grpc(auth_server: ServeProcess) ->
 
 def test_a_remote_http_host_needs_auth(tmp_path: Path) -> None:
     result = subprocess.run(
-        [*PYTHON, "-m", "kvserve", "serve", "--executor", "fake", "--port", "0", "--http-host", "0.0.0.0"],
+        [sys.executable, "-m", "kvserve", "serve", "--executor", "fake", "--port", "0", "--http-host", "0.0.0.0"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -6,12 +6,12 @@ from __future__ import annotations
 import http.client
 import json
 import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
-from kvserve.child_python import PYTHON
 from kvserve.scheduler.server.http.browser_policy import BrowserPolicy, BrowserPolicyError
 from kvserve.testing.server_launcher import ServeProcess
 from tests.http.http_clients import ALICE, FAKE_ARGS, token_file
@@ -140,7 +140,7 @@ def test_cors_is_off_by_default_and_opted_in_per_origin(http_server: ServeProces
 
 def test_a_wildcard_cors_origin_without_auth_is_refused_at_start(tmp_path: Path) -> None:
     result = subprocess.run(
-        [*PYTHON, "-m", "kvserve", "serve", "--executor", "fake", "--port", "0", "--cors-origin", "*"],
+        [sys.executable, "-m", "kvserve", "serve", "--executor", "fake", "--port", "0", "--cors-origin", "*"],
         capture_output=True,
         text=True,
         timeout=60,

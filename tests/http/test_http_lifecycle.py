@@ -8,12 +8,12 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 
 import httpx
 import openai
 import pytest
 
-from kvserve.child_python import PYTHON
 from kvserve.testing.server_launcher import ServeProcess
 from kvserve.testing.waiting import wait_until
 from tests.http.http_clients import FAKE_ARGS, sdk, wait_for_status
@@ -133,7 +133,7 @@ def test_a_taken_http_port_is_one_clear_error(tmp_path) -> None:
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
         result = subprocess.run(
-            [*PYTHON, "-m", "kvserve", "serve", "--executor", "fake", "--port", "0", "--http-port", str(port)],
+            [sys.executable, "-m", "kvserve", "serve", "--executor", "fake", "--port", "0", "--http-port", str(port)],
             capture_output=True,
             text=True,
             timeout=60,

@@ -11,13 +11,13 @@ so the parsing of well-formed and malformed markup is checked for real.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 
 import jsonschema
 import openai
 import pytest
 
-from kvserve.child_python import PYTHON
 from kvserve.testing.server_launcher import ServeProcess, serving
 from tests.http.http_clients import FAKE_ARGS, sdk
 
@@ -286,7 +286,7 @@ def test_cli_generate_with_a_tool_file_prints_the_call(http_server, tmp_path) ->
     ]
     result = subprocess.run(
         [
-            *PYTHON,
+            sys.executable,
             "-m",
             "kvserve",
             *args,

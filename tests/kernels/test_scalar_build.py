@@ -10,13 +10,13 @@ output bit for bit.
 from __future__ import annotations
 
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
-from kvserve.child_python import PYTHON
 from kvserve.executor.attention.cpu_backend import ensure_kernels
 from kvserve.executor.cpu_features import cpu_flags
 from kvserve.executor.weights.gguf_q4_1 import random_q4_1
@@ -61,7 +61,7 @@ def test_scalar_and_avx2_builds_of_the_quantized_kernels_give_the_same_bits(tmp_
         calls.append(("rms_norm", (x, torch.randn(k, generator=gen), 1e-5)))
     torch.save(calls, tmp_path / "operands.pt")
     child = subprocess.run(
-        [*PYTHON, "-c", SCALAR_CHILD, str(tmp_path), str(tmp_path / "operands.pt"), str(tmp_path / "scalar.pt")],
+        [sys.executable, "-c", SCALAR_CHILD, str(tmp_path), str(tmp_path / "operands.pt"), str(tmp_path / "scalar.pt")],
         capture_output=True,
         text=True,
         timeout=600,

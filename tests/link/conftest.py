@@ -6,13 +6,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from kvserve.child_python import PYTHON
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,7 +34,7 @@ class ExecutorProcesses:
         self.procs: list[subprocess.Popen] = []
 
     def start(self, endpoint: str, *extra: str, kind: str = "fake", num_blocks: int = 64) -> subprocess.Popen:
-        argv = [*PYTHON, "-m", "kvserve", "executor", "--executor", kind, "--link", endpoint, *extra]
+        argv = [sys.executable, "-m", "kvserve", "executor", "--executor", kind, "--link", endpoint, *extra]
         if kind == "fake":
             argv += ["--num-blocks", str(num_blocks)]
         with open(self.log_dir / f"executor-{len(self.procs)}.log", "wb") as log:

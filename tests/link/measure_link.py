@@ -13,10 +13,10 @@ import shutil
 import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 
-from kvserve.child_python import PYTHON
 from kvserve.executor.fake.executor import FakeExecutor, FakeExecutorConfig
 from kvserve.protos import step_codec
 from kvserve.protos.kvserve.v1 import executor_link_pb2 as pb
@@ -91,7 +91,7 @@ async def link_round_trip_ms(endpoint: str, num_seqs: int, steps: int = 40) -> t
     await link.start()
     proc = subprocess.Popen(
         [
-            *PYTHON,
+            sys.executable,
             "-m",
             "kvserve",
             "executor",
@@ -126,7 +126,7 @@ async def detection_s(endpoint: str, fault: signal.Signals) -> float:
     await link.start()
     proc = subprocess.Popen(
         [
-            *PYTHON,
+            sys.executable,
             "-m",
             "kvserve",
             "executor",

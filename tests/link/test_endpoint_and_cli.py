@@ -8,12 +8,12 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from kvserve.child_python import PYTHON
 from kvserve.executor import entry as executor_command
 from kvserve.executor.runner_config import RunnerConfig
 from kvserve.link.endpoint import LinkEndpointError, check_endpoint, private_ipc_endpoint
@@ -125,7 +125,7 @@ def test_fake_flags_reach_the_fake_config(default_model_dir: Path) -> None:
 
 def test_help_shows_defaults() -> None:
     proc = subprocess.run(
-        [*PYTHON, "-m", "kvserve", "executor", "--help"],
+        [sys.executable, "-m", "kvserve", "executor", "--help"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -148,7 +148,7 @@ def test_help_shows_defaults() -> None:
 
 def test_remote_link_is_refused_without_the_flag(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [*PYTHON, "-m", "kvserve", "executor", "--executor", "fake", "--link", "tcp://10.0.0.1:5555"],
+        [sys.executable, "-m", "kvserve", "executor", "--executor", "fake", "--link", "tcp://10.0.0.1:5555"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 
 import pytest
 
-from kvserve.child_python import PYTHON
 from kvserve.executor.fake.executor import FakeExecutor, FakeExecutorConfig
 from kvserve.protos.sampling import SamplingParams
 from kvserve.protos.step import KnownSequence, NewSequence, PlanError, StepPlan
@@ -236,5 +236,5 @@ def test_fake_executor_process_never_imports_torch() -> None:
         "bad = [m for m in ('torch', 'transformers', 'triton') if m in sys.modules]; "
         "sys.exit(f'imported {bad}' if bad else 0)"
     )
-    proc = subprocess.run([*PYTHON, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr + proc.stdout

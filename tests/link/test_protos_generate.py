@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from kvserve.child_python import PYTHON
 from kvserve.protos import generate
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+PROTOS = REPO_ROOT / "protos"
 
 
 def test_committed_generated_code_is_fresh() -> None:
     proc = subprocess.run(
-        [*PYTHON, "-m", "kvserve.protos.generate", "--check"],
+        [sys.executable, "-m", "kvserve.protos.generate", "--check"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -28,26 +29,26 @@ def test_committed_generated_code_is_fresh() -> None:
 def test_every_proto_is_covered() -> None:
     protos = {str(p) for p in generate.proto_files()}
     assert {
-        "protos/kvserve/v1/api.proto",
-        "protos/kvserve/v1/executor_link.proto",
-        "protos/grpc/reflection/v1/reflection.proto",
+        "kvserve/protos/kvserve/v1/api.proto",
+        "kvserve/protos/kvserve/v1/executor_link.proto",
+        "kvserve/protos/grpc/reflection/v1/reflection.proto",
     } <= protos
     for proto in generate.proto_files():
         for generated in generate.generated_names(proto):
-            assert (REPO_ROOT / generated).is_file(), f"{generated} is missing"
+            assert (PROTOS / generated).is_file(), f"{generated} is missing"
 
 
 @pytest.fixture
 def repo_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A copy of protos/ that the generator treats as the repository."""
-    shutil.copytree(REPO_ROOT / "protos", tmp_path / "protos", ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr(generate, "REPO_ROOT", tmp_path)
-    return tmp_path
+    """A copy of the package's .proto tree that the generator treats as its include root."""
+    shutil.copytree(PROTOS / "kvserve", tmp_path / "kvserve", ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(generate, "INCLUDE_ROOT", tmp_path)
+    return tmp_path / "kvserve" / "protos"
 
 
 def test_check_detects_a_stale_and_a_missing_file(repo_copy: Path) -> None:
     assert generate.stale_files() == []
-    v1 = repo_copy / "protos" / "kvserve" / "v1"
+    v1 = repo_copy / "kvserve" / "v1"
     (v1 / "executor_link.proto").write_text(
         (v1 / "executor_link.proto").read_text() + "\nmessage AddedLater { int64 x = 1; }\n"
     )
@@ -61,8 +62,8 @@ def test_check_detects_a_stale_and_a_missing_file(repo_copy: Path) -> None:
 
 @pytest.mark.parametrize("folder", ["kvserve/v1", "grpc/other/v2"])
 def test_a_new_proto_file_is_picked_up(repo_copy: Path, folder: str) -> None:
-    """Anywhere under protos/: a new file beside ours, or a new tree like protos/grpc/."""
-    where = repo_copy / "protos" / folder
+    """Anywhere in the package: a new file beside ours, or a new tree like kvserve/protos/grpc/."""
+    where = repo_copy / folder
     where.mkdir(parents=True, exist_ok=True)
     package = folder.replace("/", ".")
     (where / "extra.proto").write_text(f'syntax = "proto3";\npackage {package};\nmessage Extra {{ string a = 1; }}\n')
@@ -73,8 +74,8 @@ def test_a_new_proto_file_is_picked_up(repo_copy: Path, folder: str) -> None:
 
 def test_version_stamps_alone_are_not_stale(repo_copy: Path) -> None:
     """A newer grpcio-tools on a fresh clone changes only version numbers: not stale."""
-    grpc_file = repo_copy / "protos" / "kvserve" / "v1" / "executor_link_pb2_grpc.py"
-    pb2_file = repo_copy / "protos" / "kvserve" / "v1" / "executor_link_pb2.py"
+    grpc_file = repo_copy / "kvserve" / "v1" / "executor_link_pb2_grpc.py"
+    pb2_file = repo_copy / "kvserve" / "v1" / "executor_link_pb2.py"
     text = grpc_file.read_text()
     assert "GRPC_GENERATED_VERSION = '" in text
     grpc_file.write_text(text.replace("GRPC_GENERATED_VERSION = '", "GRPC_GENERATED_VERSION = '9", 1))

@@ -15,13 +15,13 @@ import asyncio
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import openai
 import pytest
 
-from kvserve.child_python import PYTHON
 from kvserve.testing.ports import free_port
 from kvserve.testing.replica_launcher import ReplicaSetProcess, metric_total, serving_replicas
 from kvserve.testing.server_launcher import pid_alive
@@ -140,7 +140,7 @@ def test_kill_9_of_a_replica_under_32_streams(replica_set: ReplicaSetProcess) ->
 def test_a_router_that_cannot_start_fails_the_start_up(tmp_path: Path) -> None:
     """A bad --router-args makes vllm-router exit at once: the set stops and says so, exit 1."""
     out = subprocess.run(
-        [*PYTHON, "-m", "kvserve", "serve", "-dp", "2", "--executor", "fake", "--port", "0"]
+        [sys.executable, "-m", "kvserve", "serve", "-dp", "2", "--executor", "fake", "--port", "0"]
         + ["--http-port", str(free_port()), "--router-args=--no-such-router-flag"],
         capture_output=True,
         text=True,

@@ -18,6 +18,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -25,7 +26,6 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from kvserve.child_python import PYTHON
 from kvserve.config import defaults
 from kvserve.executor import link_worker
 from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
@@ -199,7 +199,7 @@ def test_sigstopped_executor_is_detected_within_2s_and_replaced(serve) -> None:
 def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen:
     with open(log_path, "wb") as log_file:
         return subprocess.Popen(
-            [*PYTHON, "-m", "kvserve", *argv], stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+            [sys.executable, "-m", "kvserve", *argv], stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
         )
 
 
@@ -272,7 +272,9 @@ def test_a_burst_of_sigterms_cannot_deadlock_the_stop_handler() -> None:
     # A kill -9 of `kvserve serve` sends its child one PDEATHSIG per scheduler thread, ms apart, so
     # the handler runs inside itself. It used to call threading.Event.set, whose lock the interrupted
     # call already held: the executor hung until the link's exit grace (5 s), or for good.
-    child = subprocess.Popen([*PYTHON, "-c", _SIGTERM_STORM_CHILD], stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _SIGTERM_STORM_CHILD], stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT
+    )
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "ready"
         storm_until = time.monotonic() + 1.0
@@ -292,7 +294,7 @@ import os, subprocess, sys, time
 log_path, env_name, *argv = sys.argv[1:]
 with open(log_path, "wb") as log:
     env = {**os.environ, env_name: str(os.getpid())}
-    child = subprocess.Popen([sys.executable, "-P", "-m", "kvserve.executor", *argv], env=env, stdout=log, stderr=log)
+    child = subprocess.Popen([sys.executable, "-m", "kvserve.executor", *argv], env=env, stdout=log, stderr=log)
 print(child.pid, flush=True)
 time.sleep(120)
 """
@@ -304,7 +306,7 @@ def test_an_executor_exits_when_its_parent_dies_even_without_a_signal(tmp_path: 
     link = f"tcp://127.0.0.1:{free_port()}"  # no scheduler: the executor keeps handshaking
     argv = ["--executor", "fake", "--num-blocks", "256", "--link", link]
     parent = subprocess.Popen(
-        [*PYTHON, "-c", _PARENT_OF_AN_EXECUTOR, str(log_path), defaults.EXECUTOR_PARENT_PID_ENV, *argv],
+        [sys.executable, "-c", _PARENT_OF_AN_EXECUTOR, str(log_path), defaults.EXECUTOR_PARENT_PID_ENV, *argv],
         stdout=subprocess.PIPE,
         text=True,
         cwd=REPO_ROOT,

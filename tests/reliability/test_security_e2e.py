@@ -7,6 +7,7 @@ import asyncio
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +16,6 @@ import pytest
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from kvserve.child_python import PYTHON
 from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from kvserve.testing.server_launcher import ServeProcess, start_serve
 from kvserve.testing.stream_requests import collect, greedy_request
@@ -185,7 +185,7 @@ def test_tls_with_tokens(serve, tmp_path: Path) -> None:
 
 def _run_serve(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [*PYTHON, "-m", "kvserve", "serve", "--executor", "fake", "--port", "0", "--http-port", "0", *args],
+        [sys.executable, "-m", "kvserve", "serve", "--executor", "fake", "--port", "0", "--http-port", "0", *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -227,7 +227,7 @@ def test_curve_link_admits_only_the_listed_executor(tmp_path: Path) -> None:
     def spawn(name: str, argv: list[str]) -> subprocess.Popen:
         with open(logs[name], "wb") as log_file:
             return subprocess.Popen(
-                [*PYTHON, "-m", "kvserve", *argv],
+                [sys.executable, "-m", "kvserve", *argv],
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

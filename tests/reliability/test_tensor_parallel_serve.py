@@ -16,12 +16,12 @@ import asyncio
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
 from grpc_health.v1 import health_pb2
 
-from kvserve.child_python import PYTHON
 from kvserve.executor.tensor_parallel.config import TensorParallelConfig
 from kvserve.executor.tensor_parallel.launcher import WATCH_INTERVAL_S
 from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
@@ -200,7 +200,7 @@ def test_ranks_from_the_torchrun_environment_serve_as_one_executor(serve, tiny_m
     processes: list[subprocess.Popen] = []
     with open(tmp_path / "scheduler.log", "wb") as log:
         scheduler = subprocess.Popen(
-            [*PYTHON, "-m", "kvserve", "scheduler", "--port", str(port), "--http-port", "0", "--link", link],
+            [sys.executable, "-m", "kvserve", "scheduler", "--port", str(port), "--http-port", "0", "--link", link],
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -218,7 +218,7 @@ def test_ranks_from_the_torchrun_environment_serve_as_one_executor(serve, tiny_m
             argv = ["--model", str(tiny_model), "-tp", "2", "--dtype", "float32", "--link", link]
             processes.append(
                 subprocess.Popen(
-                    [*PYTHON, "-m", "kvserve", "executor", *argv],
+                    [sys.executable, "-m", "kvserve", "executor", *argv],
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=env,

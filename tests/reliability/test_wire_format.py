@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("scheduler_svc", "executor_svc", "protos", "clients", "kvserve")
+PACKAGES = ("scheduler_svc", "executor_svc", "protos", "clients", "kernels", "kvserve")
 FORBIDDEN_MODULES = {"pickle", "cPickle", "cloudpickle", "dill", "marshal", "shelve", "joblib"}
 FORBIDDEN_CALLS = {"send_pyobj", "recv_pyobj", "send_serialized", "recv_serialized"}
 

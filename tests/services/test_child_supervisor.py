@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
 
-from kvserve.child_python import PYTHON
 from kvserve.scheduler.server.child_supervisor import ChildSupervisor, executor_command
 from kvserve.testing.server_launcher import pid_alive
 from kvserve.testing.waiting import wait_until, wait_until_async
@@ -30,12 +30,12 @@ def _events(logs: list[dict], event: str) -> list[dict]:
 
 
 def test_executor_command_runs_the_executor_module() -> None:
-    assert executor_command(["--executor", "fake"]) == [*PYTHON, "-m", "kvserve.executor", "--executor", "fake"]
+    assert executor_command(["--executor", "fake"]) == [sys.executable, "-m", "kvserve.executor", "--executor", "fake"]
 
 
 def test_a_dying_child_is_restarted_with_a_counter() -> None:
     async def scenario():
-        supervisor = ChildSupervisor([*PYTHON, "-c", "raise SystemExit(3)"], backoff_initial_s=0.05)
+        supervisor = ChildSupervisor([sys.executable, "-c", "raise SystemExit(3)"], backoff_initial_s=0.05)
         await supervisor.start()
         codes = [await asyncio.wait_for(supervisor.exits.get(), 10) for _ in range(3)]
         await wait_until_async(lambda: supervisor.restarts >= 3, EVENT_TIMEOUT_S, "the third restart")
@@ -49,7 +49,7 @@ def test_a_dying_child_is_restarted_with_a_counter() -> None:
 
 def test_no_restart_mode_reports_the_exit_once() -> None:
     async def scenario():
-        supervisor = ChildSupervisor([*PYTHON, "-c", "raise SystemExit(5)"], restart=False)
+        supervisor = ChildSupervisor([sys.executable, "-c", "raise SystemExit(5)"], restart=False)
         with capture_logs() as logs:
             await supervisor.start()
             code = await asyncio.wait_for(supervisor.exits.get(), 10)
@@ -72,7 +72,7 @@ def test_stop_terminates_the_child_and_its_group() -> None:
     )
 
     async def scenario():
-        supervisor = ChildSupervisor([*PYTHON, "-c", script], stop_timeout_s=5)
+        supervisor = ChildSupervisor([sys.executable, "-c", script], stop_timeout_s=5)
         await supervisor.start()
         pid = supervisor.pid
         assert pid is not None
@@ -91,7 +91,7 @@ def test_stop_terminates_the_child_and_its_group() -> None:
 
 def test_kill_if_current_spares_a_newer_child() -> None:
     async def scenario():
-        supervisor = ChildSupervisor([*PYTHON, "-c", "import time; time.sleep(30)"], backoff_initial_s=0.05)
+        supervisor = ChildSupervisor([sys.executable, "-c", "import time; time.sleep(30)"], backoff_initial_s=0.05)
         with capture_logs() as logs:
             await supervisor.start()
             first = supervisor.pid
@@ -138,7 +138,7 @@ def _exec_done(pid: int) -> bool:
 
 
 def test_the_child_dies_with_a_killed_parent() -> None:
-    parent = subprocess.Popen([*PYTHON, "-c", PARENT], stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
     try:
         assert parent.stdout is not None
         line = ""

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 CONTRACTS = {
     "allowlist": "The scheduling core imports only the standard library (less I/O and concurrency), the contract, "
     "the shared config and structlog",
-    "no-tests": "Nothing imports the repository's folders by their own names, only as kvserve's subpackages",
+    "no-tests": "The product never imports the tests",
     "fake-no-torch": "The fake executor never loads torch (a test process runs it in a fraction of a second)",
     "apis-independent": "The HTTP and gRPC APIs stand on the engine, not on each other",
     "core-public-api": "The service reaches the scheduling core only through its public API "

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import subprocess
-
-from kvserve.child_python import PYTHON
+import sys
 
 SCRIPT = """
 import importlib, pkgutil, sys
@@ -19,7 +18,7 @@ print("FORBIDDEN", ",".join(loaded))
 
 
 def test_the_scheduler_never_imports_torch() -> None:
-    out = subprocess.run([*PYTHON, "-c", SCRIPT], capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120, check=True)
     lines = dict(line.split(" ", 1) if " " in line else (line, "") for line in out.stdout.splitlines())
     assert int(lines["MODULES"]) >= 10  # the modules really were imported
     assert lines["FORBIDDEN"] == ""

@@ -1,9 +1,10 @@
 """`pip install .` (a wheel, not editable) into a fresh environment works away from the checkout.
 
-The wheel holds every package under the one `kvserve` name (the symlinked folders become real
-files); installed into a new venv whose only view of the repository is that wheel, `kvserve
-serve --executor fake`, `kvserve generate` and `scripts/gpu_check.sh OUT --dry-run` must all work,
-and nothing may import `tests` or a folder by its own name. Dependencies come from this
+The wheel merges the package's portions (kvserve/, protos/kvserve/, scheduler_svc/kvserve/, ...)
+into one `kvserve` folder; installed into a new venv whose only view of the repository is that
+wheel, `kvserve serve` (the fake executor and the default model), `kvserve generate` and
+`scripts/gpu_check.sh OUT --dry-run` must all work, and nothing may import `tests` or a folder by
+its own name. Dependencies come from this
 environment's site-packages through a .pth line, so nothing is downloaded.
 """
 
@@ -70,11 +71,11 @@ def _env() -> dict[str, str]:
 
 def test_the_wheel_imports_from_its_own_install_and_never_the_checkout(installed, tmp_path) -> None:
     code = (
-        "import importlib, pkgutil, sys, kvserve\n"
+        "import importlib, pkgutil, sys, kvserve, kvserve.cli\n"
         "for m in pkgutil.walk_packages(kvserve.__path__, 'kvserve.'):\n"
         "    if '.gpu_check' not in m.name and not m.name.endswith('__main__'):\n"
         "        importlib.import_module(m.name)\n"
-        f"print(kvserve.__file__, sorted({{m.split('.')[0] for m in sys.modules}} & set({FOLDER_NAMES!r})))\n"
+        f"print(kvserve.cli.__file__, sorted({{m.split('.')[0] for m in sys.modules}} & set({FOLDER_NAMES!r})))\n"
     )
     out = subprocess.run(
         [str(installed / "bin" / "python"), "-c", code],
@@ -89,13 +90,14 @@ def test_the_wheel_imports_from_its_own_install_and_never_the_checkout(installed
     assert where.startswith(str(installed)) and folders.strip() == "[]", out.stdout
 
 
-def test_installed_serve_and_generate_answer(installed, tmp_path) -> None:
+@pytest.mark.parametrize("executor", [["--executor", "fake"], []], ids=["fake", "default-model"])
+def test_installed_serve_and_generate_answer(installed, tmp_path, executor: list[str]) -> None:
     (port,) = free_ports(1)
     bin_dir = installed / "bin"
     log_path = tmp_path / "serve.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [str(bin_dir / "kvserve"), "serve", "--executor", "fake", "--port", str(port), "--http-port", "0"],
+            [str(bin_dir / "kvserve"), "serve", *executor, "--port", str(port), "--http-port", "0"],
             cwd=tmp_path,
             env=_env(),
             stdout=log,

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
+import sys
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from kvserve.child_python import PYTHON
 from kvserve.testing.ports import free_ports
 from kvserve.testing.replica_launcher import metric_total, serving_router
 from kvserve.testing.server_launcher import ServeProcess
@@ -115,7 +115,7 @@ def test_round_robin_spreads_the_same_requests(replicas, start_router) -> None:
 
 def test_kv_aware_without_event_sources_is_refused() -> None:
     out = subprocess.run(
-        [*PYTHON, "-m", "kvserve", "router", "--worker-url", "http://127.0.0.1:9"],
+        [sys.executable, "-m", "kvserve", "router", "--worker-url", "http://127.0.0.1:9"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from kvserve.child_python import PYTHON
 from kvserve.testing.ports import free_ports
 from kvserve.testing.replica_launcher import serving_router
 from kvserve.testing.server_launcher import ServeProcess
@@ -28,7 +28,7 @@ CLI_TIMEOUT_S = 60
 
 def _stats(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [*PYTHON, "-m", "kvserve", "stats", *args], capture_output=True, text=True, timeout=CLI_TIMEOUT_S
+        [sys.executable, "-m", "kvserve", "stats", *args], capture_output=True, text=True, timeout=CLI_TIMEOUT_S
     )
 
 

@@ -49,13 +49,13 @@ def test_describe_kvserve(fake_server, version: str) -> None:
         requests=[
             {"file_containing_symbol": "kvserve.v1.KVServe"},
             {"file_containing_symbol": "kvserve.v1.GenerateRequest"},
-            {"file_by_filename": "protos/kvserve/v1/api.proto"},
+            {"file_by_filename": "kvserve/protos/kvserve/v1/api.proto"},
         ],
     )
     for response in (by_service, by_message, by_name):
         assert response.WhichOneof("message_response") == "file_descriptor_response", response
         files = [_file(b) for b in response.file_descriptor_response.file_descriptor_proto]
-        (api,) = [f for f in files if f.name == "protos/kvserve/v1/api.proto"]
+        (api,) = [f for f in files if f.name == "kvserve/protos/kvserve/v1/api.proto"]
         assert api.package == "kvserve.v1"
         (service,) = [s for s in api.service if s.name == "KVServe"]
         assert {m.name for m in service.method} == KVSERVE_METHODS
@@ -84,7 +84,7 @@ def test_v1_and_v1alpha_answer_byte_for_byte_alike(fake_server) -> None:
     requests = [
         {"list_services": ""},
         {"file_containing_symbol": "kvserve.v1.GenerateRequest"},
-        {"file_by_filename": "protos/kvserve/v1/api.proto"},
+        {"file_by_filename": "kvserve/protos/kvserve/v1/api.proto"},
         {"file_containing_symbol": "nope"},
         {"all_extension_numbers_of_type": "kvserve.v1.GenerateRequest"},
     ]

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from kvserve.protos.grpc.reflection.v1 import reflection_pb2 as protos_dot_grpc_dot_reflection_dot_v1_dot_reflection__pb2
+from kvserve.protos.grpc.reflection.v1 import reflection_pb2 as kvserve_dot_protos_dot_grpc_dot_reflection_dot_v1_dot_reflection__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/grpc/reflection/v1/reflection_pb2_grpc.py depends on'
+        + ' but the generated code in kvserve/protos/grpc/reflection/v1/reflection_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,8 +36,8 @@ class ServerReflectionStub:
         """
         self.ServerReflectionInfo = channel.stream_stream(
                 '/grpc.reflection.v1.ServerReflection/ServerReflectionInfo',
-                request_serializer=protos_dot_grpc_dot_reflection_dot_v1_dot_reflection__pb2.ServerReflectionRequest.SerializeToString,
-                response_deserializer=protos_dot_grpc_dot_reflection_dot_v1_dot_reflection__pb2.ServerReflectionResponse.FromString,
+                request_serializer=kvserve_dot_protos_dot_grpc_dot_reflection_dot_v1_dot_reflection__pb2.ServerReflectionRequest.SerializeToString,
+                response_deserializer=kvserve_dot_protos_dot_grpc_dot_reflection_dot_v1_dot_reflection__pb2.ServerReflectionResponse.FromString,
                 _registered_method=True)
 
 
@@ -56,8 +56,8 @@ def add_ServerReflectionServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'ServerReflectionInfo': grpc.stream_stream_rpc_method_handler(
                     servicer.ServerReflectionInfo,
-                    request_deserializer=protos_dot_grpc_dot_reflection_dot_v1_dot_reflection__pb2.ServerReflectionRequest.FromString,
-                    response_serializer=protos_dot_grpc_dot_reflection_dot_v1_dot_reflection__pb2.ServerReflectionResponse.SerializeToString,
+                    request_deserializer=kvserve_dot_protos_dot_grpc_dot_reflection_dot_v1_dot_reflection__pb2.ServerReflectionRequest.FromString,
+                    response_serializer=kvserve_dot_protos_dot_grpc_dot_reflection_dot_v1_dot_reflection__pb2.ServerReflectionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -85,8 +85,8 @@ class ServerReflection:
             request_iterator,
             target,
             '/grpc.reflection.v1.ServerReflection/ServerReflectionInfo',
-            protos_dot_grpc_dot_reflection_dot_v1_dot_reflection__pb2.ServerReflectionRequest.SerializeToString,
-            protos_dot_grpc_dot_reflection_dot_v1_dot_reflection__pb2.ServerReflectionResponse.FromString,
+            kvserve_dot_protos_dot_grpc_dot_reflection_dot_v1_dot_reflection__pb2.ServerReflectionRequest.SerializeToString,
+            kvserve_dot_protos_dot_grpc_dot_reflection_dot_v1_dot_reflection__pb2.ServerReflectionResponse.FromString,
             options,
             channel_credentials,
             insecure,

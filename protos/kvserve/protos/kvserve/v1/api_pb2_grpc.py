@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from kvserve.protos.kvserve.v1 import api_pb2 as protos_dot_kvserve_dot_v1_dot_api__pb2
+from kvserve.protos.kvserve.v1 import api_pb2 as kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/kvserve/v1/api_pb2_grpc.py depends on'
+        + ' but the generated code in kvserve/protos/kvserve/v1/api_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,28 +36,28 @@ class KVServeStub:
         """
         self.Generate = channel.unary_stream(
                 '/kvserve.v1.KVServe/Generate',
-                request_serializer=protos_dot_kvserve_dot_v1_dot_api__pb2.GenerateRequest.SerializeToString,
-                response_deserializer=protos_dot_kvserve_dot_v1_dot_api__pb2.GenerateResponse.FromString,
+                request_serializer=kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.GenerateResponse.FromString,
                 _registered_method=True)
         self.Abort = channel.unary_unary(
                 '/kvserve.v1.KVServe/Abort',
-                request_serializer=protos_dot_kvserve_dot_v1_dot_api__pb2.AbortRequest.SerializeToString,
-                response_deserializer=protos_dot_kvserve_dot_v1_dot_api__pb2.AbortResponse.FromString,
+                request_serializer=kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.AbortRequest.SerializeToString,
+                response_deserializer=kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.AbortResponse.FromString,
                 _registered_method=True)
         self.Tokenize = channel.unary_unary(
                 '/kvserve.v1.KVServe/Tokenize',
-                request_serializer=protos_dot_kvserve_dot_v1_dot_api__pb2.TokenizeRequest.SerializeToString,
-                response_deserializer=protos_dot_kvserve_dot_v1_dot_api__pb2.TokenizeResponse.FromString,
+                request_serializer=kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.TokenizeRequest.SerializeToString,
+                response_deserializer=kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.TokenizeResponse.FromString,
                 _registered_method=True)
         self.ModelInfo = channel.unary_unary(
                 '/kvserve.v1.KVServe/ModelInfo',
-                request_serializer=protos_dot_kvserve_dot_v1_dot_api__pb2.ModelInfoRequest.SerializeToString,
-                response_deserializer=protos_dot_kvserve_dot_v1_dot_api__pb2.ModelInfoResponse.FromString,
+                request_serializer=kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.ModelInfoRequest.SerializeToString,
+                response_deserializer=kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.ModelInfoResponse.FromString,
                 _registered_method=True)
         self.ServerStats = channel.unary_unary(
                 '/kvserve.v1.KVServe/ServerStats',
-                request_serializer=protos_dot_kvserve_dot_v1_dot_api__pb2.ServerStatsRequest.SerializeToString,
-                response_deserializer=protos_dot_kvserve_dot_v1_dot_api__pb2.ServerStatsResponse.FromString,
+                request_serializer=kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.ServerStatsRequest.SerializeToString,
+                response_deserializer=kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.ServerStatsResponse.FromString,
                 _registered_method=True)
 
 
@@ -103,28 +103,28 @@ def add_KVServeServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Generate': grpc.unary_stream_rpc_method_handler(
                     servicer.Generate,
-                    request_deserializer=protos_dot_kvserve_dot_v1_dot_api__pb2.GenerateRequest.FromString,
-                    response_serializer=protos_dot_kvserve_dot_v1_dot_api__pb2.GenerateResponse.SerializeToString,
+                    request_deserializer=kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.GenerateRequest.FromString,
+                    response_serializer=kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.GenerateResponse.SerializeToString,
             ),
             'Abort': grpc.unary_unary_rpc_method_handler(
                     servicer.Abort,
-                    request_deserializer=protos_dot_kvserve_dot_v1_dot_api__pb2.AbortRequest.FromString,
-                    response_serializer=protos_dot_kvserve_dot_v1_dot_api__pb2.AbortResponse.SerializeToString,
+                    request_deserializer=kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.AbortRequest.FromString,
+                    response_serializer=kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.AbortResponse.SerializeToString,
             ),
             'Tokenize': grpc.unary_unary_rpc_method_handler(
                     servicer.Tokenize,
-                    request_deserializer=protos_dot_kvserve_dot_v1_dot_api__pb2.TokenizeRequest.FromString,
-                    response_serializer=protos_dot_kvserve_dot_v1_dot_api__pb2.TokenizeResponse.SerializeToString,
+                    request_deserializer=kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.TokenizeRequest.FromString,
+                    response_serializer=kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.TokenizeResponse.SerializeToString,
             ),
             'ModelInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelInfo,
-                    request_deserializer=protos_dot_kvserve_dot_v1_dot_api__pb2.ModelInfoRequest.FromString,
-                    response_serializer=protos_dot_kvserve_dot_v1_dot_api__pb2.ModelInfoResponse.SerializeToString,
+                    request_deserializer=kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.ModelInfoRequest.FromString,
+                    response_serializer=kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.ModelInfoResponse.SerializeToString,
             ),
             'ServerStats': grpc.unary_unary_rpc_method_handler(
                     servicer.ServerStats,
-                    request_deserializer=protos_dot_kvserve_dot_v1_dot_api__pb2.ServerStatsRequest.FromString,
-                    response_serializer=protos_dot_kvserve_dot_v1_dot_api__pb2.ServerStatsResponse.SerializeToString,
+                    request_deserializer=kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.ServerStatsRequest.FromString,
+                    response_serializer=kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.ServerStatsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -152,8 +152,8 @@ class KVServe:
             request,
             target,
             '/kvserve.v1.KVServe/Generate',
-            protos_dot_kvserve_dot_v1_dot_api__pb2.GenerateRequest.SerializeToString,
-            protos_dot_kvserve_dot_v1_dot_api__pb2.GenerateResponse.FromString,
+            kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.GenerateRequest.SerializeToString,
+            kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.GenerateResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -179,8 +179,8 @@ class KVServe:
             request,
             target,
             '/kvserve.v1.KVServe/Abort',
-            protos_dot_kvserve_dot_v1_dot_api__pb2.AbortRequest.SerializeToString,
-            protos_dot_kvserve_dot_v1_dot_api__pb2.AbortResponse.FromString,
+            kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.AbortRequest.SerializeToString,
+            kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.AbortResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -206,8 +206,8 @@ class KVServe:
             request,
             target,
             '/kvserve.v1.KVServe/Tokenize',
-            protos_dot_kvserve_dot_v1_dot_api__pb2.TokenizeRequest.SerializeToString,
-            protos_dot_kvserve_dot_v1_dot_api__pb2.TokenizeResponse.FromString,
+            kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.TokenizeRequest.SerializeToString,
+            kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.TokenizeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -233,8 +233,8 @@ class KVServe:
             request,
             target,
             '/kvserve.v1.KVServe/ModelInfo',
-            protos_dot_kvserve_dot_v1_dot_api__pb2.ModelInfoRequest.SerializeToString,
-            protos_dot_kvserve_dot_v1_dot_api__pb2.ModelInfoResponse.FromString,
+            kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.ModelInfoRequest.SerializeToString,
+            kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.ModelInfoResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -260,8 +260,8 @@ class KVServe:
             request,
             target,
             '/kvserve.v1.KVServe/ServerStats',
-            protos_dot_kvserve_dot_v1_dot_api__pb2.ServerStatsRequest.SerializeToString,
-            protos_dot_kvserve_dot_v1_dot_api__pb2.ServerStatsResponse.FromString,
+            kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.ServerStatsRequest.SerializeToString,
+            kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.ServerStatsResponse.FromString,
             options,
             channel_credentials,
             insecure,

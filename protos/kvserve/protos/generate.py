@@ -1,18 +1,16 @@
-"""Regenerate (or check) the Python code of every `.proto` under `protos/`.
+"""Regenerate (or check) the Python code of every `.proto` in the `kvserve.protos` package.
 
-Two trees hold them: `protos/kvserve/v1/` (the kvserve API and the executor link) and
-`protos/grpc/` (standard gRPC protocols that the installed grpcio packages lack, such as
-server reflection v1).
+Two trees hold them: `kvserve/protos/kvserve/v1/` (the kvserve API and the executor link) and
+`kvserve/protos/grpc/` (standard gRPC protocols that the installed grpcio packages lack, such as
+server reflection v1), both under the repository's `protos/` folder.
 
     python -m kvserve.protos.generate          # write *_pb2.py, *_pb2.pyi, *_pb2_grpc.py beside each .proto
     python -m kvserve.protos.generate --check  # exit 1 when the committed generated code is stale
 
-protoc runs with `-I <repo root>`, so generated modules import each other as
-`from protos.kvserve.v1 import ...`; the folder is installed as `kvserve.protos`, so those imports
-are rewritten to `from kvserve.protos.kvserve.v1 import ...` (`PACKAGE`), and the package layout
-is the import path (a proto's
-`package` statement need not match it: `protos/grpc/reflection/v1/reflection.proto` declares
-`grpc.reflection.v1`).
+protoc runs with `-I protos/`, the folder that holds the package under its import path, so a proto's
+path is its module's path and the generated modules import each other as
+`from kvserve.protos.kvserve.v1 import ...` with no rewriting (a proto's `package` statement need not
+match it: `reflection.proto` declares `grpc.reflection.v1`).
 `--check` generates into a temporary directory and compares, so it never touches the
 working tree. The comparison ignores only the generator's version stamps (protoc and
 grpcio-tools release numbers), so a newer grpcio-tools on a fresh clone does not flag
@@ -27,13 +25,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-PROTO_TREE = "protos"
-"""Every .proto below this folder of the repo root is generated."""
+INCLUDE_ROOT = Path(__file__).resolve().parents[2]
+"""protoc's include root: the folder that holds `kvserve/protos/` (the repository's `protos/`)."""
+PACKAGE_DIR = Path("kvserve", "protos")
+"""Every .proto below this folder of the include root is generated."""
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
-PACKAGE = "kvserve.protos"
-"""The import name of the `protos/` folder (the symlink kvserve/protos)."""
-_IMPORTS = re.compile(rb"^(from|import) protos\.", re.M)
 _VERSION_STAMPS = (
     re.compile(rb"# Protobuf Python Version: [^\n]*"),
     re.compile(rb"_runtime_version\.ValidateProtobufRuntimeVersion\([^)]*\)"),
@@ -46,12 +42,12 @@ class GenerationError(RuntimeError):
 
 
 def proto_files() -> list[Path]:
-    """Every .proto file that generation covers, relative to the repo root, sorted."""
-    return sorted(p.relative_to(REPO_ROOT) for p in (REPO_ROOT / PROTO_TREE).rglob("*.proto"))
+    """Every .proto file that generation covers, relative to the include root, sorted."""
+    return sorted(p.relative_to(INCLUDE_ROOT) for p in (INCLUDE_ROOT / PACKAGE_DIR).rglob("*.proto"))
 
 
 def generated_names(proto: Path) -> list[Path]:
-    """The generated files of one .proto, relative to the repo root."""
+    """The generated files of one .proto, relative to the include root."""
     stem = proto.with_suffix("")
     return [stem.parent / (stem.name + suffix) for suffix in GENERATED_SUFFIXES]
 
@@ -67,20 +63,16 @@ def generate(out_root: Path) -> list[Path]:
     out_root.mkdir(parents=True, exist_ok=True)
     args = [
         "grpc_tools.protoc",
-        f"-I{REPO_ROOT}",
+        f"-I{INCLUDE_ROOT}",
         f"-I{include_dir}",
         f"--python_out={out_root}",
         f"--pyi_out={out_root}",
         f"--grpc_python_out={out_root}",
-        *(str(p) for p in protos),
+        *(str(INCLUDE_ROOT / p) for p in protos),
     ]
     if protoc.main(args) != 0:
         raise GenerationError(f"protoc failed on {', '.join(map(str, protos))}")
-    written = [name for proto in protos for name in generated_names(proto)]
-    for name in written:
-        path = out_root / name
-        path.write_bytes(_IMPORTS.sub(rb"\1 " + PACKAGE.encode() + rb".", path.read_bytes()))
-    return written
+    return [name for proto in protos for name in generated_names(proto)]
 
 
 def stale_files() -> list[Path]:
@@ -89,7 +81,7 @@ def stale_files() -> list[Path]:
         fresh_root = Path(tmp)
         stale = []
         for name in generate(fresh_root):
-            committed = REPO_ROOT / name
+            committed = INCLUDE_ROOT / name
             if not committed.is_file() or _content(committed) != _content(fresh_root / name):
                 stale.append(name)
         return stale
@@ -122,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"generated code is up to date ({len(proto_files())} .proto files)")
         return 0
-    written = generate(REPO_ROOT)
+    written = generate(INCLUDE_ROOT)
     for name in written:
         print(name)
     return 0

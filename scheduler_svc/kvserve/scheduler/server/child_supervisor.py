@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import structlog
 
-from kvserve.child_python import PYTHON, python_module
+from kvserve.child_python import python_module
 from kvserve.config import defaults
 
 log = structlog.get_logger(__name__)
@@ -164,4 +164,4 @@ def with_parent_death_signal(argv: list[str]) -> list[str]:
     """`argv` wrapped so that on Linux the child gets SIGTERM when this process dies."""
     if not sys.platform.startswith("linux"):
         return argv
-    return [*PYTHON, "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
+    return [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
