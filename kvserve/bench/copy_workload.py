@@ -118,7 +118,7 @@ class ModelTextEncoder:
 
     def _get(self) -> Any:
         if self._tokenizer is None:
-            from kvserve.scheduler.server.tokenizer import Tokenizer
+            from kvserve.scheduler.server.intake.tokenizer import Tokenizer
 
             self._tokenizer = Tokenizer.from_dir(self._model_dir())
         return self._tokenizer
@@ -127,6 +127,6 @@ class ModelTextEncoder:
         return list(self._get().encode(text))
 
     def encode_chat(self, text: str) -> list[int]:
-        from kvserve.scheduler.server.tokenizer import ChatMessage
+        from kvserve.scheduler.server.intake.tokenizer import ChatMessage
 
         return list(self._get().encode_chat([ChatMessage(role="user", content=text)]))

@@ -237,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
     from kvserve.executor.runner_config import RunnerConfig
     from kvserve.executor.weights.model_store import ensure_model_dir
     from kvserve.log_config import configure_logging
-    from kvserve.scheduler.server.tokenizer import ChatMessage, Tokenizer
+    from kvserve.scheduler.server.intake.tokenizer import ChatMessage, Tokenizer
 
     config = config_from_args(QualityBenchConfig, args)
     try:  # refused now, not after the reference's minutes

@@ -34,7 +34,7 @@ from kvserve.scheduler.core import MatcherFactory, Scheduler, SchedulerConfig
 
 if TYPE_CHECKING:
     from kvserve.executor.model_runner import ModelRunner
-    from kvserve.scheduler.server.tokenizer import Tokenizer
+    from kvserve.scheduler.server.intake.tokenizer import Tokenizer
 
 GOAL_OVERHEAD = 0.10
 """The project's goal: a step whose rows are all constrained costs at most 10% more than a free one."""
@@ -182,7 +182,7 @@ def run_structured_bench(
     progress: Callable[[str], None] = lambda _line: None,
     constraints: Sequence[str] = CONSTRAINTS,
 ) -> list[StructuredBenchResult]:
-    from kvserve.scheduler.server.tokenizer import ChatMessage
+    from kvserve.scheduler.server.intake.tokenizer import ChatMessage
 
     prompts = [
         tokenizer.encode_chat([ChatMessage("user", f"Describe a film about {TOPICS[i % len(TOPICS)]} as JSON.")])
@@ -274,7 +274,7 @@ def run(args: argparse.Namespace) -> int:
     from kvserve.executor.model_runner import ModelRunner
     from kvserve.executor.runner_config import RunnerConfig
     from kvserve.log_config import configure_logging
-    from kvserve.scheduler.server.tokenizer import Tokenizer
+    from kvserve.scheduler.server.intake.tokenizer import Tokenizer
 
     config = config_from_args(StructuredBenchConfig, args)
     configure_logging(level="WARNING" if config.json else None)

@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
 
     from kvserve.log_config import configure_logging
     from kvserve.replicas.replica_plan import DataParallelConfig
-    from kvserve.scheduler.server.child_supervisor import ChildSupervisor, executor_command
+    from kvserve.scheduler.server.executor_link.child_supervisor import ChildSupervisor, executor_command
     from kvserve.scheduler.server.server_config import ServerConfig
     from kvserve.scheduler.server.service import resolve_link_endpoint, run_service
 

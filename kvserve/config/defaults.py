@@ -81,7 +81,8 @@ COMPILE_BUCKETS = "1,2,4,8,16,32,64,128,256"
 # --- Scheduler service: API limits, queues, liveness ----------------------------
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
 """Largest accepted request; a larger one gets INVALID_ARGUMENT naming its prompt field. gRPC's own
-transport limit is a multiple of it (kvserve.scheduler.server.grpc_api), past which gRPC answers RESOURCE_EXHAUSTED."""
+transport limit is a multiple of it (kvserve.scheduler.server.grpc_api.api_server), past which gRPC
+answers RESOURCE_EXHAUSTED."""
 MAX_PROMPT_CHARS = 1_000_000
 """Longest prompt text (or chat content, summed) the API tokenizes; longer -> INVALID_ARGUMENT."""
 MAX_CHAT_MESSAGES = 1024
@@ -108,7 +109,7 @@ READY_RECENT_STEP_S = 10.0
 READY_PROBE_TIMEOUT_S = 10.0
 """How long the `/ready` probe may take before the server is reported not ready."""
 
-# --- The web page and its engine view (kvserve.scheduler.server.engine_view) ------------
+# --- The web page and its engine view (kvserve.scheduler.server.engine_view.snapshot) ------------
 UI_INTERVAL_S = 0.5
 """Seconds between engine-view updates of each viewer's stream."""
 UI_MIN_INTERVAL_S = 0.25

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from kvserve.config.defaults import REPLICA_ENV
 from kvserve.config.flags import config_to_argv, flag
 from kvserve.replicas.router_command import POLICIES, ROUTER_METRICS_PORT, RouterConfig
-from kvserve.scheduler.server.bind_policy import BindSecurity, InsecureBindError, check_bind
+from kvserve.scheduler.server.security.bind_policy import BindSecurity, InsecureBindError, check_bind
 from kvserve.scheduler.server.server_config import ServerConfig
 
 _DATA_PARALLEL = "data parallel (replicas behind vllm-router)"

@@ -28,7 +28,7 @@ import structlog
 from kvserve.child_python import python_module
 from kvserve.replicas.replica_plan import ReplicaSetPlan
 from kvserve.replicas.router_command import router_command
-from kvserve.scheduler.server.child_supervisor import ChildSupervisor
+from kvserve.scheduler.server.executor_link.child_supervisor import ChildSupervisor
 
 log = structlog.get_logger(__name__)
 

@@ -4,8 +4,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvserve.scheduler.core.outputs import SchedulerStats
-from kvserve.scheduler.server.metrics import ServerMetrics
-from kvserve.scheduler.server.stats_logger import StatsLogger
+from kvserve.scheduler.server.observability.metrics import ServerMetrics
+from kvserve.scheduler.server.observability.stats_logger import StatsLogger
 
 
 def _stats(**kw) -> SchedulerStats:

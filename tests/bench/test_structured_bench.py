@@ -29,7 +29,7 @@ def tiny_runner(tmp_path_factory, default_model_dir):
 
 def test_both_constraints_time_every_row_decoding(tiny_runner) -> None:
     from kvserve.bench.structured import CONSTRAINTS, run_structured_bench
-    from kvserve.scheduler.server.tokenizer import Tokenizer
+    from kvserve.scheduler.server.intake.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_dir(tiny_runner.info().tokenizer_path)
     lines: list[str] = []
@@ -44,7 +44,7 @@ def test_both_constraints_time_every_row_decoding(tiny_runner) -> None:
 def test_the_tools_grammar_is_the_one_a_required_tool_choice_compiles(tiny_runner) -> None:
     """The bench's matcher accepts a hermes call to one of its tools, and not free text."""
     from kvserve.bench.structured import BENCH_TOOLS, bench_factory
-    from kvserve.scheduler.server.tokenizer import Tokenizer
+    from kvserve.scheduler.server.intake.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_dir(tiny_runner.info().tokenizer_path)
     factory = bench_factory("tools", tokenizer, tiny_runner)

@@ -38,8 +38,8 @@ import yaml
 
 from kvserve.cli import build_parser
 from kvserve.link.endpoint import is_loopback_host
-from kvserve.scheduler.server.bind_policy import BindSecurity, InsecureBindError, check_bind
 from kvserve.scheduler.server.http.browser_policy import BrowserPolicy
+from kvserve.scheduler.server.security.bind_policy import BindSecurity, InsecureBindError, check_bind
 from kvserve.testing.ports import free_ports
 from kvserve.testing.waiting import WaitTimedOut, wait_until
 

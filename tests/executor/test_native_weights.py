@@ -22,7 +22,7 @@ from kvserve.executor.weights.q8_0 import Q8Linear, unpack
 from kvserve.executor.weights.row_invariance import RowFixedLinear
 from kvserve.kernels import cpu_ops
 from kvserve.kernels.reference import q8_activations_reference
-from kvserve.scheduler.server.tokenizer import Tokenizer
+from kvserve.scheduler.server.intake.tokenizer import Tokenizer
 from kvserve.testing.plan_driver import PlanDriver
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from kvserve.bench.quality import CANDIDATES, quality_text, text_windows
-from kvserve.scheduler.server.tokenizer import Tokenizer
+from kvserve.scheduler.server.intake.tokenizer import Tokenizer
 
 MIN_TOP1_AGREEMENT = 0.95
 """Measured 98.6–99.0% on the 12 fixed prompts; a kernel bug drops it far below."""

@@ -94,7 +94,7 @@ def test_tiny_models_at_two_and_three_ranks_match_one(tmp_path, arch, kv_heads) 
 @pytest.mark.slow
 def test_default_model_at_three_ranks_answers_the_france_prompt_as_one(default_model_dir) -> None:
     """SmolLM2-135M: 9 heads and 3 KV heads split 3 ways, the vocabulary of 49,152 in 3 rows of 16,384."""
-    from kvserve.scheduler.server.tokenizer import ChatMessage, Tokenizer
+    from kvserve.scheduler.server.intake.tokenizer import ChatMessage, Tokenizer
 
     tokenizer = Tokenizer.from_dir(default_model_dir)
     prompt = tokenizer.encode_chat([ChatMessage("user", "What is the capital of France?")])

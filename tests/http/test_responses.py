@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import math
 
+from kvserve.scheduler.server.delivery.request_stream import Usage
 from kvserve.scheduler.server.http.responses import MIN_LOGPROB, SSE_DONE, ChoiceState, json_logprob, sse, usage_object
-from kvserve.scheduler.server.request_stream import Usage
 
 
 def usage(prompt: int, completion: int, cached: int) -> Usage:

@@ -17,7 +17,7 @@ import pytest
 from kvserve.executor import entry as executor_command
 from kvserve.executor.runner_config import RunnerConfig
 from kvserve.link.endpoint import LinkEndpointError, check_endpoint, private_ipc_endpoint
-from kvserve.scheduler.server.executor_link import ExecutorLink
+from kvserve.scheduler.server.executor_link.connection import ExecutorLink
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,7 @@ import pytest
 import zmq.auth
 
 from kvserve.link.curve import load_keys
-from kvserve.scheduler.server.executor_link import ExecutorLink
+from kvserve.scheduler.server.executor_link.connection import ExecutorLink
 from kvserve.testing.ports import free_port
 from tests.link.test_link_process import decode, run
 

@@ -20,8 +20,8 @@ from kvserve.config import defaults
 from kvserve.executor.fake.executor import FakeExecutor, FakeExecutorConfig
 from kvserve.protos.sampling import SamplingParams
 from kvserve.protos.step import KnownSequence, NewSequence, StepPlan
-from kvserve.scheduler.server.executor_link import ExecutorLink, ExecutorLost, ExecutorStepError
-from kvserve.scheduler.server.link_socket import LinkSocketError
+from kvserve.scheduler.server.executor_link.connection import ExecutorLink, ExecutorLost, ExecutorStepError
+from kvserve.scheduler.server.executor_link.link_socket import LinkSocketError
 from kvserve.testing.waiting import wait_until_async
 
 pytestmark = pytest.mark.timeout(90)

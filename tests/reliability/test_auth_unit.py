@@ -14,16 +14,16 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from kvserve.link.endpoint import is_loopback_host
 from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
-from kvserve.scheduler.server import auth
-from kvserve.scheduler.server.auth import (
+from kvserve.scheduler.server.security import auth
+from kvserve.scheduler.server.security.auth import (
     BearerAuthInterceptor,
     TokenFileError,
     TokenTable,
     bearer_token,
     load_token_file,
 )
-from kvserve.scheduler.server.bind_policy import BindSecurity, InsecureBindError, check_bind
-from kvserve.scheduler.server.tls import TlsConfigError, server_credentials, tls_files
+from kvserve.scheduler.server.security.bind_policy import BindSecurity, InsecureBindError, check_bind
+from kvserve.scheduler.server.security.tls import TlsConfigError, server_credentials, tls_files
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -160,8 +160,8 @@ def test_server_stays_healthy_and_logs_no_traceback(server) -> None:
 def test_auth_still_comes_first() -> None:
     """With bearer auth on, an undecodable body without a token is UNAUTHENTICATED (the parser
     never sees it); with a valid token it is INVALID_ARGUMENT; reflection stays open."""
-    from kvserve.scheduler.server.auth import BearerAuthInterceptor, TokenTable
-    from kvserve.scheduler.server.grpc_api import ApiServer, KVServeServicer
+    from kvserve.scheduler.server.grpc_api.api_server import ApiServer, KVServeServicer
+    from kvserve.scheduler.server.security.auth import BearerAuthInterceptor, TokenTable
     from kvserve.scheduler.server.server_config import ServerConfig
 
     table = TokenTable([(TOKEN, "alice")])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from kvserve.scheduler.server.child_supervisor import ChildSupervisor, executor_command
+from kvserve.scheduler.server.executor_link.child_supervisor import ChildSupervisor, executor_command
 from kvserve.testing.server_launcher import pid_alive
 from kvserve.testing.waiting import wait_until, wait_until_async
 
@@ -120,7 +120,7 @@ def test_kill_if_current_spares_a_newer_child() -> None:
 
 PARENT = """
 import asyncio, sys
-from kvserve.scheduler.server.child_supervisor import ChildSupervisor
+from kvserve.scheduler.server.executor_link.child_supervisor import ChildSupervisor
 
 async def main():
     supervisor = ChildSupervisor([sys.executable, "-c", "import time; time.sleep(60)"])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvserve.scheduler.server.detokenizer import CompletionText, IncrementalDetokenizer, StopStringMatcher
-from kvserve.scheduler.server.tokenizer import Tokenizer
+from kvserve.scheduler.server.delivery.detokenizer import CompletionText, IncrementalDetokenizer, StopStringMatcher
+from kvserve.scheduler.server.intake.tokenizer import Tokenizer
 
 MULTI_BYTE_TEXTS = [
     "北京是中华人民共和国的首都。",
@@ -96,7 +96,7 @@ def test_matcher_holds_only_a_possible_prefix() -> None:
 
 
 def test_chat_template_renders_with_generation_prompt(tokenizer: Tokenizer) -> None:
-    from kvserve.scheduler.server.tokenizer import ChatMessage
+    from kvserve.scheduler.server.intake.tokenizer import ChatMessage
 
     text = tokenizer.render_chat([ChatMessage("user", "What is the capital of France?")])
     assert text.endswith("<|im_start|>assistant\n")
@@ -109,7 +109,7 @@ def test_chat_template_runs_sandboxed() -> None:
     from tokenizers import Tokenizer as FastTokenizer
     from tokenizers.models import WordLevel
 
-    from kvserve.scheduler.server.tokenizer import ChatMessage, ChatTemplateError
+    from kvserve.scheduler.server.intake.tokenizer import ChatMessage, ChatTemplateError
 
     fast = FastTokenizer(WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
     evil = Tokenizer(fast, chat_template="{{ messages.__class__.__mro__[1].__subclasses__() }}")

@@ -14,13 +14,13 @@ from kvserve.executor.fake.executor import FakeExecutor, FakeExecutorConfig
 from kvserve.protos.sampling import SamplingParams
 from kvserve.protos.step import ExecutorInfo, StepPlan, StepResult
 from kvserve.protos.stop_rules import FinishReason
+from kvserve.scheduler.server.delivery.request_stream import FailureKind, RequestFailed
 from kvserve.scheduler.server.engine import Engine, ExecutorState
-from kvserve.scheduler.server.executor_link import ExecutorLost
-from kvserve.scheduler.server.request_parsing import ValidatedRequest
-from kvserve.scheduler.server.request_stream import FailureKind, RequestFailed
+from kvserve.scheduler.server.executor_link.connection import ExecutorLost
+from kvserve.scheduler.server.intake.request_parsing import ValidatedRequest
+from kvserve.scheduler.server.intake.tokenizer import Tokenizer
 from kvserve.scheduler.server.server_config import ServerConfig
 from kvserve.scheduler.server.service import build_scheduler
-from kvserve.scheduler.server.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -304,7 +304,7 @@ def test_abort_of_a_queued_request_ends_its_stream(tokenizer: Tokenizer) -> None
 
 
 def test_metrics_follow_the_requests(tokenizer: Tokenizer) -> None:
-    from kvserve.scheduler.server.metrics import ServerMetrics
+    from kvserve.scheduler.server.observability.metrics import ServerMetrics
 
     async def scenario():
         link = InProcessLink()
@@ -337,7 +337,7 @@ def test_verified_drafts_count_as_decode_rows_not_prompt_tokens(tokenizer: Token
     """Under speculation a decoding sequence schedules its token and its drafts: several rows,
     but none of them prompt. The prompt-token counter and the step history's prefill must hold
     the prompt alone, and the verified rows go to decode."""
-    from kvserve.scheduler.server.metrics import ServerMetrics
+    from kvserve.scheduler.server.observability.metrics import ServerMetrics
 
     async def scenario():
         link = InProcessLink(copy_period=6)  # a fake model that copies: drafts are accepted

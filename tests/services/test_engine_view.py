@@ -6,9 +6,15 @@ import json
 
 from kvserve.config import defaults
 from kvserve.scheduler.core.scheduler_config import SchedulerConfig
-from kvserve.scheduler.server.engine_view import EngineSources, Viewer, build_view, encode_event, fit_event
-from kvserve.scheduler.server.namespaces import NamespaceOwners, scoped_request_id
-from kvserve.scheduler.server.step_history import StepHistory
+from kvserve.scheduler.server.engine_view.snapshot import (
+    EngineSources,
+    Viewer,
+    build_view,
+    encode_event,
+    fit_event,
+)
+from kvserve.scheduler.server.observability.step_history import StepHistory
+from kvserve.scheduler.server.security.namespaces import NamespaceOwners, scoped_request_id
 from tests.scheduler.harness import Harness
 
 BLOCK = 4

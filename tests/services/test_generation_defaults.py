@@ -11,13 +11,13 @@ from structlog.testing import capture_logs
 
 from kvserve.protos.kvserve.v1 import api_pb2
 from kvserve.protos.sampling import SamplingParams
-from kvserve.scheduler.server.generation_defaults import (
+from kvserve.scheduler.server.intake.generation_defaults import (
     SamplingDefaults,
     load_sampling_defaults,
     sampling_defaults_from,
 )
-from kvserve.scheduler.server.request_parsing import ModelLimits, parse_generate
-from kvserve.scheduler.server.tokenizer import Tokenizer
+from kvserve.scheduler.server.intake.request_parsing import ModelLimits, parse_generate
+from kvserve.scheduler.server.intake.tokenizer import Tokenizer
 
 MODEL_GENERATION_CONFIG = {
     "bos_token_id": 1,

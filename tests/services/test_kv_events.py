@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from kvserve.protos.kv_events import KVEventBatch, block_hash
 from kvserve.scheduler.core.request import RequestRejected
 from kvserve.scheduler.core.scheduler_config import SchedulerConfig
-from kvserve.scheduler.server.kv_event_recorder import KvEventRecorder
+from kvserve.scheduler.server.observability.kv_event_recorder import KvEventRecorder
 from tests.scheduler.harness import Harness, strict_executor
 
 ENCODER = msgspec.msgpack.Encoder()

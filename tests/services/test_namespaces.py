@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from kvserve.scheduler.server.namespaces import ANONYMOUS_TENANT, prefix_namespace, tenant_from_metadata
+from kvserve.scheduler.server.security.namespaces import ANONYMOUS_TENANT, prefix_namespace, tenant_from_metadata
 
 
 def test_namespace_separates_model_tenant_and_salt() -> None:

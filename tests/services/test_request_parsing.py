@@ -9,8 +9,8 @@ import pytest
 from kvserve.config import defaults
 from kvserve.protos.kvserve.v1 import api_pb2
 from kvserve.protos.sampling import InvalidFieldError
-from kvserve.scheduler.server.request_parsing import ModelLimits, parse_generate
-from kvserve.scheduler.server.tokenizer import Tokenizer
+from kvserve.scheduler.server.intake.request_parsing import ModelLimits, parse_generate
+from kvserve.scheduler.server.intake.tokenizer import Tokenizer
 
 LIMITS = ModelLimits(max_model_len=64, vocab_size=49152)
 

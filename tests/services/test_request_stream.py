@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from kvserve.protos.stop_rules import FinishReason
-from kvserve.scheduler.server.request_stream import CompletionChunk, FailureKind, RequestFailed, RequestStream
+from kvserve.scheduler.server.delivery.request_stream import CompletionChunk, FailureKind, RequestFailed, RequestStream
 
 
 def test_slow_reader_gets_merged_chunks_and_loses_nothing() -> None:

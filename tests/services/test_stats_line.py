@@ -6,7 +6,7 @@ from kvserve.protos.sampling import SamplingParams
 from kvserve.protos.step import SampledToken, StepResult
 from kvserve.scheduler.core.scheduler import Scheduler
 from kvserve.scheduler.core.scheduler_config import SchedulerConfig
-from kvserve.scheduler.server.stats_logger import StatsLogger
+from kvserve.scheduler.server.observability.stats_logger import StatsLogger
 
 
 class _Recorder:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvserve.protos.sampling import SamplingParams
 from kvserve.protos.step import KnownSequence, NewSequence, StepPlan
-from kvserve.scheduler.server.step_history import step_composition
+from kvserve.scheduler.server.observability.step_history import step_composition
 
 
 def _new(seq_id: int, scheduled: int) -> NewSequence:

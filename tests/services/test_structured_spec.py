@@ -12,10 +12,10 @@ from kvserve.config import defaults
 from kvserve.executor.fake.vocabulary import default_model_dir
 from kvserve.protos.kvserve.v1 import api_pb2
 from kvserve.protos.sampling import InvalidFieldError
+from kvserve.scheduler.server.intake.tokenizer import Tokenizer
 from kvserve.scheduler.server.structured.compiler import GrammarCompiler
 from kvserve.scheduler.server.structured.llguidance_backend import LlguidanceBackend
 from kvserve.scheduler.server.structured.spec import StructuredSpec, structured_spec
-from kvserve.scheduler.server.tokenizer import Tokenizer
 
 
 def _spec(**kind) -> StructuredSpec | None:

@@ -86,7 +86,7 @@ class Scheduler:
 
         Lower `priority` is served first; FCFS within a priority. Requests in different
         `namespace`s never share KV blocks. The caller has validated the request (see
-        `kvserve.scheduler.server.request_parsing`): a reused id, an empty prompt, a negative
+        `kvserve.scheduler.server.intake.request_parsing`): a reused id, an empty prompt, a negative
         token id or out-of-range sampling fail an assertion here, not a validation.
         A `constraint` (structured output) gives each completion its own matcher.
         """

@@ -30,16 +30,16 @@ from kvserve.protos.sampling import InvalidFieldError
 from kvserve.protos.step import ExecutorInfo, StepPlan
 from kvserve.protos.stop_rules import FinishReason
 from kvserve.scheduler.core import MatcherFactory, Scheduler, SchedulerStats, SchedulerView, SequenceOutput
-from kvserve.scheduler.server.executor_link import ExecutorLink, ExecutorLost, ExecutorStepError
-from kvserve.scheduler.server.kv_event_publisher import KvEventPublisher
-from kvserve.scheduler.server.metrics import ServerMetrics
-from kvserve.scheduler.server.namespaces import NamespaceOwners, tenant_of_scoped_id
-from kvserve.scheduler.server.request_delivery import ActiveRequest
-from kvserve.scheduler.server.request_parsing import ValidatedRequest
-from kvserve.scheduler.server.request_stream import FailureKind, RequestFailed, RequestStream
+from kvserve.scheduler.server.delivery.request_delivery import ActiveRequest
+from kvserve.scheduler.server.delivery.request_stream import FailureKind, RequestFailed, RequestStream
+from kvserve.scheduler.server.executor_link.connection import ExecutorLink, ExecutorLost, ExecutorStepError
+from kvserve.scheduler.server.intake.request_parsing import ValidatedRequest
+from kvserve.scheduler.server.intake.tokenizer import Tokenizer
+from kvserve.scheduler.server.observability.kv_event_publisher import KvEventPublisher
+from kvserve.scheduler.server.observability.metrics import ServerMetrics
+from kvserve.scheduler.server.observability.step_history import StepHistory, step_composition
+from kvserve.scheduler.server.security.namespaces import NamespaceOwners, tenant_of_scoped_id
 from kvserve.scheduler.server.server_config import ServerConfig
-from kvserve.scheduler.server.step_history import StepHistory, step_composition
-from kvserve.scheduler.server.tokenizer import Tokenizer
 
 log = structlog.get_logger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Any
 from kvserve.config import defaults
 from kvserve.config.flags import flag
 from kvserve.scheduler.core import SchedulerConfig
-from kvserve.scheduler.server.generation_defaults import SOURCE_AUTO
+from kvserve.scheduler.server.intake.generation_defaults import SOURCE_AUTO
 from kvserve.scheduler.server.tools.tool_formats import FORMATS
 
 _API = "gRPC API"
@@ -132,7 +132,7 @@ class ServerConfig:
         ),
     )
 
-    # --- API security (kvserve.scheduler.server.auth, .tls, .bind_policy)
+    # --- API security (kvserve.scheduler.server.security.auth, .tls, .bind_policy)
     auth_token_file: str | None = field(
         default=None,
         metadata=flag(
@@ -223,7 +223,7 @@ class ServerConfig:
         ),
     )
 
-    # --- KV events for KV-aware routers (kvserve.scheduler.server.kv_event_publisher)
+    # --- KV events for KV-aware routers (kvserve.scheduler.server.observability.kv_event_publisher)
     kv_events_endpoint: str | None = field(
         default=None,
         metadata=flag(

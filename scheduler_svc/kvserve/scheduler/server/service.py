@@ -24,28 +24,28 @@ from kvserve.link.curve import CurveKeys, load_keys
 from kvserve.link.endpoint import private_ipc_endpoint
 from kvserve.protos.step import ExecutorInfo
 from kvserve.scheduler.core import Scheduler, SchedulerConfig
-from kvserve.scheduler.server.auth import BearerAuthInterceptor, TokenFileError, TokenTable, load_token_file
-from kvserve.scheduler.server.bind_policy import BindSecurity, InsecureBindError, check_bind
-from kvserve.scheduler.server.child_supervisor import ChildSupervisor
 from kvserve.scheduler.server.engine import Engine
-from kvserve.scheduler.server.executor_link import ExecutorLink
-from kvserve.scheduler.server.generation_defaults import load_sampling_defaults
-from kvserve.scheduler.server.grpc_api import ApiServer, KVServeServicer
+from kvserve.scheduler.server.executor_link.child_supervisor import ChildSupervisor
+from kvserve.scheduler.server.executor_link.connection import ExecutorLink
+from kvserve.scheduler.server.grpc_api.api_server import ApiServer, KVServeServicer
 from kvserve.scheduler.server.http.app import create_app
 from kvserve.scheduler.server.http.browser_policy import BrowserPolicy, BrowserPolicyError
 from kvserve.scheduler.server.http.context import HttpContext
 from kvserve.scheduler.server.http.http_server import HttpListenError, HttpServer
 from kvserve.scheduler.server.http.ui_routes import UiOptions
-from kvserve.scheduler.server.kv_event_publisher import KvEventsConfigError, kv_event_publisher
-from kvserve.scheduler.server.kv_event_recorder import KvEventRecorder
-from kvserve.scheduler.server.metrics import ServerMetrics
-from kvserve.scheduler.server.request_parsing import ModelLimits
+from kvserve.scheduler.server.intake.generation_defaults import load_sampling_defaults
+from kvserve.scheduler.server.intake.request_parsing import ModelLimits
+from kvserve.scheduler.server.intake.tokenizer import ChatTemplateError, Tokenizer, read_chat_template
+from kvserve.scheduler.server.observability.kv_event_publisher import KvEventsConfigError, kv_event_publisher
+from kvserve.scheduler.server.observability.kv_event_recorder import KvEventRecorder
+from kvserve.scheduler.server.observability.metrics import ServerMetrics
+from kvserve.scheduler.server.security.auth import BearerAuthInterceptor, TokenFileError, TokenTable, load_token_file
+from kvserve.scheduler.server.security.bind_policy import BindSecurity, InsecureBindError, check_bind
+from kvserve.scheduler.server.security.tls import TlsConfigError, TlsFiles, server_credentials, tls_files
 from kvserve.scheduler.server.server_config import ServerConfig
 from kvserve.scheduler.server.serving_model import ServingModel
 from kvserve.scheduler.server.structured.compiler import GrammarCompiler
 from kvserve.scheduler.server.structured.llguidance_backend import LlguidanceBackend
-from kvserve.scheduler.server.tls import TlsConfigError, TlsFiles, server_credentials, tls_files
-from kvserve.scheduler.server.tokenizer import ChatTemplateError, Tokenizer, read_chat_template
 from kvserve.scheduler.server.tools.tool_formats import FORMATS
 
 log = structlog.get_logger(__name__)

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 from kvserve.protos.step import ExecutorInfo
 from kvserve.scheduler.server.engine import Engine
-from kvserve.scheduler.server.request_parsing import ModelLimits
+from kvserve.scheduler.server.intake.request_parsing import ModelLimits
+from kvserve.scheduler.server.intake.tokenizer import Tokenizer
 from kvserve.scheduler.server.structured.compiler import GrammarCompiler
-from kvserve.scheduler.server.tokenizer import Tokenizer
 
 
 @dataclass(slots=True)

@@ -11,13 +11,13 @@ from __future__ import annotations
 from fastapi import FastAPI
 from starlette.types import ASGIApp
 
+from kvserve.scheduler.server.engine_view.hub import ViewHub
 from kvserve.scheduler.server.http.browser_policy import BrowserPolicy, HostGuard, cors_middleware
 from kvserve.scheduler.server.http.context import HttpContext
 from kvserve.scheduler.server.http.errors import install_error_handlers
 from kvserve.scheduler.server.http.openai_routes import openai_router
 from kvserve.scheduler.server.http.service_routes import kvserve_version, service_router
 from kvserve.scheduler.server.http.ui_routes import UiOptions, ui_router
-from kvserve.scheduler.server.view_hub import ViewHub
 
 
 def create_app(ctx: HttpContext, policy: BrowserPolicy, ui: UiOptions | None = None) -> ASGIApp:

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import structlog
 from fastapi import Request
 
-from kvserve.scheduler.server.auth import TokenTable, bearer_token
 from kvserve.scheduler.server.http.errors import ApiError
-from kvserve.scheduler.server.metrics import ServerMetrics
-from kvserve.scheduler.server.namespaces import ANONYMOUS_TENANT
+from kvserve.scheduler.server.observability.metrics import ServerMetrics
+from kvserve.scheduler.server.security.auth import TokenTable, bearer_token
+from kvserve.scheduler.server.security.namespaces import ANONYMOUS_TENANT
 from kvserve.scheduler.server.serving_model import ServingModel
 
 log = structlog.get_logger(__name__)

@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from kvserve.scheduler.server.request_stream import FailureKind, RequestFailed
+from kvserve.scheduler.server.delivery.request_stream import FailureKind, RequestFailed
 
 log = structlog.get_logger(__name__)
 

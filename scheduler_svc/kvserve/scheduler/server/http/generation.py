@@ -19,13 +19,13 @@ from kvserve.protos.kvserve.v1 import api_pb2
 from kvserve.protos.sampling import InvalidFieldError
 from kvserve.protos.stop_rules import FinishReason
 from kvserve.scheduler.core import RequestRejected
+from kvserve.scheduler.server.delivery.request_stream import CompletionChunk, FailureKind, RequestFailed, RequestStream
 from kvserve.scheduler.server.http.errors import bad_field, from_failure
 from kvserve.scheduler.server.http.field_names import capacity_param, openai_param
 from kvserve.scheduler.server.http.openai_request import OpenAiRequest
 from kvserve.scheduler.server.http.responses import ChoiceState
-from kvserve.scheduler.server.namespaces import prefix_namespace, scoped_request_id
-from kvserve.scheduler.server.request_parsing import ValidatedRequest, parse_generate
-from kvserve.scheduler.server.request_stream import CompletionChunk, FailureKind, RequestFailed, RequestStream
+from kvserve.scheduler.server.intake.request_parsing import ValidatedRequest, parse_generate
+from kvserve.scheduler.server.security.namespaces import prefix_namespace, scoped_request_id
 from kvserve.scheduler.server.serving_model import ServingModel
 
 INLINE_TOKENIZE_CHARS = 20_000

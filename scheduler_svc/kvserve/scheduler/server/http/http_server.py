@@ -19,7 +19,7 @@ import structlog
 import uvicorn
 from starlette.types import ASGIApp
 
-from kvserve.scheduler.server.tls import TlsFiles
+from kvserve.scheduler.server.security.tls import TlsFiles
 
 log = structlog.get_logger(__name__)
 

@@ -19,6 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
+from kvserve.scheduler.server.delivery.request_stream import RequestFailed
 from kvserve.scheduler.server.http.context import HttpContext
 from kvserve.scheduler.server.http.errors import from_failure
 from kvserve.scheduler.server.http.generation import Submission, collect_choices, submit
@@ -32,8 +33,7 @@ from kvserve.scheduler.server.http.responses import (
     completion,
 )
 from kvserve.scheduler.server.http.sse import StreamShape, chat_events, completion_events
-from kvserve.scheduler.server.namespaces import scoped_request_id
-from kvserve.scheduler.server.request_stream import RequestFailed
+from kvserve.scheduler.server.security.namespaces import scoped_request_id
 from kvserve.scheduler.server.serving_model import ServingModel
 
 log = structlog.get_logger(__name__)

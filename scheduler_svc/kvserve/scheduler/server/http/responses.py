@@ -15,8 +15,8 @@ from typing import Any
 
 from kvserve.protos.stop_rules import FinishReason
 from kvserve.scheduler.core import SampledLogprob
-from kvserve.scheduler.server.request_stream import Usage
-from kvserve.scheduler.server.tokenizer import Tokenizer
+from kvserve.scheduler.server.delivery.request_stream import Usage
+from kvserve.scheduler.server.intake.tokenizer import Tokenizer
 from kvserve.scheduler.server.tools.tool_use import ENDS_AFTER_CALLS, ToolCall
 
 FINISH_REASONS = {

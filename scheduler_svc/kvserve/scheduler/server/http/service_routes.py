@@ -24,7 +24,7 @@ from kvserve.scheduler.server.http.json_fields import JsonObject, as_integer
 from kvserve.scheduler.server.http.openai_request import parse_messages
 from kvserve.scheduler.server.http.readiness import ReadinessCheck
 from kvserve.scheduler.server.http.request_body import read_json_object
-from kvserve.scheduler.server.request_parsing import encode_chat, encode_text
+from kvserve.scheduler.server.intake.request_parsing import encode_chat, encode_text
 
 
 def kvserve_version() -> str:

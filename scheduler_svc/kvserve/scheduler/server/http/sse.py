@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kvserve.scheduler.server.delivery.request_stream import CompletionChunk, RequestFailed
 from kvserve.scheduler.server.http.errors import from_failure
 from kvserve.scheduler.server.http.generation import Submission
 from kvserve.scheduler.server.http.responses import (
@@ -28,7 +29,6 @@ from kvserve.scheduler.server.http.responses import (
     tool_call_deltas,
     usage_object,
 )
-from kvserve.scheduler.server.request_stream import CompletionChunk, RequestFailed
 
 
 @dataclass(slots=True)

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from kvserve.scheduler.server.engine_view import Viewer
+from kvserve.scheduler.server.engine_view.hub import TooManyViewers, ViewHub
+from kvserve.scheduler.server.engine_view.snapshot import Viewer
 from kvserve.scheduler.server.http.context import HttpContext
 from kvserve.scheduler.server.http.errors import ApiError
 from kvserve.scheduler.server.http.responses import SSE_HEADERS
-from kvserve.scheduler.server.view_hub import TooManyViewers, ViewHub
 
 ASSETS = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript", "style.css": "text/css"}
 PAGE_HEADERS = {

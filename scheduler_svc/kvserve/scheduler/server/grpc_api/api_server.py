@@ -27,20 +27,20 @@ from kvserve.protos.message_fields import copy_fields
 from kvserve.protos.sampling import InvalidFieldError
 from kvserve.protos.stop_rules import FinishReason
 from kvserve.scheduler.core import RequestRejected
-from kvserve.scheduler.server.auth import TokenTable
+from kvserve.scheduler.server.delivery.request_stream import CompletionChunk, FailureKind, RequestFailed
 from kvserve.scheduler.server.engine import ExecutorState
-from kvserve.scheduler.server.namespaces import (
+from kvserve.scheduler.server.grpc_api.reflection import enable_reflection
+from kvserve.scheduler.server.grpc_api.strict_handlers import add_strict_service
+from kvserve.scheduler.server.intake.request_parsing import encode_chat, encode_text, parse_generate
+from kvserve.scheduler.server.security.auth import TokenTable
+from kvserve.scheduler.server.security.namespaces import (
     ANONYMOUS_TENANT,
     prefix_namespace,
     scoped_request_id,
     tenant_from_metadata,
 )
-from kvserve.scheduler.server.request_parsing import encode_chat, encode_text, parse_generate
-from kvserve.scheduler.server.request_stream import CompletionChunk, FailureKind, RequestFailed
 from kvserve.scheduler.server.server_config import ServerConfig
-from kvserve.scheduler.server.server_reflection import enable_reflection
 from kvserve.scheduler.server.serving_model import ServingModel
-from kvserve.scheduler.server.strict_handlers import add_strict_service
 from kvserve.scheduler.server.tools.tool_use import ENDS_AFTER_CALLS, parse_tool_use
 
 log = structlog.get_logger(__name__)

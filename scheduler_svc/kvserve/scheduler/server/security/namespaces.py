@@ -5,7 +5,7 @@ the client's `cache_salt` can only subdivide its own tenant's space. Two tenants
 therefore never match each other's prefixes, so cache-hit timing cannot leak prompts
 across tenants. Without `--auth-token-file` every caller is the tenant "anonymous"
 (`tenant_from_metadata`); with it, the servicer maps the bearer token to its tenant
-(`kvserve.scheduler.server.auth.TokenTable`).
+(`kvserve.scheduler.server.security.auth.TokenTable`).
 """
 
 from __future__ import annotations

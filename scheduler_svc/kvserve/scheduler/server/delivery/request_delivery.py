@@ -15,10 +15,16 @@ import structlog
 
 from kvserve.protos.stop_rules import FinishReason
 from kvserve.scheduler.core import BlockCounts, SequenceOutput
-from kvserve.scheduler.server.detokenizer import CompletionText, Decoder
-from kvserve.scheduler.server.metrics import ServerMetrics
-from kvserve.scheduler.server.namespaces import client_request_id
-from kvserve.scheduler.server.request_stream import CompletionChunk, FailureKind, RequestFailed, RequestStream, Usage
+from kvserve.scheduler.server.delivery.detokenizer import CompletionText, Decoder
+from kvserve.scheduler.server.delivery.request_stream import (
+    CompletionChunk,
+    FailureKind,
+    RequestFailed,
+    RequestStream,
+    Usage,
+)
+from kvserve.scheduler.server.observability.metrics import ServerMetrics
+from kvserve.scheduler.server.security.namespaces import client_request_id
 from kvserve.scheduler.server.tools.tool_formats import FORMATS, ToolCallParser
 from kvserve.scheduler.server.tools.tool_use import ToolCall, ToolUse
 

@@ -31,7 +31,7 @@ from kvserve.link.endpoint import check_endpoint
 from kvserve.protos import step_codec
 from kvserve.protos.kvserve.v1 import executor_link_pb2 as pb
 from kvserve.protos.step import ExecutorInfo, StepPlan, StepResult
-from kvserve.scheduler.server.link_socket import LinkSocketError, RouterSocket, Sent
+from kvserve.scheduler.server.executor_link.link_socket import LinkSocketError, RouterSocket, Sent
 
 log = structlog.get_logger(__name__)
 

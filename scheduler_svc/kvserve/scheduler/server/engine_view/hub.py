@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 import structlog
 
 from kvserve.config import defaults
-from kvserve.scheduler.server.engine_view import EngineSources, Viewer, build_view, fit_event
-from kvserve.scheduler.server.metrics import ServerMetrics
+from kvserve.scheduler.server.engine_view.snapshot import EngineSources, Viewer, build_view, fit_event
+from kvserve.scheduler.server.observability.metrics import ServerMetrics
 from kvserve.scheduler.server.serving_model import ServingModel
 
 log = structlog.get_logger(__name__)

@@ -24,9 +24,9 @@ from typing import Any
 from kvserve.config import defaults
 from kvserve.protos.kvserve.v1 import api_pb2
 from kvserve.protos.sampling import InvalidFieldError, SamplingParams
-from kvserve.scheduler.server.generation_defaults import SamplingDefaults
+from kvserve.scheduler.server.intake.generation_defaults import SamplingDefaults
+from kvserve.scheduler.server.intake.tokenizer import CHAT_ROLES, ChatMessage, ChatTemplateError, Tokenizer
 from kvserve.scheduler.server.structured.spec import StructuredSpec, structured_spec
-from kvserve.scheduler.server.tokenizer import CHAT_ROLES, ChatMessage, ChatTemplateError, Tokenizer
 from kvserve.scheduler.server.tools.tool_formats import FORMATS
 from kvserve.scheduler.server.tools.tool_use import ToolUse, parse_call, parse_tool_use
 

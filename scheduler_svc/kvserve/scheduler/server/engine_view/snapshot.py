@@ -27,8 +27,8 @@ from typing import Any
 
 from kvserve.config import defaults
 from kvserve.scheduler.core import PrefixNode, SchedulerView, Sequence
-from kvserve.scheduler.server.namespaces import NamespaceOwners, client_request_id, tenant_of_scoped_id
-from kvserve.scheduler.server.step_history import StepHistory
+from kvserve.scheduler.server.observability.step_history import StepHistory
+from kvserve.scheduler.server.security.namespaces import NamespaceOwners, client_request_id, tenant_of_scoped_id
 
 VIEW_VERSION = 1
 

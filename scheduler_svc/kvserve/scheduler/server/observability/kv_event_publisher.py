@@ -24,7 +24,7 @@ import zmq.asyncio
 
 from kvserve.link.endpoint import LinkEndpointError, check_endpoint
 from kvserve.protos.kv_events import END_SEQ, KVEventBatch, decode_seq, encode_seq
-from kvserve.scheduler.server.kv_event_recorder import KvEventRecorder
+from kvserve.scheduler.server.observability.kv_event_recorder import KvEventRecorder
 
 log = structlog.get_logger(__name__)
 

@@ -17,7 +17,7 @@ from grpc_reflection.v1alpha import reflection
 from grpc_reflection.v1alpha import reflection_pb2 as v1alpha_pb2
 
 from kvserve.protos.grpc.reflection.v1 import reflection_pb2 as v1_pb2
-from kvserve.scheduler.server.strict_handlers import add_strict_service
+from kvserve.scheduler.server.grpc_api.strict_handlers import add_strict_service
 
 V1ALPHA_SERVICE_NAME = reflection.SERVICE_NAME
 V1_SERVICE_NAME = v1_pb2.DESCRIPTOR.services_by_name["ServerReflection"].full_name

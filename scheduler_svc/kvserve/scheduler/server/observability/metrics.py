@@ -7,7 +7,7 @@ several servers in one process do not collide. The engine calls:
   gauges from the `SchedulerStats` snapshot, token counters, step-time histogram. The
   snapshot's prefix, preemption and speculative-decoding figures are cumulative; the counters advance by their
   growth (a reset after an executor re-sync counts from zero again). It also feeds the
-  periodic stats log line (`kvserve.scheduler.server.stats_logger`).
+  periodic stats log line (`kvserve.scheduler.server.observability.stats_logger`).
 - `observe_first_token(ttft_s)`, `observe_token_gap(itl_s)` as tokens reach a request;
 - `observe_finished(finish_reason, e2e_s, queue_time_s)` once per finished request;
 - `set_executor_up(up)`, `inc_executor_restarts()` on executor state changes;
@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client import start_http_server as _prometheus_http_server
 
 from kvserve.scheduler.core import SchedulerStats
-from kvserve.scheduler.server.stats_logger import STATS_LOG_INTERVAL_S, StatsLogger
+from kvserve.scheduler.server.observability.stats_logger import STATS_LOG_INTERVAL_S, StatsLogger
 
 PREFIX = "kvserve:"
 

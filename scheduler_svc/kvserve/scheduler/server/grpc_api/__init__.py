@@ -1,0 +1,1 @@
+"""The gRPC API: the `KVServe` service, its strict request decoding, health and server reflection."""

@@ -1,0 +1,1 @@
+"""Observability: Prometheus metrics, the stats log line, the recent steps' history and vLLM-style KV events."""
