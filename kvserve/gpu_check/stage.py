@@ -1,8 +1,4 @@
-"""A stage in a subprocess of its own under its budget: the parent's side (`run_stages`) and the child's.
-
-A CUDA fault poisons a process and a hang never ends, so each stage runs apart, in its own session,
-killed with its servers' process groups when it overruns; each check writes its result as it ends.
-"""
+"""Each stage in a subprocess of its own, killed past its budget: a CUDA fault poisons a process, a hang never ends."""
 
 from __future__ import annotations
 
@@ -15,14 +11,13 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from kvserve.child_python import python_module
 from kvserve.gpu_check import report
-from kvserve.gpu_check.sizes import Sizes, sizes_for
-from kvserve.gpu_check.stages import CHECKS, STAGES, Check, checks_of
+from kvserve.gpu_check.report import CheckResult
+from kvserve.gpu_check.sizes import SIZES, Sizes
+from kvserve.gpu_check.stages import CHECKS, STAGES, Check
 
 BUDGETS = {s.name: s.budget_s for s in STAGES}
 CUDA_FAULTS = ("CUDA error", "illegal memory access", "device-side assert", "CUBLAS_STATUS", "cudaError")
@@ -41,10 +36,7 @@ def _kill(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-def run_stages(
-    out_dir: Path, work: Path, wheels: Path, sizes: Sizes, budget_s: float, env: dict
-) -> list[report.CheckResult]:
-    """Every stage of the table within `budget_s`; every check's result, in table order."""
+def run_stages(out_dir: Path, work: Path, wheels: Path, sizes: Sizes, budget_s: float, env: dict) -> list[CheckResult]:
     work.mkdir(parents=True, exist_ok=True)
     end, why, pending = time.time() + budget_s, {}, []
     for stage in STAGES:
@@ -53,14 +45,12 @@ def run_stages(
             why[stage.name] = f"not run: the time budget was spent before stage {stage.name} started"
             continue
         _pgids(work, stage.name).unlink(missing_ok=True)
-        progress(f"stage {stage.name} starts, budget {limit:.0f}s: {', '.join(c.name for c in checks_of(stage.name))}")
-        args = [stage.name, out_dir, work, wheels, sizes.name, limit]
-        process = subprocess.Popen(
-            python_module("kvserve.gpu_check.stage", *map(str, args)),
-            env={**env, **dict(stage.env), "PYTHONUNBUFFERED": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"},
-            start_new_session=True,
-            stdin=subprocess.DEVNULL,
-        )
+        checks = ", ".join(c.name for c in CHECKS if c.stage == stage.name)
+        progress(f"stage {stage.name} starts, budget {limit:.0f}s: {checks}")
+        args = map(str, [stage.name, out_dir, work, wheels, sizes.name, limit])
+        stage_env = {**env, **dict(stage.env), "PYTHONUNBUFFERED": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+        command = python_module("kvserve.gpu_check.stage", *args)
+        process = subprocess.Popen(command, env=stage_env, start_new_session=True, stdin=subprocess.DEVNULL)
         pending.append((stage.name, process, time.time() + limit))
         if not stage.beside_next:  # it and those beside it must end before the next stage starts
             why.update(_finish(name, p, deadline, work) for name, p, deadline in pending)
@@ -87,69 +77,34 @@ def _finish(stage: str, process: subprocess.Popen, deadline: float, work: Path) 
     return stage, f"no result: stage {stage} {how} before this check reported"
 
 
-def _missing(c: Check, why: str, out_dir: Path) -> report.CheckResult:
-    result = report.CheckResult(c.name, c.kind, c.stage, report.FAIL, why, BUDGETS[c.stage], error=why)
+def _missing(c: Check, why: str, out_dir: Path) -> CheckResult:
+    result = CheckResult(c.name, c.kind, c.stage, report.FAIL, why, BUDGETS[c.stage], error=why)
     report.write_result(out_dir, result)
     return result
 
 
-def check_function(check: Check) -> Callable[[StageContext], report.Outcome]:
+def check_function(check: Check) -> Callable[[report.StageContext], report.Outcome]:
     module, function = str(check.target).split(":")
     return getattr(importlib.import_module(f"kvserve.gpu_check.{module}"), function)
 
 
-def dry_run_results() -> list[report.CheckResult]:
+def dry_run_results() -> list[CheckResult]:
     """Every check SKIP (dry run), or FAIL where its function does not import (torch is imported lazily)."""
     results = []
     for c in CHECKS:
         status = report.SKIP_DRY_RUN if c.target else report.NOT_IMPLEMENTED
-        result = report.CheckResult(c.name, c.kind, c.stage, status, c.about, BUDGETS[c.stage])
+        result = CheckResult(c.name, c.kind, c.stage, status, c.about, BUDGETS[c.stage])
         try:
-            if c.target:
-                check_function(c)
+            check_function(c) if c.target else None
         except (ImportError, AttributeError) as exc:
-            result.status, result.summary = report.FAIL, f"{c.target}: {exc}"
-            result.error = result.summary
+            result.status, result.summary, result.error = report.FAIL, f"{c.target}: {exc}", f"{c.target}: {exc}"
         results.append(result)
     return results
 
 
-@dataclass
-class StageContext:
-    """What a check gets: where to write, the sizes, and what the stage's checks share."""
-
-    out_dir: Path
-    work_dir: Path
-    wheels_dir: Path
-    sizes: Sizes
-    stage: str
-    budget_s: float
-    state: dict[str, Any] = field(default_factory=dict)
-    """Shared things, and figures one check leaves for a later one (the copy bandwidth, the undisturbed streams)."""
-    closing: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
-
-    def shared(self, key: str, make: Callable[[], Any], close: Callable[[Any], Any]) -> Any:
-        """Made by the first check that asks, closed when the stage ends; a failure is kept for the others."""
-        if key not in self.state:
-            try:
-                self.state[key] = make()
-                self.closing.callback(close, self.state[key])
-            except Exception as exc:
-                self.state[key] = RuntimeError(f"{key} failed to start: {type(exc).__name__}: {exc}")
-        if isinstance(self.state[key], RuntimeError):
-            raise self.state[key]
-        return self.state[key]
-
-    def remember_process_group(self, pgid: int) -> None:
-        """A server's process group, for the parent to kill if this stage dies before stopping it."""
-        with _pgids(self.work_dir, self.stage).open("a") as f:
-            f.write(f"{pgid}\n")
-
-
-def run_check(check: Check, ctx: StageContext, faults: list[str]) -> report.CheckResult:
+def run_check(check: Check, ctx: report.StageContext, faults: list[str]) -> CheckResult:
     """One check, in a try/except; after a CUDA fault (it poisons the process) the next ones fail at once."""
-    result = report.CheckResult(check.name, check.kind, check.stage, report.FAIL, "", ctx.budget_s)
-    started = time.time()
+    result, started = CheckResult(check.name, check.kind, check.stage, report.FAIL, "", ctx.budget_s), time.time()
     if check.target is None:
         result.status, result.summary = report.NOT_IMPLEMENTED, check.about
     elif faults:
@@ -174,16 +129,17 @@ def run_check(check: Check, ctx: StageContext, faults: list[str]) -> report.Chec
 def main(argv: list[str]) -> int:
     """`python -m kvserve.gpu_check.stage STAGE OUT_DIR WORK_DIR WHEELS_DIR SIZES BUDGET_S` (run_stages starts it)."""
     stage, out_dir, work_dir, wheels_dir, sizes_name, budget_s = argv
-    sizes = sizes_for(sizes_name)
+    sizes = SIZES[sizes_name]
     if sizes.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # the kernels run through the interpreter
     from kvserve.log_config import configure_logging
 
     configure_logging(json=True, process=f"gpu_check-{stage}")
-    ctx = StageContext(Path(out_dir), Path(work_dir), Path(wheels_dir), sizes, stage, float(budget_s))
+    pgids, budget = _pgids(Path(work_dir), stage), float(budget_s)
+    ctx = report.StageContext(Path(out_dir), Path(work_dir), Path(wheels_dir), sizes, pgids, budget)
     faults: list[str] = []
     with ctx.closing:
-        results = [run_check(check, ctx, faults) for check in checks_of(stage)]
+        results = [run_check(check, ctx, faults) for check in CHECKS if check.stage == stage]
     return 0 if all(r.status != report.FAIL for r in results) else 1
 
 

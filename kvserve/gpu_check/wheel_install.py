@@ -1,6 +1,4 @@
-"""The carried wheels installed on the GPU machine, into a folder of their own put first on the stages'
-PYTHONPATH: with pip where the image has it, else unzipped (a wheel is a zip of its files).
-"""
+"""The carried wheels installed on the GPU machine, into a folder put first on the stages' PYTHONPATH."""
 
 from __future__ import annotations
 
@@ -12,7 +10,7 @@ from pathlib import Path
 
 
 def install_wheels(folder: Path, site: Path) -> str:
-    """`pip install --no-index --no-deps --target site` of every wheel in `folder`; returns how it went."""
+    """`pip install --no-index --no-deps --target site` of the folder's wheels, else unzipped (a wheel is a zip)."""
     wheels = [str(p) for p in sorted(folder.glob("*.whl"))]
     if not wheels:
         return "no wheels"

@@ -1,8 +1,4 @@
-"""The wheels that travel to the GPU machine: `scripts/gpu_wheels.txt` (the one list) and `.gpu-wheels/`.
-
-The folder passes when it holds an installable CPython 3.12 manylinux x86_64 wheel of every pin,
-and the SmolLM2 tokenizer. Stdlib and `packaging` (the image has it) only: nothing is installed yet.
-"""
+"""The wheels that travel to the GPU machine: scripts/gpu_wheels.txt (the one list) against `.gpu-wheels/`."""
 
 from __future__ import annotations
 
@@ -12,24 +8,23 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 
 from packaging import tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
+# the checkout the check runs from (scripts/gpu_check.sh sets KVSERVE_REPO, so an installed kvserve finds it)
 REPO_ROOT = Path(os.environ.get("KVSERVE_REPO") or Path(__file__).resolve().parents[2])
-"""The checkout the check runs from (scripts/gpu_check.sh sets KVSERVE_REPO, so an installed kvserve finds it)."""
-LIST_PATH = REPO_ROOT / "scripts" / "gpu_wheels.txt"
-DEFAULT_FOLDER = REPO_ROOT / ".gpu-wheels"
-TOKENIZER_DIR = "smollm2-tokenizer"
-TOKENIZER_REQUIRED = ("tokenizer.json", "tokenizer_config.json", "config.json")
-TRAVEL_LIMIT_MIB = 64.0
-"""Git-tracked files plus the carried folder may weigh this much on the way to the GPU machine."""
-WHEELS_LIMIT_MIB = 60.0
+LIST_PATH, DEFAULT_FOLDER = REPO_ROOT / "scripts" / "gpu_wheels.txt", REPO_ROOT / ".gpu-wheels"
+TOKENIZER_DIR, TOKENIZER_REQUIRED = "smollm2-tokenizer", ("tokenizer.json", "tokenizer_config.json", "config.json")
+WHEELS_LIMIT_MIB, TRAVEL_LIMIT_MIB = 60.0, 64.0  # the folder's weight; with the git-tracked files on the way
 _LEGACY_GLIBC: dict[str, tuple[int, ...]] = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
+_PLATFORMS = [f"manylinux_2_{minor}_x86_64" for minor in range(5, 50)] + [f"{p}_x86_64" for p in _LEGACY_GLIBC]
+# every tag CPython 3.12 on a manylinux x86_64 image installs (any glibc: the real run checks that)
+_GPU_TAGS = {*tags.cpython_tags((3, 12), None, _PLATFORMS), *tags.compatible_tags((3, 12), "cp312", _PLATFORMS)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,9 +45,10 @@ def parse_list(text: str) -> list[Requirement]:
         match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!_-]+)", line)
         if line and match is None:
             raise ValueError(f"gpu_wheels.txt line {number}: expected NAME==VERSION, got {raw.strip()!r}")
-        if match and canonicalize_name(match[1]) in found:
-            raise ValueError(f"gpu_wheels.txt line {number}: {canonicalize_name(match[1])} is listed twice")
-        found |= {canonicalize_name(match[1]): Requirement(canonicalize_name(match[1]), match[2])} if match else {}
+        name = canonicalize_name(match[1]) if match else ""
+        if name in found:
+            raise ValueError(f"gpu_wheels.txt line {number}: {name} is listed twice")
+        found |= {name: Requirement(name, match[2])} if match else {}
     if not found:
         raise ValueError("gpu_wheels.txt lists no wheels")
     return list(found.values())
@@ -62,16 +58,9 @@ def read_list(path: Path = LIST_PATH) -> list[Requirement]:
     return parse_list(path.read_text(encoding="utf-8"))
 
 
-@cache
-def _gpu_tags() -> frozenset[tags.Tag]:
-    """Every tag CPython 3.12 on a manylinux x86_64 image installs (any glibc: the real run checks that)."""
-    platforms = [f"manylinux_2_{minor}_x86_64" for minor in range(5, 50)] + [f"{p}_x86_64" for p in _LEGACY_GLIBC]
-    return frozenset([*tags.cpython_tags((3, 12), None, platforms), *tags.compatible_tags((3, 12), "cp312", platforms)])
-
-
 def installable(filename: str) -> bool:
     with contextlib.suppress(InvalidWheelFilename):
-        return bool(parse_wheel_filename(filename)[3] & _gpu_tags())
+        return bool(parse_wheel_filename(filename)[3] & _GPU_TAGS)
     return False
 
 
@@ -80,6 +69,10 @@ def glibc_needed(filename: str) -> tuple[int, ...] | None:
     platforms = [t.platform.removesuffix("_x86_64") for t in parse_wheel_filename(filename)[3]]
     found = [_LEGACY_GLIBC.get(p) or tuple(map(int, p.split("_")[1:3])) for p in platforms if "manylinux" in p]
     return min(found) if found else None
+
+
+def _mib(paths: Iterable[Path]) -> float:
+    return round(sum(p.stat().st_size for p in paths if p.is_file()) / 2**20, 2)
 
 
 @dataclass(slots=True)
@@ -97,7 +90,7 @@ class FolderCheck:
     tokenizer_files: list[str] = field(default_factory=list)
     tokenizer_missing: list[str] = field(default_factory=list)
     size_mib: float = 0.0
-    tracked_files_mib: float | None = None
+    tracked_files_mib: float | None = None  # they travel with the folder; None outside a git checkout
     glibc_needed: str | None = None
     limit_mib: float = WHEELS_LIMIT_MIB
     messages: list[str] = field(default_factory=list)
@@ -105,14 +98,18 @@ class FolderCheck:
 
 def check_folder(folder: Path, requirements: list[Requirement]) -> FolderCheck:
     """Match every listed pin with an installable wheel in `folder` (which need not exist)."""
-    check = FolderCheck("warning", str(folder), len(requirements), folder.is_dir(), tracked_files_mib=tracked_mib())
+    try:
+        git = ["git", "-C", str(REPO_ROOT), "ls-files", "-z"]
+        listing = subprocess.run(git, capture_output=True, check=True, timeout=30)
+        tracked = _mib(REPO_ROOT / name for name in listing.stdout.decode().split("\0") if name)
+    except (OSError, subprocess.SubprocessError):
+        tracked = None
+    check = FolderCheck("warning", str(folder), len(requirements), folder.is_dir(), tracked_files_mib=tracked)
     if not check.exists:
         check.missing = [r.spec for r in requirements]
         check.messages.append(f"{folder} does not exist: run scripts/gpu_wheels.sh before a GPU run")
         return check
     wheels: dict[str, tuple] = {}
-    glibc: list[tuple[int, ...]] = [(0, 0)]
-    listed: set[str] = set()
     for path in sorted(folder.glob("*.whl")):
         with contextlib.suppress(InvalidWheelFilename):
             wheels[path.name] = parse_wheel_filename(path.name)[:2]
@@ -122,12 +119,13 @@ def check_folder(folder: Path, requirements: list[Requirement]) -> FolderCheck:
         check.present += good[:1]
         check.not_installable += [] if good else matches[:1]
         check.missing += [] if matches else [req.spec]
-        glibc, listed = glibc + [glibc_needed(f) or (0, 0) for f in good[:1]], listed | set(matches)
-    check.unlisted = [f for f in wheels if f not in listed]
-    check.glibc_needed = ".".join(map(str, max(glibc))) if max(glibc) > (0, 0) else None
+    pins = {(r.name, Version(r.version)) for r in requirements}
+    check.unlisted = [f for f, pin in wheels.items() if pin not in pins]
+    glibc = max(filter(None, map(glibc_needed, check.present)), default=None)
+    check.glibc_needed = ".".join(map(str, glibc)) if glibc else None
     check.tokenizer_files = sorted(p.name for p in (folder / TOKENIZER_DIR).glob("*") if p.is_file())
     check.tokenizer_missing = [f"{TOKENIZER_DIR}/{n}" for n in TOKENIZER_REQUIRED if n not in check.tokenizer_files]
-    check.size_mib = round(sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**20, 2)
+    check.size_mib = _mib(folder.rglob("*"))
     heavy = [f"{check.size_mib:.1f} MiB"] if check.size_mib >= WHEELS_LIMIT_MIB else []
     for what, names in (
         ("missing wheels", check.missing),
@@ -141,18 +139,6 @@ def check_folder(folder: Path, requirements: list[Requirement]) -> FolderCheck:
     return check
 
 
-def tracked_mib(repo: Path = REPO_ROOT) -> float | None:
-    """Size of the git-tracked files (they travel with the wheels); None outside a git checkout."""
-    try:
-        listing = subprocess.run(
-            ["git", "-C", str(repo), "ls-files", "-z"], capture_output=True, check=True, timeout=30
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    paths = (repo / name for name in listing.stdout.decode().split("\0") if name)
-    return round(sum(p.stat().st_size for p in paths if p.is_file()) / 2**20, 2)
-
-
 def main(argv: list[str] | None = None) -> int:
     """`specs` (for pip download), `check` or `prune` (delete the unlisted wheels) a folder."""
     parser = argparse.ArgumentParser(prog="python -m kvserve.gpu_check.wheel_list", description=__doc__)
@@ -162,16 +148,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "specs":
         print("\n".join(r.spec for r in read_list()))
         return 0
-    check = check_folder(args.folder, read_list())
-    for name in check.unlisted if args.command == "prune" else []:
+    for name in check_folder(args.folder, read_list()).unlisted if args.command == "prune" else []:
         (args.folder / name).unlink()
         print(f"removed {name} (not in scripts/gpu_wheels.txt)")
-    check = check_folder(args.folder, read_list()) if args.command == "prune" else check
-    total = check.size_mib + (check.tracked_files_mib or 0.0)
+    check = check_folder(args.folder, read_list())
     print(f"{check.folder}: {len(check.present)}/{check.listed} listed wheels, tokenizer files {check.tokenizer_files}")
     print(f"  {check.size_mib:.1f} MiB + {check.tracked_files_mib} MiB tracked files, of {TRAVEL_LIMIT_MIB:g} MiB")
     print("\n".join(f"  {message}" for message in check.messages))
-    return 0 if check.status == "ok" and total < TRAVEL_LIMIT_MIB else 1
+    return 0 if check.status == "ok" and check.size_mib + (check.tracked_files_mib or 0.0) < TRAVEL_LIMIT_MIB else 1
 
 
 if __name__ == "__main__":

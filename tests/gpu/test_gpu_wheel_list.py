@@ -24,9 +24,13 @@ IMAGE_PROVIDES = frozenset(
 )
 """What the GPU image brings (with their own dependencies): never shipped, never shadowed."""
 NOT_NEEDED_ON_GPU = frozenset(
-    {"matplotlib", "accelerate", "grpcio-tools", "ruff", "mypy", "import-linter", "playwright", "pillow", "vllm-router"}
+    {
+        *("matplotlib", "accelerate", "grpcio-tools", "ruff", "mypy", "import-linter", "vulture", "hatchling"),
+        *("playwright", "pillow", "vllm-router"),
+    }
 )
-"""Declared by pyproject.toml but not imported by the GPU run: plots, unused, protoc, lint; the
+"""Declared by pyproject.toml but not imported by the GPU run: plots, unused, protoc, lint, the build
+backend (the installed-wheel test builds the wheel; it is not `cuda`); the
 browser tests' Playwright and Pillow (imported inside their fixtures and helpers, and those
 tests are not `cuda`); vllm-router (a binary the router tests run)."""
 GPU_PLATFORM = {

@@ -53,7 +53,7 @@ class SchedulerConfig:
         default="off",
         metadata={
             "help": "speculative decoding, verified in one forward pass with the same tokens as off (on CUDA, up "
-            "to rounding: README § Speculative decoding): ngram = "
+            "to rounding: docs/serving.md § Speculative decoding): ngram = "
             "propose the tokens that followed the last n tokens earlier in the request's own prompt and output; "
             "suffix = the same, and over the recent completions of its tenant's requests; draft = the executor's "
             "draft model (--draft-model, a smaller model with the same tokenizer) proposes them",
