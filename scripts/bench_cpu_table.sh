@@ -61,7 +61,7 @@ for config in "${configs[@]}"; do
     extra=()
     if [[ "$config" == float32/dequantized ]]; then extra=(--target "$target" --baselines hf); fi
     "$python" -m kvserve bench serve "${serve[@]}" "${extra[@]}" \
-        --server-arg="--executor-args=--dtype ${config%/*} --weights ${config#*/}" \
+        --server-arg="--dtype=${config%/*}" --server-arg="--weights=${config#*/}" \
         --json "$out/serve-${config/\//-}.json" > "$out/serve-${config/\//-}.log" 2>&1
     echo "  $config done"
 done

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The habits every change keeps: lint, formatting, types, import rules (`make lint`; `make test` runs it).
+# The habits every change keeps: lint, formatting, types, import rules, no dead code (`make lint`; `make test` runs it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${VENV:-.venv}/bin
@@ -7,3 +7,4 @@ BIN=${VENV:-.venv}/bin
 "$BIN/ruff" format --check .
 "$BIN/mypy"
 "$BIN/lint-imports" --no-cache
+"$BIN/vulture"  # paths, exclusions and the whitelist: [tool.vulture] in pyproject.toml

@@ -13,8 +13,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-PERCENTILES = (50, 90, 99)
-
 
 def percentile(samples: Sequence[float], q: float) -> float:
     """The q-th percentile (0..100) by linear interpolation; NaN for no samples."""

@@ -150,7 +150,7 @@ class OpenAIDriver:
         )
         return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
+    async def __aexit__(self, *_exc_info: object) -> None:
         if self._http is not None:
             await self._http.aclose()
             self._http = None

@@ -13,6 +13,10 @@ off). `field(metadata=flag(...))` adds the help and may override the flag name, 
 metavar, argument group and, for a scalar, an optional value (`nargs="?"` with `const`); a
 plain dict with the same keys ("help", "flag", "choices", "metavar", "group") works as well,
 for modules that should not import this one (kvserve.scheduler.core).
+
+A field that holds another config dataclass (`field(default_factory=..., metadata=nested(...))`)
+turns that config's fields into flags of the same parser, so a config is declared once and
+embedded where it is used: ServerConfig holds the scheduler's `SchedulerConfig` this way.
 """
 
 from __future__ import annotations
@@ -27,8 +31,12 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 _SCALARS = (int, float, str, bool)
-_KEYS = frozenset({"help", "flag", "aliases", "choices", "metavar", "group", "nargs", "const", "default"})
-"""What metadata or an override may say about a flag ("default": overrides only)."""
+_KEYS = frozenset(
+    {"help", "flag", "aliases", "choices", "metavar", "group", "nargs", "const", "default", "dest", "nested"}
+)
+"""What metadata or an override may say about a flag ("default" and "dest": overrides only). "dest"
+renames a field's argparse dest where another config's field of that name shares the parser (give
+it a "flag" of its own too, and pass its value to `config_from_args` by hand)."""
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -67,6 +75,19 @@ def flag(
     return meta
 
 
+def nested(
+    *,
+    group: str | None = None,
+    exclude: Collection[str] = (),
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The `field(metadata=...)` of a field that holds a config dataclass (its `default_factory` gives
+    the default). Its fields less `exclude` become flags of the same parser (`group` and `overrides`
+    as in `add_flags`); `config_from_args` builds it as its default with those flags' values, and
+    `config_to_argv` writes them back."""
+    return {"nested": {"group": group, "exclude": tuple(exclude), "overrides": dict(overrides or {})}}
+
+
 def add_flags(
     parser: argparse.ArgumentParser,
     cls: type,
@@ -93,37 +114,72 @@ def add_flags(
         meta = {**f.metadata, **overrides.get(f.name, {})}
         if set(meta) - _KEYS:
             raise ValueError(f"{cls.__name__}.{f.name}: unknown flag metadata {sorted(set(meta) - _KEYS)}")
+        if "nested" in meta:
+            inner = meta["nested"]
+            add_flags(
+                parser,
+                type(_field_default(f)),
+                group=inner["group"] or meta.get("group", group),
+                exclude=inner["exclude"],
+                overrides=inner["overrides"],
+            )
+            continue
         name, kwargs = _argument(cls, f, hints[f.name], meta)
         _group(parser, meta.get("group", group)).add_argument(name, *meta.get("aliases", ()), **kwargs)
 
 
 def config_from_args(cls: type[T], args: argparse.Namespace, **values: Any) -> T:
     """An instance of dataclass `cls`: each field from `values` when given there, else from
-    the parsed flag of the same name (a repeatable flag's list becomes a tuple)."""
+    the parsed flag of the same name (a repeatable flag's list becomes a tuple). A nested config
+    is its default with the values of its fields' flags."""
     for f in dataclasses.fields(typing.cast(Any, cls)):
-        if f.name not in values:
-            value = getattr(args, f.name)
-            values[f.name] = tuple(value) if isinstance(value, list) else value
+        if f.name in values:
+            continue
+        if "nested" in f.metadata:
+            inner, default = f.metadata["nested"], _field_default(f)
+            dests = {
+                g.name: inner["overrides"].get(g.name, {}).get("dest", g.name) for g in dataclasses.fields(default)
+            }
+            flagged = {name: _parsed(args, dest) for name, dest in dests.items() if name not in inner["exclude"]}
+            values[f.name] = dataclasses.replace(default, **flagged)
+        else:
+            values[f.name] = _parsed(args, f.name)
     return cls(**values)
 
 
-def config_to_argv(config: Any) -> list[str]:
+def _parsed(args: argparse.Namespace, dest: str) -> Any:
+    value = getattr(args, dest)
+    return tuple(value) if isinstance(value, list) else value
+
+
+def config_to_argv(
+    config: Any, *, exclude: Collection[str] = (), overrides: Mapping[str, Mapping[str, Any]] | None = None
+) -> list[str]:
     """The flags that `add_flags` + `config_from_args` turn back into `config` (a dataclass instance):
     for handing a process's configuration to a child process on its command line. Fields at their
-    default are left out (a child parses the same defaults)."""
+    default are left out (a child parses the same defaults). `exclude` and `overrides` as the
+    parser's `add_flags` had them, where its flags are spelled otherwise than the fields' own."""
     argv: list[str] = []
+    overrides = overrides or {}
     hints = typing.get_type_hints(type(config))
     for f in dataclasses.fields(config):
+        if f.name in exclude:
+            continue
+        meta = {**f.metadata, **overrides.get(f.name, {})}
         value = getattr(config, f.name)
-        if value == _field_default(f):
+        if "nested" in meta:
+            argv += config_to_argv(value, exclude=meta["nested"]["exclude"], overrides=meta["nested"]["overrides"])
+            continue
+        default = meta["default"] if "default" in meta else _field_default(f)
+        if value == default:
             continue
         kind, repeated = _flag_type(type(config), f.name, hints[f.name])
         dashed = f.name.replace("_", "-")
         if kind is bool and not repeated:
-            argv.append(f.metadata.get("flag", f"--no-{dashed}" if _field_default(f) else f"--{dashed}"))
+            argv.append(meta.get("flag", f"--no-{dashed}" if default else f"--{dashed}"))
             continue
-        name = f.metadata.get("flag", f"--{dashed}")
-        if repeated and "nargs" in f.metadata:
+        name = meta.get("flag", f"--{dashed}")
+        if repeated and "nargs" in meta:
             argv += [name, *map(str, value)] if value else []
             continue
         for item in value if repeated else (value,):
@@ -143,13 +199,13 @@ def _argument(cls: type, f: dataclasses.Field, hint: object, meta: Mapping[str, 
     if kind is bool and not repeated:
         name = meta.get("flag", f"--no-{dashed}" if default else f"--{dashed}")
         return name, {
-            "dest": f.name,
+            "dest": meta.get("dest", f.name),
             "action": "store_false" if default else "store_true",
             "default": bool(default),
             "help": f"turn off: {help_text}" if default else help_text,
         }
     name = meta.get("flag", f"--{dashed}")
-    kwargs: dict[str, Any] = {"dest": f.name, "type": kind, "help": help_text}
+    kwargs: dict[str, Any] = {"dest": meta.get("dest", f.name), "type": kind, "help": help_text}
     if repeated and "nargs" in meta:
         kwargs.update(nargs=meta["nargs"], default=list(default or ()))
     elif repeated:
@@ -206,11 +262,26 @@ def _field_default(f: dataclasses.Field) -> Any:
     return None
 
 
-def _group(parser: argparse.ArgumentParser, title: str | None) -> argparse._ActionsContainer:
-    """The parser's argument group called `title` (created on first use); the parser itself for None."""
-    if title is None:
-        return parser
+def sections(parser: argparse.ArgumentParser, titles: Sequence[str]) -> None:
+    """Create the parser's argument groups `titles`, so that --help shows these sections in this order
+    whichever config's flags reach them first (otherwise a group is created by its first flag)."""
+    for title in titles:
+        argument_group(parser, title)
+
+
+def argument_group(
+    parser: argparse.ArgumentParser, title: str, description: str | None = None
+) -> argparse._ArgumentGroup:
+    """The parser's argument group called `title`, created on first use; `description` is set
+    where the group has none yet."""
     for group in parser._action_groups:  # argparse keeps no public index of its groups
         if group.title == title:
+            if description is not None and group.description is None:
+                group.description = description
             return group
-    return parser.add_argument_group(title)
+    return parser.add_argument_group(title, description)
+
+
+def _group(parser: argparse.ArgumentParser, title: str | None) -> argparse._ActionsContainer:
+    """The parser's argument group called `title` (created on first use); the parser itself for None."""
+    return parser if title is None else argument_group(parser, title)

@@ -29,13 +29,6 @@ class CurveKeys:
     peer_public_keys: tuple[bytes, ...] = ()
 
 
-def generate_keys() -> tuple[bytes, bytes]:
-    """A fresh (public, secret) CURVE keypair, Z85-encoded."""
-    import zmq
-
-    return zmq.curve_keypair()
-
-
 def load_keys(secret_key_file: str | Path, peer_key_files: Sequence[str | Path] = ()) -> CurveKeys:
     """Read this side's `.key_secret` certificate and the peers' public `.key` certificates."""
     import zmq.auth

@@ -82,11 +82,6 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
-def is_remote_tcp(endpoint: str) -> bool:
-    scheme, _, rest = endpoint.partition("://")
-    return scheme == "tcp" and not is_loopback_host(rest.rpartition(":")[0])
-
-
 def _private_runtime_dir() -> Path:
     base = os.environ.get("XDG_RUNTIME_DIR")
     directory: Path | None = None

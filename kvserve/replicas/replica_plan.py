@@ -10,10 +10,8 @@ from `--replica-ports-from` on, behind the router, which takes the public `--htt
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import os
 import re
-import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -25,6 +23,8 @@ from kvserve.scheduler.server.security.bind_policy import BindSecurity, Insecure
 from kvserve.scheduler.server.server_config import ServerConfig
 
 _DATA_PARALLEL = "data parallel (replicas behind vllm-router)"
+SECTION = _DATA_PARALLEL
+"""The --help section of DataParallelConfig's flags."""
 REPLICA_HOST = "127.0.0.1"
 """Replicas' HTTP APIs and KV events stay on loopback: only the router is reached from outside."""
 _TCP = re.compile(r"^tcp://(?P<host>[^:/]+|\[[^\]]+\]):(?P<port>\d+)$")
@@ -107,17 +107,16 @@ class ReplicaSetPlan:
 
 @dataclass(frozen=True, slots=True)
 class ExecutorShape:
-    """What of `kvserve serve`'s executor options the plan needs (the rest pass through as argv)."""
+    """What of `kvserve serve`'s executor options the plan needs (all of them pass through as argv)."""
 
     kind: str
+    """--executor"""
     tensor_parallel_size: int
-    executor_args: str
     block_size: int
-
-    def option(self, name: str) -> str | None:
-        """The value of `name` in --executor-args, if given there."""
-        args = shlex.split(self.executor_args)
-        return next((value for flag_name, value in itertools.pairwise(args) if flag_name == name), None)
+    device: str = "auto"
+    """--device"""
+    num_threads: int | None = None
+    """--num-threads; None: the plan shares the cores out between CPU replicas"""
 
 
 def plan_replicas(
@@ -131,8 +130,8 @@ def plan_replicas(
 ) -> ReplicaSetPlan:
     """N replicas and the router for one `kvserve serve --data-parallel-size N` command line.
 
-    `serve_args` are the serve command's own options (`config_to_argv(ServeConfig)`), passed to
-    every replica; `gpus`/`cores` default to this host's (tests pass them)."""
+    `serve_args` are the serve command's own and its executor's options (`kvserve.commands.serve.serve_argv`),
+    passed to every replica; `gpus`/`cores` default to this host's (tests pass them)."""
     n = dp.data_parallel_size
     if n < 1:
         raise ReplicaPlanError(f"--data-parallel-size {n}: expected 1 or more")
@@ -177,12 +176,9 @@ def plan_replicas(
             kv_events_endpoint=events,
             kv_events_replay_endpoint=replay,
         )
-        extra = executor.executor_args
-        if threads is not None and executor.option("--num-threads") is None:
-            extra = f"{extra} --num-threads {threads}".strip()
         args = [*serve_args, *config_to_argv(replica_server)]
-        if extra != executor.executor_args:
-            args += ["--executor-args", extra]  # the last one wins: argparse keeps a repeated option's last value
+        if threads is not None and executor.num_threads is None:
+            args += ["--num-threads", str(threads)]
         env = {REPLICA_ENV: str(i)}
         if devices:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(devices[i])
@@ -236,7 +232,7 @@ def host_gpus() -> list[str]:
 
 def _split_devices(executor: ExecutorShape, n: int, gpus: list[str]) -> list[list[str]]:
     """Replica i's GPUs: the i-th slice of tensor_parallel_size; none for CPU or the fake executor."""
-    if executor.kind != "torch" or not gpus or executor.option("--device") == "cpu":
+    if executor.kind != "torch" or not gpus or executor.device == "cpu":
         return []
     need = n * executor.tensor_parallel_size
     if need > len(gpus):

@@ -62,9 +62,19 @@ class ReplicaSetProcess:
         assert response.status_code == 200, f"GET {url}: {response.status_code} {response.text[:500]}"
         return response.json()
 
-    def model(self) -> str:
-        """The served model's id, as the router's /v1/models passes it on from a replica."""
-        return self.get_json(self.url + "/v1/models")["data"][0]["id"]
+    def model(self, timeout_s: float = 60.0) -> str:
+        """The served model's id, as the router's /v1/models passes it on from a replica.
+
+        The router answers 503 while it holds no worker in rotation (seen once on a loaded 2-core
+        machine just after start-up), so this waits for its first 200."""
+        answers: list[httpx.Response] = []
+
+        def answered() -> bool:
+            answers.append(httpx.get(self.url + "/v1/models", timeout=10))
+            return answers[-1].status_code == 200
+
+        wait_until(answered, timeout_s, lambda: f"the router's /v1/models: {answers[-1].text[:500]}")
+        return answers[-1].json()["data"][0]["id"]
 
     def workers(self) -> dict[str, bool]:
         """The router's view: each replica URL and whether it is in rotation."""

@@ -19,8 +19,6 @@ TOKENIZER_FILES = (
     "generation_config.json",
 )
 
-ARCHITECTURES = ("llama", "mistral", "qwen2")
-
 SHARDABLE: dict[str, Any] = dict(
     vocab_size=256,
     hidden_size=96,

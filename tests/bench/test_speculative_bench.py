@@ -16,11 +16,11 @@ from tests.http.http_clients import FAKE_ARGS
 
 pytestmark = pytest.mark.timeout(600)
 
-COPYING = "--executor-args '--copy-period 6' --step-latency-ms 2"
+COPYING = "--copy-period 6 --step-latency-ms 2"
 
 
 def test_methods_against_off_at_each_concurrency_with_the_same_text() -> None:
-    with serving([*FAKE_ARGS, "--executor-args", "--copy-period 6"], http=True, name="target") as target:
+    with serving([*FAKE_ARGS, "--copy-period", "6"], http=True, name="target") as target:
         config = SpeculativeBenchConfig(
             methods=("ngram", "suffix"),
             workloads=("copy", "mixed"),

@@ -319,7 +319,7 @@ def localize_services(compose: dict, scratch: Path, *, executor: str) -> tuple[d
             command = [*command, "--device", "cpu"] if executor == "cpu" else [*command, "--executor", "fake"]
         elif command[:2] == ["kvserve", "serve"]:  # its executor child, likewise
             service.pop("deploy", None)
-            extra = ["--executor-args", "--device cpu"] if executor == "cpu" else ["--executor", "fake"]
+            extra = ["--device", "cpu"] if executor == "cpu" else ["--executor", "fake"]
             command = [*command, *extra]
         service["command"] = rewrite(name, command)
         service["environment"] = {k: paths.get(str(v), str(v)) for k, v in service.get("environment", {}).items()}

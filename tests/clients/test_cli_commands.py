@@ -225,15 +225,15 @@ def test_help_shows_defaults(command: str) -> None:
 @pytest.mark.parametrize("block_size", defaults.BLOCK_SIZES)
 def test_serve_passes_its_block_size_to_the_executor(block_size: int) -> None:
     from kvserve.cli import build_parser
-    from kvserve.commands.serve import ServeConfig, executor_args
+    from kvserve.commands.serve import child_executor_from_args, executor_args
     from kvserve.config.flags import config_from_args
     from kvserve.executor.entry import build_parser as executor_parser
     from kvserve.executor.entry import fake_config_from_args, runner_config_from_args
     from kvserve.scheduler.server.server_config import ServerConfig
 
-    argv = ["serve", "--executor", "fake", "--block-size", str(block_size), "--executor-args", "--tokenizer-path ."]
+    argv = ["serve", "--executor", "fake", "--block-size", str(block_size), "--tokenizer-path", "."]
     args = build_parser().parse_args(argv)  # (a tokenizer path: no default model needed to build the fake config)
-    child = executor_args(config_from_args(ServeConfig, args), config_from_args(ServerConfig, args), "ipc:///tmp/x")
+    child = executor_args(child_executor_from_args(args), config_from_args(ServerConfig, args), "ipc:///tmp/x")
     child_args = executor_parser().parse_args(child)
     assert runner_config_from_args(child_args).block_size == block_size
     assert fake_config_from_args(child_args).block_size == block_size

@@ -60,17 +60,17 @@ def _serve(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize(
-    ("model", "executor_args", "message"),
+    ("model", "executor_flags", "message"),
     [
-        ("hf", "--weights native", "--weights native needs a GGUF model; "),
-        (None, "--weights native --dtype bfloat16", "--weights native runs on cpu with --dtype float32"),
-        ("missing", "--weights native", "is neither 'smollm2-135m-instruct', a directory with config.json, nor"),
+        ("hf", ["--weights", "native"], "--weights native needs a GGUF model; "),
+        (None, ["--weights", "native", "--dtype", "bfloat16"], "--weights native runs on cpu with --dtype float32"),
+        ("missing", ["--weights", "native"], "is neither 'smollm2-135m-instruct', a directory with config.json, nor"),
     ],
 )
 def test_kvserve_serve_reports_a_native_refusal_and_exits_2(
-    tmp_path: Path, model: str | None, executor_args: str, message: str
+    tmp_path: Path, model: str | None, executor_flags: list[str], message: str
 ) -> None:
-    args = ["--executor-args", executor_args]
+    args = list(executor_flags)
     if model == "hf":
         args += ["--model", str(tiny_checkpoint(tmp_path, "llama")[1])]
     elif model == "missing":

@@ -52,17 +52,17 @@ def test_tp_is_short_for_tensor_parallel_size_on_executor_and_serve(spelling) ->
 
 def test_serve_passes_the_size_to_its_executor() -> None:
     from kvserve.cli import build_parser
-    from kvserve.commands.serve import ServeConfig, executor_args
+    from kvserve.commands.serve import child_executor_from_args, executor_args
     from kvserve.config.flags import config_from_args
     from kvserve.scheduler.server.server_config import ServerConfig
 
-    args = build_parser().parse_args(["serve", "-tp", "2"])
-    argv = executor_args(config_from_args(ServeConfig, args), config_from_args(ServerConfig, args), "ipc:///x")
-    assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
-    plain = build_parser().parse_args(["serve"])
-    assert "--tensor-parallel-size" not in executor_args(
-        config_from_args(ServeConfig, plain), config_from_args(ServerConfig, plain), "ipc:///x"
-    )
+    def child_argv(*flags: str) -> list[str]:
+        args = build_parser().parse_args(["serve", *flags])
+        return executor_args(child_executor_from_args(args), config_from_args(ServerConfig, args), "ipc:///x")
+
+    argv = child_argv("-tp", "2", "--tp-backend", "gloo")
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "2" and argv[argv.index("--tp-backend") + 1] == "gloo"
+    assert "--tensor-parallel-size" not in child_argv()
 
 
 @pytest.mark.parametrize(

@@ -158,7 +158,7 @@ def _assert_sums_to(parts: list[torch.Tensor], whole: torch.Tensor) -> None:
 
 def test_a_size_that_does_not_fit_is_refused_with_the_numbers() -> None:
     config = ModelConfig(
-        architecture="LlamaForCausalLM", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
         num_heads=9, num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5, max_position_embeddings=8192,
         tie_word_embeddings=True, attention_bias=False, rope=RopeConfig(),
     )  # fmt: skip

@@ -10,7 +10,7 @@ from kvserve.executor.runner_config import RunnerConfig, resolve_dtype, resolve_
 from kvserve.executor.weights.gguf_weights import native_linears_or_none
 
 SMOLLM2_SHAPE = ModelConfig(
-    architecture="LlamaForCausalLM", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
+    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
     num_heads=9, num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5, max_position_embeddings=8192,
     tie_word_embeddings=True, attention_bias=False, rope=RopeConfig(),
 )  # fmt: skip

@@ -68,7 +68,7 @@ PARIS = '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius
 def _http_server_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
     """This module's fake-executor server (HTTP on, lent to each test as `http_server`) with
     `--scripted-replies`; unscripted prompts are answered as on any fake server."""
-    args = [*FAKE_ARGS, "--executor-args=--scripted-replies"]
+    args = [*FAKE_ARGS, "--scripted-replies"]
     with serving(args, tmp_path_factory.mktemp("tool-calling"), http=True) as server:
         yield server
 

@@ -22,7 +22,8 @@ from kvserve.protos import step_codec
 from kvserve.protos.kvserve.v1 import executor_link_pb2 as pb
 from kvserve.protos.sampling import SamplingParams
 from kvserve.protos.step import KnownSequence, NewSequence, SampledToken, StepPlan, StepResult
-from kvserve.scheduler.server.executor_link.connection import ExecutorLink, ExecutorLost
+from kvserve.scheduler.server.executor_link.connection import ExecutorLink
+from kvserve.scheduler.server.executor_link.link_errors import ExecutorLost
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPT = 20

@@ -20,7 +20,8 @@ from kvserve.config import defaults
 from kvserve.executor.fake.executor import FakeExecutor, FakeExecutorConfig
 from kvserve.protos.sampling import SamplingParams
 from kvserve.protos.step import KnownSequence, NewSequence, StepPlan
-from kvserve.scheduler.server.executor_link.connection import ExecutorLink, ExecutorLost, ExecutorStepError
+from kvserve.scheduler.server.executor_link.connection import ExecutorLink
+from kvserve.scheduler.server.executor_link.link_errors import ExecutorLost, ExecutorStepError
 from kvserve.scheduler.server.executor_link.link_socket import LinkSocketError
 from kvserve.testing.waiting import wait_until_async
 

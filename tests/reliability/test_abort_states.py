@@ -116,8 +116,8 @@ def test_abort_while_swapped_frees_cpu_and_device_blocks(serve) -> None:
             "10",
             "--preemption-mode",
             "swap",
-            "--executor-args",
-            "--num-cpu-blocks 256",
+            "--num-cpu-blocks",
+            "256",
         ]
     )
 

@@ -38,7 +38,7 @@ SCHEMA = {
 
 @pytest.fixture(scope="module")
 def faulty_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
-    args = [*FAKE_ARGS, "--executor-args=--fault-violate-token-masks"]
+    args = [*FAKE_ARGS, "--fault-violate-token-masks"]
     with serving(args, tmp_path_factory.mktemp("grammar-violation"), http=True) as server:
         yield server
 

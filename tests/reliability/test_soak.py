@@ -114,7 +114,7 @@ def test_soak_with_debug_invariants_leaks_nothing(serve, mode: str) -> None:
         mode,
     ]
     if mode == "swap":
-        args += ["--executor-args", "--num-cpu-blocks 32"]
+        args += ["--num-cpu-blocks", "32"]
     server = serve(args)
     assert server.log_events("serving")[0]["debug_invariants"] is True
     distinct_prefix_blocks = SHARED_PREFIXES * PREFIX_TOKENS // defaults.BLOCK_SIZE

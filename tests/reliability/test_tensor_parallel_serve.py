@@ -35,7 +35,7 @@ pytestmark = pytest.mark.timeout(300)
 
 SERVABLE = SHARDABLE | dict(vocab_size=49152, max_position_embeddings=512)
 """The default model's tokenizer's vocabulary (greedy_request's prompt ids stay below 40,100)."""
-FLOAT32 = ["--executor-args", "--dtype float32"]
+FLOAT32 = ["--dtype", "float32"]
 """The same dtype at both sizes on every CPU (auto picks bfloat16 where the CPU has it)."""
 RESTARTED_WITHIN_S = 60.0
 DETECTED_WITHIN_S = 2.0
@@ -150,7 +150,7 @@ def test_kill_9_of_rank_1_under_16_streams_restarts_the_group_and_outputs_match(
 def test_a_hung_rank_is_found_within_the_timeout_and_the_group_restarts(serve, tiny_model, when) -> None:
     """Mid-stream, rank 0's next all-reduce times out; idle, rank 1 hangs waiting for the next plan, and
     rank 0's watch ends the broadcast that rank 1 never takes."""
-    server = serve(["--model", str(tiny_model), "-tp", "2", "--executor-args", "--dtype float32 --tp-timeout-s 3"])
+    server = serve(["--model", str(tiny_model), "-tp", "2", "--dtype", "float32", "--tp-timeout-s", "3"])
     requests = [greedy_request(200 + i, 30) for i in range(8)]
     undisturbed = asyncio.run(_run(server, requests))
     victim = _ranks(server)[1]

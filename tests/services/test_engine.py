@@ -7,6 +7,7 @@ without processes, so these run in well under a second each.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -15,8 +16,9 @@ from kvserve.protos.sampling import SamplingParams
 from kvserve.protos.step import ExecutorInfo, StepPlan, StepResult
 from kvserve.protos.stop_rules import FinishReason
 from kvserve.scheduler.server.delivery.request_stream import FailureKind, RequestFailed
-from kvserve.scheduler.server.engine import Engine, ExecutorState
-from kvserve.scheduler.server.executor_link.connection import ExecutorLost
+from kvserve.scheduler.server.engine import Engine
+from kvserve.scheduler.server.engine_status import ExecutorState
+from kvserve.scheduler.server.executor_link.link_errors import ExecutorLost
 from kvserve.scheduler.server.intake.request_parsing import ValidatedRequest
 from kvserve.scheduler.server.intake.tokenizer import Tokenizer
 from kvserve.scheduler.server.server_config import ServerConfig
@@ -341,7 +343,8 @@ def test_verified_drafts_count_as_decode_rows_not_prompt_tokens(tokenizer: Token
 
     async def scenario():
         link = InProcessLink(copy_period=6)  # a fake model that copies: drafts are accepted
-        server_config = ServerConfig(speculative="ngram", ngram_min=1)
+        speculating = dataclasses.replace(ServerConfig().scheduling, speculative="ngram", ngram_min=1)
+        server_config = ServerConfig(scheduling=speculating)
         metrics = ServerMetrics()
         scheduler = build_scheduler(server_config, link.executor.info())
         engine = Engine(scheduler, link, tokenizer, server_config, metrics=metrics)

@@ -56,11 +56,11 @@ AUTO_WEIGHTS = resolve_weights(RunnerConfig(), "cpu", resolve_dtype(RunnerConfig
 """What auto serves the default model (a Q4_1 GGUF) with here; the other kind of weights runs as well."""
 CONFIGS = {"auto": []}
 if AUTO_WEIGHTS == "native":
-    CONFIGS["dequantized"] = ["--executor-args", "--weights dequantized"]
+    CONFIGS["dequantized"] = ["--weights", "dequantized"]
 else:
-    CONFIGS["native-int4"] = ["--executor-args", "--weights native"]
+    CONFIGS["native-int4"] = ["--weights", "native"]
 if not has_native_bf16():
-    CONFIGS["forced-bfloat16"] = ["--executor-args", "--dtype bfloat16"]
+    CONFIGS["forced-bfloat16"] = ["--dtype", "bfloat16"]
 
 
 def _requests() -> list[api_pb2.GenerateRequest]:
@@ -166,12 +166,9 @@ def test_prompts_chunked_by_a_small_step_budget_give_the_same_tokens(config) -> 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_preempted_requests_give_the_same_tokens(config, mode) -> None:
     name, extra, reference = config
-    args = TINY_POOL + ["--preemption-mode", mode]
-    executor_args = [a for a in extra if a != "--executor-args"]
+    args = TINY_POOL + ["--preemption-mode", mode] + extra
     if mode == "swap":  # ample CPU space: every preemption is a swap, none falls back to recompute
-        executor_args.append("--swap-space-gb 1")
-    if executor_args:
-        args += ["--executor-args", " ".join(executor_args)]
+        args += ["--swap-space-gb", "1"]
     with serving(args, name=f"preempt-{mode}-{name}") as server:
         assert _together(server) == reference
         stats = server.wait_idle(timeout_s=120)
@@ -219,7 +216,7 @@ def test_structured_output_across_a_swap_gives_the_same_tokens() -> None:
     with serving(BASE, name="structured-reference") as server:
         reference = _alone(server, requests)
     assert all(reference), reference
-    args = [*TINY_POOL, "--preemption-mode", "swap", "--executor-args", "--swap-space-gb 1"]
+    args = [*TINY_POOL, "--preemption-mode", "swap", "--swap-space-gb", "1"]
     with serving(args, name="structured-swap") as server:
         assert _together(server, requests=requests) == reference
         stats = server.wait_idle(timeout_s=120)

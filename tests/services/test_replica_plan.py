@@ -8,11 +8,10 @@ import argparse
 import pytest
 
 from kvserve.cli import build_parser
-from kvserve.commands.serve import ServeConfig
-from kvserve.config.flags import config_from_args, config_to_argv
+from kvserve.commands.serve import ServeConfig, child_executor_from_args, serve_argv
+from kvserve.config.flags import config_from_args
 from kvserve.replicas.replica_plan import (
     DataParallelConfig,
-    ExecutorShape,
     ReplicaPlanError,
     ReplicaSetPlan,
     plan_replicas,
@@ -23,13 +22,12 @@ from kvserve.scheduler.server.server_config import ServerConfig
 
 def _plan(argv: list[str], *, gpus: list[str] | None = None, cores: int = 2) -> ReplicaSetPlan:
     args = build_parser().parse_args(["serve", *argv])
-    serve = config_from_args(ServeConfig, args)
-    shape = ExecutorShape(serve.executor, serve.tensor_parallel_size, serve.executor_args, serve.block_size)
+    child = child_executor_from_args(args)
     return plan_replicas(
         config_from_args(DataParallelConfig, args),
         config_from_args(ServerConfig, args),
-        config_to_argv(serve),
-        shape,
+        serve_argv(config_from_args(ServeConfig, args), child),
+        child.shape(),
         gpus=gpus or [],
         cores=cores,
     )
@@ -79,13 +77,16 @@ def test_other_policies_publish_no_events_unless_asked() -> None:
 
 def test_cpu_replicas_divide_the_cores_and_gpu_replicas_the_devices() -> None:
     cpu = _plan(["-dp", "2"], cores=16)
-    assert _replica_args(cpu, 0).executor_args == "--num-threads 7", "16 cores less one scheduler each, halved"
-    assert _replica_args(_plan(["-dp", "2"], cores=2), 1).executor_args == "--num-threads 1"
-    kept = _plan(["-dp", "2", "--executor-args", "--num-threads 3"], cores=16)
-    assert _replica_args(kept, 0).executor_args == "--num-threads 3", "the user's choice stands"
+    assert _replica_args(cpu, 0).num_threads == 7, "16 cores less one scheduler each, halved"
+    assert _replica_args(_plan(["-dp", "2"], cores=2), 1).num_threads == 1
+    kept = _plan(["-dp", "2", "--num-threads", "3"], cores=16)
+    assert _replica_args(kept, 0).num_threads == 3, "the user's choice stands"
+    on_cpu = _plan(["-dp", "2", "--device", "cpu"], gpus=["0", "1"], cores=16)
+    assert "CUDA_VISIBLE_DEVICES" not in on_cpu.replicas[0].env, "--device cpu: the cores, not the GPUs"
+    assert _replica_args(on_cpu, 0).num_threads == 7
     gpu = _plan(["-dp", "2", "-tp", "2"], gpus=["0", "1", "2", "3"])
     assert [r.env["CUDA_VISIBLE_DEVICES"] for r in gpu.replicas] == ["0,1", "2,3"]
-    assert _replica_args(gpu, 0).executor_args == "", "no thread split on GPUs"
+    assert _replica_args(gpu, 0).num_threads is None, "no thread split on GPUs"
     with pytest.raises(ReplicaPlanError, match="needs 4 GPUs; 2 visible"):
         _plan(["-dp", "2", "-tp", "2"], gpus=["0", "1"])
 

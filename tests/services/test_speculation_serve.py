@@ -31,7 +31,7 @@ from tests.services.test_structured_fake_service import ENUM_SCHEMA
 
 pytestmark = pytest.mark.timeout(240)
 
-COPYING = ["--executor-args", "--copy-period 6"]
+COPYING = ["--copy-period", "6"]
 PROMPT = "the quick brown fox jumps over"
 MODEL = "fake:smollm2-135m-instruct"
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping
-from types import TracebackType
 from typing import Any
 
 import grpc
@@ -74,7 +73,7 @@ class AsyncChunkStream:
     async def __aenter__(self) -> AsyncChunkStream:
         return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
+    async def __aexit__(self, *_exc_info: object) -> None:
         self.cancel()
 
     def __del__(self) -> None:
@@ -95,9 +94,7 @@ class AsyncClient(Connection):
     async def __aenter__(self) -> AsyncClient:
         return self
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    async def __aexit__(self, *_exc_info: object) -> None:
         await self.close()
 
     async def close(self) -> None:

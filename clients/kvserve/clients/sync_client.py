@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from types import TracebackType
 from typing import Any
 
 import grpc
@@ -52,7 +51,7 @@ class ChunkStream:
     def __enter__(self) -> ChunkStream:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, *_exc_info: object) -> None:
         self.cancel()
 
     def __del__(self) -> None:
@@ -73,9 +72,7 @@ class Client(Connection):
     def __enter__(self) -> Client:
         return self
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, *_exc_info: object) -> None:
         self.close()
 
     def close(self) -> None:

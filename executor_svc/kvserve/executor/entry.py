@@ -4,7 +4,8 @@
 parse here, so the executor never imports the `kvserve` CLI package. Every flag is
 generated from a config dataclass (kvserve.config.flags): `LinkWorkerConfig`,
 `RunnerConfig`, `TensorParallelConfig`, `FakeExecutorConfig` and this module's
-`EntryOptions`, so a new field gets a flag without touching this file.
+`EntryOptions`, so a new field gets a flag without touching this file, and `kvserve serve`
+takes the same flags (`add_arguments` less the ones it sets for its child itself).
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from kvserve.config import defaults
-from kvserve.config.flags import HelpFormatter, add_flags, config_from_args, flag
+from kvserve.config.flags import HelpFormatter, add_flags, argument_group, config_from_args, flag
 from kvserve.executor.config_error import ExecutorConfigError
 from kvserve.executor.fake.executor import FakeExecutorConfig
 from kvserve.executor.link_worker import ExitReason, LinkWorkerConfig
@@ -40,9 +43,15 @@ EPILOG = (
 
 _LINK = "link"
 _RUNNER = "model runner (--executor torch)"
+_RUNNER_NOTE = "--model, --block-size and --max-model-len also configure the fake executor"
 _FAKE = "fake executor (--executor fake)"
-_SHARED_WITH_FAKE = ("block_size", "max_model_len", "draft_model")
+_TENSOR_PARALLEL = fields(TensorParallelConfig)[0].metadata["group"]  # the section its fields name
+SECTIONS = (_RUNNER, _FAKE, _TENSOR_PARALLEL)
+"""The --help sections of the model's flags, in order (beside the link's and the top-level --executor)."""
+SHARED_WITH_FAKE = ("block_size", "max_model_len", "draft_model")
 """FakeExecutorConfig fields read from the runner's flags of the same name."""
+NOT_FLAGS = ("curve_keys", "parent_pid")
+"""LinkWorkerConfig fields this process sets itself (from the CURVE key files, from the environment)."""
 
 
 @dataclass(slots=True)
@@ -69,25 +78,41 @@ class EntryOptions:
     )
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    leave_out: Collection[str] = (),
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+) -> None:
+    """Every flag of the executor process. `kvserve serve` hangs the same flags into its own parser:
+    `leave_out` names the fields it sets for its child itself, and `overrides` (by field name, as in
+    `add_flags`) moves some to its sections or respells one its scheduler also has."""
     from kvserve.link.endpoint import default_tcp_endpoint
 
-    parser.add_argument_group(_LINK)
-    parser.add_argument_group(
-        _RUNNER, description="--model, --block-size and --max-model-len also configure the fake executor"
-    )
-    parser.add_argument_group(_FAKE)
-    add_flags(
-        parser,
-        LinkWorkerConfig,
-        group=_LINK,
-        exclude=("curve_keys", "parent_pid"),
-        overrides={"endpoint": {"default": default_tcp_endpoint()}},
-    )
-    add_flags(parser, EntryOptions)
-    add_flags(parser, RunnerConfig, group=_RUNNER, overrides={"model": {"default": defaults.DEFAULT_MODEL}})
-    add_flags(parser, TensorParallelConfig)
-    add_flags(parser, FakeExecutorConfig, group=_FAKE, exclude=_SHARED_WITH_FAKE)
+    overrides = overrides or {}
+    argument_group(parser, _LINK)
+    argument_group(parser, _RUNNER, _RUNNER_NOTE)
+    argument_group(parser, _FAKE)
+    sources: list[tuple[type, str | None, Collection[str], dict[str, dict[str, Any]]]] = [
+        (LinkWorkerConfig, _LINK, NOT_FLAGS, {"endpoint": {"default": default_tcp_endpoint()}}),
+        (EntryOptions, None, (), {}),
+        (RunnerConfig, _RUNNER, (), {"model": {"default": defaults.DEFAULT_MODEL}}),
+        (TensorParallelConfig, None, (), {}),
+        (FakeExecutorConfig, _FAKE, SHARED_WITH_FAKE, {}),
+    ]
+    unknown = {*leave_out, *overrides} - {f.name for cls, *_ in sources for f in fields(cls)}
+    if unknown:
+        raise ValueError(f"no executor config has the fields {sorted(unknown)}")
+    for cls, group, exclude, own in sources:
+        names = {f.name for f in fields(cls)}
+        spelled = {name: {**own.get(name, {}), **overrides[name]} for name in names & set(overrides)}
+        add_flags(
+            parser,
+            cls,
+            group=group,
+            exclude={*exclude, *(names & set(leave_out))},
+            overrides={**own, **spelled},
+        )
 
 
 def run(args: argparse.Namespace) -> int:

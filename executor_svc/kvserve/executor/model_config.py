@@ -31,7 +31,6 @@ class RopeConfig:
 
 @dataclass(slots=True)
 class ModelConfig:
-    architecture: str
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -77,7 +76,6 @@ def load_model_config(model_dir: Path) -> ModelConfig:
     if arch == "Qwen2ForCausalLM" and not raw.get("use_sliding_window", False):
         sliding = None
     return ModelConfig(
-        architecture=arch,
         vocab_size=raw["vocab_size"],
         hidden_size=raw["hidden_size"],
         intermediate_size=raw["intermediate_size"],

@@ -7,25 +7,26 @@ every draft position too, for a sequence verifying drafts: `sampling.draft_verif
 
 Under tensor parallelism (`place`) every rank builds its own runner on its share of the model
 (`kvserve.executor.tensor_parallel.layout`) and runs every plan; only rank 0 samples.
+
+`ModelRunner` composes the executor's rooms at start-up and runs each step; how many KV blocks it
+gets is `kvserve.executor.kv_cache_budget`, and `--compile on`'s decode graphs are captured by
+`kvserve.executor.decode_graph_capture`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
-from pathlib import Path
 
 import structlog
 import torch
 
-from kvserve.config import defaults
 from kvserve.executor.attention.cpu_backend import ensure_kernels
 from kvserve.executor.attention.registry import create_backend
 from kvserve.executor.config_error import ExecutorConfigError
 from kvserve.executor.cpu_features import has_avx512, has_native_bf16
-from kvserve.executor.disk_cache import cache_dir
-from kvserve.executor.model.cuda_graphs import CudaDecodeGraphs
-from kvserve.executor.model.decode_graphs import DecodeGraphs, buckets_up_to
+from kvserve.executor.decode_graph_capture import capture_decode_graphs
+from kvserve.executor.kv_cache_budget import blocks_for_bytes, device_kv_budget_bytes, kv_bytes_per_block
 from kvserve.executor.model.draft_model import DraftModel, DraftModelSpec, log_loaded
 from kvserve.executor.model.input_batch import InputBatch, build_input_batch
 from kvserve.executor.model.kv_cache import CacheGeometry, PagedKVCache
@@ -160,15 +161,24 @@ class ModelRunner:
             layout=self.backend.kv_layout,
         )
         self.draft = self._load_draft() if config.draft_model else None
-        num_blocks = self._num_device_blocks()
-        num_cpu_blocks = self._blocks_for_bytes(config.swap_space_gb * GIB)
+        per_block = kv_bytes_per_block(self.geometry, self.draft)
+        num_blocks = blocks_for_bytes(
+            device_kv_budget_bytes(config, self.device, self._peak_activation_bytes), per_block
+        )
+        num_cpu_blocks = blocks_for_bytes(config.swap_space_gb * GIB, per_block)
         if self.group is not None:  # the scheduler plans one pool for all ranks: the smallest
             num_blocks, num_cpu_blocks = self.group.min_int(num_blocks), self.group.min_int(num_cpu_blocks)
         self.cache = PagedKVCache(self.geometry, num_blocks, num_cpu_blocks, self.device)
         if self.draft is not None:
             self.draft.allocate(num_blocks, num_cpu_blocks)
         self.seqs = SequenceTable()
-        self.graphs = self._capture_decode_graphs(buckets) if compiled else None
+        self.graphs = (
+            capture_decode_graphs(
+                self.model, self.cache, self.backend, buckets, config, self.device, self.max_model_len
+            )
+            if compiled
+            else None
+        )
         self.model_id = self._model_id()
         release_freed_heap()
         log.info(
@@ -309,34 +319,6 @@ class ModelRunner:
             "step to: float32 instead"
         )
 
-    def _capture_decode_graphs(self, buckets: tuple[int, ...]) -> DecodeGraphs | CudaDecodeGraphs:
-        """Compile the decode forward for every bucket: CUDA graphs on CUDA; on the CPU torch.compile (the
-        first start on a machine; later ones hit the cache)."""
-        width = -(-self.max_model_len // self.config.block_size)
-        started = time.monotonic()
-        if self.device.startswith("cuda"):
-            buckets = buckets_up_to(buckets, self.config.max_num_seqs)  # a graphed step has a row per sequence
-            cuda = CudaDecodeGraphs(self.model, self.cache, self.backend, buckets, width)
-            log.info("capturing CUDA graphs of the decode step", buckets=",".join(map(str, buckets)))
-            torch.cuda.synchronize()
-            cuda.capture_all()
-            torch.cuda.synchronize()
-            log.info("captured CUDA graphs of the decode step", seconds=round(time.monotonic() - started, 1))
-            return cuda
-        configured = self.config.compile_cache_dir
-        directory = Path(configured) if configured else cache_dir() / "inductor"
-        graphs = DecodeGraphs(self.model, self.cache, self.backend, buckets, width, directory)
-        log.info("compiling the decode step", buckets=",".join(map(str, buckets)), cache_dir=str(directory))
-        captured = graphs.capture_all()
-        log.info(
-            "compiled the decode step",
-            seconds=round(time.monotonic() - started, 1),
-            buckets=len(captured),
-            inductor_cache_hits=sum(c.cache_hits for c in captured),
-            inductor_cache_misses=sum(c.cache_misses for c in captured),
-        )
-        return graphs
-
     def _max_model_len(self) -> int:
         cfg = self.model_config
         limit = self.config.max_model_len or cfg.max_position_embeddings
@@ -366,38 +348,11 @@ class ModelRunner:
         log_loaded(draft)
         return draft
 
-    def _blocks_for_bytes(self, budget_bytes: float) -> int:
-        """Blocks a KV budget holds: the model's K/V per block, and the draft model's beside it."""
-        per_block = self.geometry.bytes_per_block
-        if self.draft is not None:
-            per_block += self.draft.geometry.bytes_per_block
-        return max(0, int(budget_bytes // per_block))
-
-    def _num_device_blocks(self) -> int:
-        if not self.device.startswith("cuda"):
-            budget = self.config.kv_cache_gb if self.config.kv_cache_gb is not None else defaults.KV_CACHE_GB_CPU
-            return self._blocks_for_bytes(budget * GIB)
-        if self.config.kv_cache_gb is not None:
-            return self._blocks_for_bytes(self.config.kv_cache_gb * GIB)
-        return self._blocks_for_bytes(self._profile_free_cuda_bytes())
-
-    def _profile_free_cuda_bytes(self) -> float:
-        """Run a forward at the largest batch, then give the KV cache what is left of the fraction."""
+    def _peak_activation_bytes(self) -> int:
+        """The CUDA profiling forward at the largest batch (run only when CUDA's KV budget is measured)."""
         from kvserve.executor.model.profiling_batch import profile_peak_activation_bytes
 
-        torch.cuda.synchronize()
-        free, total = torch.cuda.mem_get_info()
-        in_use = total - free
-        peak = profile_peak_activation_bytes(self)
-        budget = total * self.config.gpu_memory_utilization - in_use - peak
-        log.info(
-            "profiled CUDA memory",
-            total_gib=round(total / GIB, 2),
-            weights_gib=round(in_use / GIB, 2),
-            activations_gib=round(peak / GIB, 2),
-            kv_gib=round(budget / GIB, 2),
-        )
-        return max(0.0, budget)
+        return profile_peak_activation_bytes(self)
 
     def _native_linears(self) -> list[dict[str, Q4_1Linear]] | None:
         """The GGUF's Q4_1 layers (this rank's share); None where `--weights auto` chose native but the

@@ -34,7 +34,8 @@ class RunnerConfig:
         default="auto",
         metadata=flag(
             "float32, bfloat16, float16, or auto (bfloat16 on cuda and on a cpu with AVX512_BF16 or AMX, "
-            "else float32; float32 around --weights native)"
+            "else float32; float32 around --weights native)",
+            choices=("auto", *DTYPES),
         ),
     )
     kv_cache_dtype: str = field(
@@ -42,7 +43,8 @@ class RunnerConfig:
         metadata=flag(
             "float32, bfloat16, float16, or auto (bfloat16 with --weights native, else the --dtype); a narrower "
             "KV cache than --dtype holds more tokens per GiB and converts on read (cpu and torch attention "
-            "backends)"
+            "backends)",
+            choices=("auto", *DTYPES),
         ),
     )
     weights: str = field(
@@ -51,14 +53,16 @@ class RunnerConfig:
             "dequantized (fp32/bf16 from the converted directory), native (a GGUF's Q4_1 layers as 4-bit, cpu: "
             "about half the memory; faster than float32 at every batch size on AVX2 CPUs), or auto (native with "
             "--dtype auto on a cpu without AVX-512, for a Q4_1 GGUF on one rank; dequantized elsewhere; "
-            "docs/benchmarks.md)"
+            "docs/benchmarks.md)",
+            choices=("auto", *WEIGHTS),
         ),
     )
     attention_backend: str = field(
         default="auto",
         metadata=flag(
             "cpu (kvserve's CPU kernels: a token's output does not depend on its batch), torch (plain torch, "
-            "any device; not batch-invariant on cpu), triton (cuda), or auto (triton on cuda, cpu on cpu)"
+            "any device; not batch-invariant on cpu), triton (cuda), or auto (triton on cuda, cpu on cpu)",
+            choices=("auto", *ATTENTION_BACKENDS),
         ),
     )
     block_size: int = field(

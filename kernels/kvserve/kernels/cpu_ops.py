@@ -93,7 +93,7 @@ def _register_shapes() -> None:
     """Each op's output shape and dtype without computing it, so `torch.compile` can trace a forward
     that calls the ops (`kvserve.executor.model.decode_graphs`); the compiled graph calls them as they are."""
 
-    def attention(query: torch.Tensor, *caches_and_metadata: object) -> torch.Tensor:
+    def attention(query: torch.Tensor, *_caches_and_metadata: object) -> torch.Tensor:
         return torch.empty_like(query)
 
     def store(*tensors: torch.Tensor) -> None:

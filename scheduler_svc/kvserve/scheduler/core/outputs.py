@@ -107,7 +107,3 @@ class SchedulerStats:
     draft_tokens_accepted: int = 0
     draft_verify_steps: int = 0
     """Sequence-steps that verified drafts; each yields one bonus token beyond the accepted drafts."""
-
-    @property
-    def prefix_hit_rate(self) -> float:
-        return self.prefix_hit_tokens / self.prefix_queried_tokens if self.prefix_queried_tokens else 0.0

@@ -14,30 +14,34 @@ scheduler only at the next boundary; the token sampled for it meanwhile is ignor
 Executor loss is survived: the engine reports LOST, waits for a new executor to
 handshake, re-syncs the scheduler (everything recomputed) and carries on. If none comes
 back within `executor_restart_timeout_s`, every request ends with UNAVAILABLE.
+
+The queue limits a submitted request meets are `queue_admission.QueueAdmission`; the states and
+counters the APIs report are `engine_status`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import structlog
 
 from kvserve.protos.sampling import InvalidFieldError
 from kvserve.protos.step import ExecutorInfo, StepPlan
 from kvserve.protos.stop_rules import FinishReason
-from kvserve.scheduler.core import MatcherFactory, Scheduler, SchedulerStats, SchedulerView, SequenceOutput
+from kvserve.scheduler.core import MatcherFactory, Scheduler, SchedulerView, SequenceOutput
 from kvserve.scheduler.server.delivery.request_delivery import ActiveRequest
 from kvserve.scheduler.server.delivery.request_stream import FailureKind, RequestFailed, RequestStream
-from kvserve.scheduler.server.executor_link.connection import ExecutorLink, ExecutorLost, ExecutorStepError
+from kvserve.scheduler.server.engine_status import EngineStats, ExecutorState
+from kvserve.scheduler.server.executor_link.connection import ExecutorLink
+from kvserve.scheduler.server.executor_link.link_errors import ExecutorLost, ExecutorStepError
 from kvserve.scheduler.server.intake.request_parsing import ValidatedRequest
 from kvserve.scheduler.server.intake.tokenizer import Tokenizer
 from kvserve.scheduler.server.observability.kv_event_publisher import KvEventPublisher
 from kvserve.scheduler.server.observability.metrics import ServerMetrics
 from kvserve.scheduler.server.observability.step_history import StepHistory, step_composition
+from kvserve.scheduler.server.queue_admission import QueueAdmission
 from kvserve.scheduler.server.security.namespaces import NamespaceOwners, tenant_of_scoped_id
 from kvserve.scheduler.server.server_config import ServerConfig
 
@@ -47,20 +51,6 @@ _PROMPT_CONTEXT_TOKENS = 4
 """Prompt tokens given to each detokenizer as context, so the first output token decodes as in the full text."""
 _EXECUTOR_POLL_S = 0.1
 """While waiting for an executor, posted aborts and stop-string finishes are still applied this often."""
-
-
-class ExecutorState(str, enum.Enum):
-    WAITING = "waiting"
-    READY = "ready"
-    LOST = "lost"
-
-
-@dataclass(slots=True)
-class EngineStats:
-    scheduler: SchedulerStats
-    executor_state: ExecutorState
-    steps: int
-    active_requests: int
 
 
 class Engine:
@@ -94,8 +84,7 @@ class Engine:
         self._deferred: list[SequenceOutput] = []
         """The last step's outputs, streamed while the executor computes the next step (see `run`)."""
         self._wakeup = asyncio.Event()
-        self._queued_requests = 0
-        self._queued_prompt_tokens = 0
+        self._queue = QueueAdmission(config.max_queued_requests, config.max_queued_prompt_tokens)
         self._steps = 0
         self._stopping = False
         self._draining = False
@@ -126,15 +115,7 @@ class Engine:
         if request.request_id in self._requests:
             raise InvalidFieldError("request_id", "a request with this id is already in flight")
         num_prompt = len(request.prompt_token_ids)
-        if self._queued_requests >= self._config.max_queued_requests:
-            raise RequestFailed(
-                FailureKind.RESOURCE_EXHAUSTED, f"queue full: {self._queued_requests} requests are waiting; retry later"
-            )
-        if self._queued_prompt_tokens + num_prompt > self._config.max_queued_prompt_tokens:
-            raise RequestFailed(
-                FailureKind.RESOURCE_EXHAUSTED,
-                f"queue full: {self._queued_prompt_tokens} prompt tokens are waiting; retry later",
-            )
+        self._queue.check_room(num_prompt)
         arrival = self._clock()
         self.namespace_owners.note(namespace, tenant_of_scoped_id(request.request_id))
         self._scheduler.add_request(
@@ -161,8 +142,7 @@ class Engine:
             self._metrics,
             request.tools,
         )
-        self._queued_requests += 1
-        self._queued_prompt_tokens += num_prompt
+        self._queue.enter(num_prompt)
         self._wakeup.set()
         return stream
 
@@ -294,8 +274,7 @@ class Engine:
                 continue
             if not active.started:
                 active.started = True
-                self._queued_requests -= 1
-                self._queued_prompt_tokens -= active.num_prompt_tokens
+                self._queue.leave(active.num_prompt_tokens)
             if active.deliver(output):
                 self._pending_finishes.add((active.request_id, output.index))
                 active.stop_pending = True
@@ -311,8 +290,7 @@ class Engine:
         self._requests.pop(active.request_id, None)
         self._pending_aborts.discard(active.request_id)
         if not active.started:
-            self._queued_requests -= 1
-            self._queued_prompt_tokens -= active.num_prompt_tokens
+            self._queue.leave(active.num_prompt_tokens)
         active.close(reason)
 
     def _fail_everything(self, kind: FailureKind, message: str) -> None:

@@ -2,35 +2,40 @@
 
 `kvserve serve` and `kvserve scheduler` generate their flags from these fields
 (kvserve.config.flags), so a new option is one field here and `--help` and the service
-always agree. The scheduling-policy fields mirror `SchedulerConfig` by name: their default
-and help are read from there (`_policy`), and `scheduling_policy()` hands them back.
+always agree. The scheduling policy is the scheduler core's own `SchedulerConfig`, held whole
+in `scheduling`: each of its fields is a flag, with its default and help, except those the
+executor's handshake sets (`HANDSHAKE_FIELDS`, filled in by `service.build_scheduler`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field
 
 from kvserve.config import defaults
-from kvserve.config.flags import flag
+from kvserve.config.flags import flag, nested
 from kvserve.scheduler.core import SchedulerConfig
 from kvserve.scheduler.server.intake.generation_defaults import SOURCE_AUTO
 from kvserve.scheduler.server.tools.tool_formats import FORMATS
 
+_SCHEDULER = "scheduler"
+_QUEUE = "admission and shutdown"
 _API = "gRPC API"
 _HTTP = "OpenAI-compatible HTTP API"
 _SECURITY = "API security"
+_OBSERVABILITY = "observability (metrics, KV events)"
 _LINK = "executor link"
-_SCHEDULING = "scheduling"
-_QUEUE = "admission and shutdown"
-_KV_EVENTS = "KV events"
-_SCHEDULER_FIELDS = {f.name: f for f in fields(SchedulerConfig)}
+SECTIONS = (_SCHEDULER, _QUEUE, _API, _HTTP, _SECURITY, _OBSERVABILITY, _LINK)
+"""The --help sections of these flags, in the order `kvserve serve` shows them."""
+LINK_SECTION = _LINK
+"""The link's section, where `kvserve serve` also shows the executor's own link flags."""
+
+HANDSHAKE_FIELDS = ("num_blocks", "block_size", "num_cpu_blocks", "max_model_len", "eos_token_ids")
+"""The `SchedulerConfig` fields the executor's handshake sets; every other one is a flag."""
 
 
-def _policy(name: str, **spelling: str) -> Any:
-    """A field that is `SchedulerConfig.<name>` as the server sets it: same default and help."""
-    source = _SCHEDULER_FIELDS[name]
-    return field(default=source.default, metadata={**source.metadata, "group": _SCHEDULING, **spelling})
+def _scheduling_defaults() -> SchedulerConfig:
+    """SchedulerConfig's own defaults; its handshake fields hold placeholders until an executor registers."""
+    return SchedulerConfig(num_blocks=1)
 
 
 @dataclass(slots=True)
@@ -41,12 +46,6 @@ class ServerConfig:
     max_request_bytes: int = field(
         default=defaults.MAX_REQUEST_BYTES,
         metadata=flag("largest accepted request: a gRPC message or an HTTP body (413 beyond)", group=_API),
-    )
-    metrics_port: int | None = field(
-        default=None,
-        metadata=flag(
-            "serve Prometheus /metrics on this port, same host as the API (0 picks one); None: off", group=_API
-        ),
     )
 
     # --- OpenAI-compatible HTTP API (kvserve.scheduler.server.http), same engine, security and limits as gRPC
@@ -223,14 +222,21 @@ class ServerConfig:
         ),
     )
 
-    # --- KV events for KV-aware routers (kvserve.scheduler.server.observability.kv_event_publisher)
+    # --- observability: metrics, and KV events for KV-aware routers (kvserve.scheduler.server.observability)
+    metrics_port: int | None = field(
+        default=None,
+        metadata=flag(
+            "serve Prometheus /metrics on this port, same host as the API (0 picks one); None: off",
+            group=_OBSERVABILITY,
+        ),
+    )
     kv_events_endpoint: str | None = field(
         default=None,
         metadata=flag(
             "publish the prefix cache's changes in vLLM's KV-event format on a ZeroMQ PUB socket bound here "
             "(tcp://HOST:PORT or ipc://PATH), for KV-aware routers; None: off",
             metavar="ENDPOINT",
-            group=_KV_EVENTS,
+            group=_OBSERVABILITY,
         ),
     )
     kv_events_replay_endpoint: str | None = field(
@@ -238,45 +244,36 @@ class ServerConfig:
         metadata=flag(
             "a ZeroMQ ROUTER socket bound here answers replay requests for missed KV-event batches",
             metavar="ENDPOINT",
-            group=_KV_EVENTS,
+            group=_OBSERVABILITY,
         ),
     )
     kv_events_topic: str = field(
-        default="", metadata=flag("the topic frame of each KV-event message", group=_KV_EVENTS)
+        default="", metadata=flag("the topic frame of each KV-event message", group=_OBSERVABILITY)
     )
     kv_events_allow_remote: bool = field(
         default=False,
-        metadata=flag("allow non-loopback KV-event endpoints (the events carry token ids)", group=_KV_EVENTS),
+        metadata=flag("allow non-loopback KV-event endpoints (the events carry token ids)", group=_OBSERVABILITY),
     )
 
-    # --- scheduling (the SchedulerConfig policy; the executor's handshake sizes the rest)
+    # --- scheduling: the SchedulerConfig policy; the executor's handshake sizes the rest
     max_model_len: int | None = field(
-        default=None, metadata=flag("cap on the context length; None: the executor's max_model_len", group=_SCHEDULING)
+        default=None, metadata=flag("cap on the context length; None: the executor's max_model_len", group=_SCHEDULER)
     )
-    max_num_batched_tokens: int = _policy("max_num_batched_tokens")
-    max_num_seqs: int = _policy("max_num_seqs")
-    preemption_mode: str = _policy("preemption_mode")
-    kv_reservation: str = _policy("kv_reservation")
-    enable_prefix_caching: bool = _policy("enable_prefix_caching", flag="--no-prefix-caching")
-    cache_aware_order: bool = _policy("cache_aware_order")
-    cache_aware_window: int = _policy("cache_aware_window")
-    cache_aware_max_skips: int = _policy("cache_aware_max_skips")
-    debug_invariants: bool = _policy("debug_invariants")
-    speculative: str = _policy("speculative")
-    num_speculative_tokens: int = _policy("num_speculative_tokens")
-    ngram_max: int = _policy("ngram_max")
-    ngram_min: int = _policy("ngram_min")
-    suffix_cache_tokens: int = _policy("suffix_cache_tokens")
-    speculative_max_batch: int = _policy("speculative_max_batch")
-    speculative_min_acceptance: float = _policy("speculative_min_acceptance")
-
+    scheduling: SchedulerConfig = field(
+        default_factory=_scheduling_defaults,
+        metadata=nested(
+            group=_SCHEDULER,
+            exclude=HANDSHAKE_FIELDS,
+            overrides={"enable_prefix_caching": {"flag": "--no-prefix-caching"}},
+        ),
+    )
     generation_config: str = field(
         default=SOURCE_AUTO,
         metadata=flag(
             "where sampling fields a request leaves unset get their defaults: auto = the model's "
             "generation_config.json (else the API defaults), api = the API's documented defaults, or a "
             "directory holding a generation_config.json",
-            group=_SCHEDULING,
+            group=_SCHEDULER,
         ),
     )
 
@@ -305,14 +302,3 @@ class ServerConfig:
         if self.http_port == 0:
             return None
         return self.http_host or self.host
-
-    def scheduling_policy(self) -> dict[str, Any]:
-        """The `SchedulerConfig` fields this config sets, by name (for `SchedulerConfig(**...)`)."""
-        return {name: getattr(self, name) for name in SCHEDULING_POLICY}
-
-
-SCHEDULING_POLICY = tuple(
-    f.name for f in fields(ServerConfig) if f.name in _SCHEDULER_FIELDS and f.name != "max_model_len"
-)
-"""The fields ServerConfig shares with SchedulerConfig, less max_model_len: the server's is only
-a cap on the executor's, applied in service.build_scheduler."""

@@ -12,6 +12,7 @@ get `drain_grace_s` to finish, then the executor is told to shut down and we exi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
 import sys
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from kvserve.config import defaults
 from kvserve.link.curve import CurveKeys, load_keys
 from kvserve.link.endpoint import private_ipc_endpoint
 from kvserve.protos.step import ExecutorInfo
-from kvserve.scheduler.core import Scheduler, SchedulerConfig
+from kvserve.scheduler.core import Scheduler
 from kvserve.scheduler.server.engine import Engine
 from kvserve.scheduler.server.executor_link.child_supervisor import ChildSupervisor
 from kvserve.scheduler.server.executor_link.connection import ExecutorLink
@@ -140,16 +141,17 @@ def resolve_link_endpoint(config: ServerConfig) -> str:
 
 
 def build_scheduler(config: ServerConfig, info: ExecutorInfo) -> Scheduler:
-    """The executor's handshake sizes the Scheduler; the server's policy fields set the rest."""
+    """The server's scheduling policy, with the fields the executor's handshake sets
+    (`server_config.HANDSHAKE_FIELDS`); `--max-model-len` only caps the executor's."""
     max_model_len = min(info.max_model_len, config.max_model_len or info.max_model_len)
     return Scheduler(
-        SchedulerConfig(
+        dataclasses.replace(
+            config.scheduling,
             num_blocks=info.num_blocks,
             block_size=info.block_size,
             num_cpu_blocks=info.num_cpu_blocks,
             max_model_len=max_model_len,
             eos_token_ids=tuple(info.eos_token_ids),
-            **config.scheduling_policy(),
         )
     )
 
@@ -248,7 +250,7 @@ async def run_service(
         info = await _first_executor(link, supervisor, shutdown, config.executor_start_timeout_s)
         if info is None:
             return 0
-        if config.speculative == "draft" and not info.draft_model_id:
+        if config.scheduling.speculative == "draft" and not info.draft_model_id:
             print(
                 "kvserve: --speculative draft needs a draft model in the executor: start it with --draft-model PATH "
                 "(kvserve serve --draft-model PATH)",
@@ -256,11 +258,11 @@ async def run_service(
                 flush=True,
             )
             return 2
-        if info.draft_model_id and config.speculative != "draft":
+        if info.draft_model_id and config.scheduling.speculative != "draft":
             log.warning(
                 "the executor runs a draft model that --speculative does not use: it costs a forward pass a step",
                 draft_model=info.draft_model_id,
-                speculative=config.speculative,
+                speculative=config.scheduling.speculative,
             )
         tokenizer = Tokenizer.from_dir(
             info.tokenizer_path,
@@ -303,7 +305,7 @@ async def run_service(
             auth=security.tokens is not None,
             tls=security.credentials is not None,
             link_curve=security.curve_keys is not None,
-            debug_invariants=config.debug_invariants,
+            debug_invariants=config.scheduling.debug_invariants,
         )
         where = f"gRPC {config.host}:{port}" + (f", OpenAI HTTP {http.url}/v1" if http is not None else "")
         print(f"kvserve: serving {info.model_id} on {where} (executor {info.executor_kind})", flush=True)

@@ -111,7 +111,6 @@ class CompletionText:
     def __init__(self, decoder: Decoder, stop: tuple[str, ...], prompt_tail: list[int] | None = None) -> None:
         self._detokenizer = IncrementalDetokenizer(decoder, prompt_tail)
         self._matcher = StopStringMatcher(stop)
-        self.text_len = 0
 
     @property
     def stopped(self) -> bool:
@@ -119,9 +118,7 @@ class CompletionText:
         return self._matcher.matched is not None
 
     def push(self, token_ids: list[int]) -> str:
-        out = self._matcher.push(self._detokenizer.push(token_ids))
-        self.text_len += len(out)
-        return out
+        return self._matcher.push(self._detokenizer.push(token_ids))
 
     def push_until_stop(self, token_ids: list[int]) -> tuple[str, int]:
         """Push tokens one at a time until a stop string completes: (text, tokens taken).
@@ -142,5 +139,4 @@ class CompletionText:
     def finish(self) -> str:
         out = self._matcher.push(self._detokenizer.flush())
         out += self._matcher.flush()
-        self.text_len += len(out)
         return out

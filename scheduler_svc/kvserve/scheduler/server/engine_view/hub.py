@@ -47,12 +47,6 @@ class ViewHub:
         self._metrics = metrics
         self._subscribers: set[_Subscriber] = set()
         self._task: asyncio.Task[None] | None = None
-        self.builds = 0
-        """Snapshots built since start (one per distinct viewer per tick)."""
-
-    @property
-    def num_viewers(self) -> int:
-        return len(self._subscribers)
 
     async def stream(self, viewer: Viewer) -> AsyncGenerator[bytes, None]:
         """Each update `viewer` may see, as encoded JSON, until the caller stops iterating.
@@ -107,7 +101,6 @@ class ViewHub:
             data = built.get(subscriber.viewer)
             if data is None:
                 data = built[subscriber.viewer] = fit_event(build_view(sources, subscriber.viewer))
-                self.builds += 1
             subscriber.latest = data
             subscriber.ready.set()
         took = time.perf_counter() - started

@@ -13,7 +13,9 @@ Incoming messages are always drained before the deadline is checked, so an event
 that was busy for a while never mistakes queued heartbeats for silence.
 
 This module is the link protocol and the asyncio step API over it; the ZeroMQ socket
-itself (options, CURVE, how a failed send is reported) is link_socket.RouterSocket.
+itself (options, CURVE, how a failed send is reported) is link_socket.RouterSocket, the
+futures that callers await are pending_replies.PendingReplies, and what a call raises
+(`ExecutorLost`, `ExecutorStepError`) is link_errors.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ from kvserve.link.endpoint import check_endpoint
 from kvserve.protos import step_codec
 from kvserve.protos.kvserve.v1 import executor_link_pb2 as pb
 from kvserve.protos.step import ExecutorInfo, StepPlan, StepResult
+from kvserve.scheduler.server.executor_link.link_errors import ExecutorLost, ExecutorStepError
 from kvserve.scheduler.server.executor_link.link_socket import LinkSocketError, RouterSocket, Sent
+from kvserve.scheduler.server.executor_link.pending_replies import PendingReplies
 
 log = structlog.get_logger(__name__)
 
@@ -41,20 +45,6 @@ RECEIVE_RETRY_S = 0.05
 """After a failed poll or receive, the receive loop tries again this much later."""
 RECEIVE_ERRORS_LOGGED_EVERY = 100
 """A failure that repeats is logged at its first and every hundredth occurrence."""
-
-
-class ExecutorLost(RuntimeError):
-    """The executor died, hung, or was replaced while this call waited on it."""
-
-
-class ExecutorStepError(RuntimeError):
-    """The executor reported an error for this step; it is still alive."""
-
-    def __init__(self, step_id: int, message: str, error_type: str = "") -> None:
-        super().__init__(f"executor failed step {step_id}: {error_type + ': ' if error_type else ''}{message}")
-        self.step_id = step_id
-        self.error_type = error_type
-        self.executor_message = message
 
 
 @dataclass(slots=True)
@@ -94,10 +84,7 @@ class ExecutorLink:
         self._peer: _Peer | None = None
         self._generation = 0
         self._connected = asyncio.Event()
-        self._pending: dict[int, tuple[asyncio.Future, float]] = {}
-        """step_id -> (future of its result, when it was sent)."""
-        self._reset_waiters: dict[int, asyncio.Future] = {}
-        self._next_reset_id = 1
+        self._replies = PendingReplies()
         self._goodbye: asyncio.Future | None = None
         self._closed = False
 
@@ -147,30 +134,26 @@ class ExecutorLink:
     async def step(self, plan: StepPlan) -> StepResult:
         """Run one plan on the current executor. Raises ExecutorLost or ExecutorStepError."""
         peer = self._require_peer()
-        if plan.step_id in self._pending:
+        if self._replies.awaits_step(plan.step_id):
             raise ValueError(f"step {plan.step_id} is already in flight")
         envelope = pb.SchedulerMessage()
         step_codec.encode_plan(plan, envelope.plan)
-        future = asyncio.get_running_loop().create_future()
-        self._pending[plan.step_id] = (future, time.monotonic())
+        future = self._replies.expect_step(plan.step_id)
         try:
             await self._send(peer, envelope.SerializeToString())
             return await future
         finally:
-            self._pending.pop(plan.step_id, None)
+            self._replies.forget_step(plan.step_id)
 
     async def reset_executor(self) -> None:
         """Tell the executor to forget every sequence; returns once it has done so."""
         peer = self._require_peer()
-        reset_id = self._next_reset_id
-        self._next_reset_id += 1
-        future = asyncio.get_running_loop().create_future()
-        self._reset_waiters[reset_id] = future
+        reset_id, future = self._replies.expect_reset()
         try:
             await self._send(peer, pb.SchedulerMessage(reset=pb.Reset(reset_id=reset_id)).SerializeToString())
             await future
         finally:
-            self._reset_waiters.pop(reset_id, None)
+            self._replies.forget_reset(reset_id)
 
     async def close(self, shutdown_executor: bool = True) -> None:
         """Stop the link; with `shutdown_executor`, ask the current executor to exit first."""
@@ -182,7 +165,7 @@ class ExecutorLink:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._fail_waiters(ExecutorLost("the executor link was closed"))
+        self._replies.fail_all(ExecutorLost("the executor link was closed"))
         self._peer = None
         self._connected.clear()
         await self._socket.close()
@@ -243,8 +226,9 @@ class ExecutorLink:
         if peer is None:
             return int(self.heartbeat_interval_s * 1000)
         deadline = peer.last_heard + self.dead_after_s
-        if self.step_timeout_s is not None and self._pending:
-            deadline = min(deadline, min(t for _, t in self._pending.values()) + self.step_timeout_s)
+        oldest = self._replies.oldest_step_sent_at()
+        if self.step_timeout_s is not None and oldest is not None:
+            deadline = min(deadline, oldest + self.step_timeout_s)
         return max(1, int((deadline - time.monotonic()) * 1000) + 1)
 
     def _handle_frames(self, frames: list) -> None:
@@ -267,11 +251,11 @@ class ExecutorLink:
             return
         peer.last_heard = time.monotonic()
         if kind == "result":
-            self._resolve_step(message.result.step_id, lambda: step_codec.decode_result(message.result))
+            self._replies.resolve_step(message.result.step_id, lambda: step_codec.decode_result(message.result))
         elif kind == "error":
             err = message.error
-            if err.step_id in self._pending:
-                self._fail_step(err.step_id, ExecutorStepError(err.step_id, err.message, err.error_type))
+            if self._replies.awaits_step(err.step_id):
+                self._replies.fail_step(err.step_id, ExecutorStepError(err.step_id, err.message, err.error_type))
             else:
                 log.warning(
                     "executor reported an error", step_id=err.step_id, error=err.message, error_type=err.error_type
@@ -281,9 +265,7 @@ class ExecutorLink:
                 self._goodbye.set_result(None)
             self._lose(f"the executor (pid {peer.pid}) shut down", notify=not self._closed)
         elif kind == "reset_done":
-            future = self._reset_waiters.get(message.reset_done.reset_id)
-            if future is not None and not future.done():
-                future.set_result(None)
+            self._replies.resolve_reset(message.reset_done.reset_id)
 
     def _on_handshake(self, identity: bytes, handshake: pb.Handshake) -> None:
         current = self._peer
@@ -328,24 +310,6 @@ class ExecutorLink:
         ack = pb.HandshakeAck(session_id=peer.session_id, generation=peer.generation)
         return pb.SchedulerMessage(handshake_ack=ack).SerializeToString()
 
-    def _resolve_step(self, step_id: int, decode: Callable[[], StepResult]) -> None:
-        entry = self._pending.get(step_id)
-        if entry is None:
-            log.debug("ignoring a result nobody waits for", step_id=step_id)
-            return
-        future = entry[0]
-        if future.done():
-            return
-        try:
-            future.set_result(decode())
-        except ValueError as exc:
-            future.set_exception(ExecutorStepError(step_id, f"malformed result: {exc}", "DecodeError"))
-
-    def _fail_step(self, step_id: int, exc: Exception) -> None:
-        entry = self._pending.get(step_id)
-        if entry is not None and not entry[0].done():
-            entry[0].set_exception(exc)
-
     # --- liveness --------------------------------------------------------------
 
     def _check_deadlines(self) -> None:
@@ -357,18 +321,16 @@ class ExecutorLink:
         if silent_for > self.dead_after_s:
             self._lose(f"no message from the executor (pid {peer.pid}) for {silent_for:.1f}s")
             return
-        if self.step_timeout_s is not None:
-            for step_id, (_, started) in list(self._pending.items()):
-                if now - started > self.step_timeout_s:
-                    # Heartbeats flow but the compute is stuck: stop it, it is no use to us.
-                    self._send_nowait(
-                        peer,
-                        pb.SchedulerMessage(
-                            shutdown=pb.Shutdown(reason=f"step {step_id} exceeded {self.step_timeout_s}s")
-                        ).SerializeToString(),
-                    )
-                    self._lose(f"step {step_id} got no answer within {self.step_timeout_s}s")
-                    return
+        step_id = None if self.step_timeout_s is None else self._replies.overdue_step(now, self.step_timeout_s)
+        if step_id is not None:
+            # Heartbeats flow but the compute is stuck: stop it, it is no use to us.
+            self._send_nowait(
+                peer,
+                pb.SchedulerMessage(
+                    shutdown=pb.Shutdown(reason=f"step {step_id} exceeded {self.step_timeout_s}s")
+                ).SerializeToString(),
+            )
+            self._lose(f"step {step_id} got no answer within {self.step_timeout_s}s")
 
     def _lose(self, reason: str, *, notify: bool = True) -> None:
         peer = self._peer
@@ -377,17 +339,9 @@ class ExecutorLink:
         log.warning("executor lost", reason=reason, generation=peer.generation, pid=peer.pid)
         self._peer = None
         self._connected.clear()
-        self._fail_waiters(ExecutorLost(reason))
+        self._replies.fail_all(ExecutorLost(reason))
         if notify:
             self._notify(False)
-
-    def _fail_waiters(self, exc: ExecutorLost) -> None:
-        for future, _ in self._pending.values():
-            if not future.done():
-                future.set_exception(exc)
-        for future in self._reset_waiters.values():
-            if not future.done():
-                future.set_exception(exc)
 
     def _notify(self, connected: bool) -> None:
         if self._on_change is not None:

@@ -144,5 +144,5 @@ class _AllowList:
 
     keys: set[bytes]
 
-    def callback(self, domain: str, key: bytes) -> bool:
+    def callback(self, _domain: str, key: bytes) -> bool:
         return key in self.keys  # pyzmq passes the client key Z85-encoded

@@ -28,7 +28,7 @@ from kvserve.protos.sampling import InvalidFieldError
 from kvserve.protos.stop_rules import FinishReason
 from kvserve.scheduler.core import RequestRejected
 from kvserve.scheduler.server.delivery.request_stream import CompletionChunk, FailureKind, RequestFailed
-from kvserve.scheduler.server.engine import ExecutorState
+from kvserve.scheduler.server.engine_status import ExecutorState
 from kvserve.scheduler.server.grpc_api.reflection import enable_reflection
 from kvserve.scheduler.server.grpc_api.strict_handlers import add_strict_service
 from kvserve.scheduler.server.intake.request_parsing import encode_chat, encode_text, parse_generate

@@ -22,7 +22,7 @@ from kvserve.protos.kvserve.v1 import api_pb2
 from kvserve.protos.sampling import InvalidFieldError
 from kvserve.scheduler.core import RequestRejected
 from kvserve.scheduler.server.delivery.request_stream import RequestFailed
-from kvserve.scheduler.server.engine import ExecutorState
+from kvserve.scheduler.server.engine_status import ExecutorState
 from kvserve.scheduler.server.intake.request_parsing import parse_generate
 from kvserve.scheduler.server.security.namespaces import prefix_namespace, scoped_request_id
 from kvserve.scheduler.server.serving_model import ServingModel

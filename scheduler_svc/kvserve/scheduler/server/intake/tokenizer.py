@@ -70,12 +70,8 @@ class Tokenizer:
         tool_format: ToolCallFormat | None = None,
     ) -> None:
         self._fast = fast
-        self.chat_template_source = chat_template
         self.bos_token = bos_token
         self.eos_token = eos_token
-        self.special_token_ids: frozenset[int] = frozenset(
-            tok_id for tok_id, tok in fast.get_added_tokens_decoder().items() if tok.special
-        )
         self._env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         self._env.globals["raise_exception"] = _raise_template_error
         self._env.filters["tojson"] = _tojson
@@ -138,10 +134,6 @@ class Tokenizer:
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
         return self._fast.decode(ids, skip_special_tokens=skip_special_tokens)
-
-    @property
-    def renders_tools(self) -> bool:
-        return self._tool_template is not None
 
     def render_chat(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None) -> str:
         """The chat prompt as text, ending with the assistant's generation prompt."""
