@@ -289,3 +289,10 @@ def test_every_cited_path_module_and_link_exists(doc: str) -> None:
     cited = path_claims(text, top_level_entries()) + link_targets(text)
     assert cited, f"{doc} cites nothing: is the extractor broken?"
     assert problems(page, text) == []
+
+
+@pytest.mark.parametrize("doc, limit", [("README.md", 250), ("docs/architecture.md", 500), ("docs/benchmarks.md", 450)])
+def test_the_newcomer_docs_stay_short(doc: str, limit: int) -> None:
+    """A newcomer reads them in an hour: detail goes to docs/serving.md, history to benchmarks-history.md."""
+    lines = (REPO / doc).read_text().count("\n")
+    assert lines <= limit, f"{doc} has {lines} lines, over {limit}"
