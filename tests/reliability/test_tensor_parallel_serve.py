@@ -37,7 +37,10 @@ SERVABLE = SHARDABLE | dict(vocab_size=49152, max_position_embeddings=512)
 """The default model's tokenizer's vocabulary (greedy_request's prompt ids stay below 40,100)."""
 FLOAT32 = ["--dtype", "float32"]
 """The same dtype at both sizes on every CPU (auto picks bfloat16 where the CPU has it)."""
-RESTARTED_WITHIN_S = 60.0
+RESTARTED_WITHIN_S = 120.0
+RESTART = ["--executor-restart-timeout", str(RESTARTED_WITHIN_S)]
+"""A restarted group (two ranks importing torch) took over the default 30 s on a loaded 2-core CI run:
+these tests check that it comes back with the same outputs, not how fast (rank loss is timed below)."""
 DETECTED_WITHIN_S = 2.0
 """Rank 0 polls its ranks every 0.1 s; the rest is process scheduling on a loaded 2-core box."""
 LOST_EVENT = "tensor-parallel group lost; ending it for a restart"
@@ -103,7 +106,7 @@ def test_32_streams_at_two_ranks_match_one(serve, tiny_model) -> None:
 
 
 def test_kill_9_of_rank_1_under_16_streams_restarts_the_group_and_outputs_match(serve, tiny_model) -> None:
-    server = serve(["--model", str(tiny_model), "-tp", "2", *FLOAT32])
+    server = serve(["--model", str(tiny_model), "-tp", "2", *FLOAT32, *RESTART])
     requests = [greedy_request(100 + i, 40) for i in range(16)]
     undisturbed = asyncio.run(_run(server, requests))
     first_leader, victim = server.executor_pids()[-1], _ranks(server)[1]
@@ -150,7 +153,7 @@ def test_kill_9_of_rank_1_under_16_streams_restarts_the_group_and_outputs_match(
 def test_a_hung_rank_is_found_within_the_timeout_and_the_group_restarts(serve, tiny_model, when) -> None:
     """Mid-stream, rank 0's next all-reduce times out; idle, rank 1 hangs waiting for the next plan, and
     rank 0's watch ends the broadcast that rank 1 never takes."""
-    server = serve(["--model", str(tiny_model), "-tp", "2", "--dtype", "float32", "--tp-timeout-s", "3"])
+    server = serve(["--model", str(tiny_model), "-tp", "2", *FLOAT32, "--tp-timeout-s", "3", *RESTART])
     requests = [greedy_request(200 + i, 30) for i in range(8)]
     undisturbed = asyncio.run(_run(server, requests))
     victim = _ranks(server)[1]
