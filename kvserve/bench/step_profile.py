@@ -28,6 +28,7 @@ import torch
 
 from kvserve.config.flags import HelpFormatter, add_flags, config_from_args, flag
 from kvserve.executor.attention.base import AttentionBackend
+from kvserve.executor.lora.step_deltas import LoraStep
 from kvserve.executor.model.input_batch import InputBatch
 from kvserve.executor.model.kv_cache import PagedKVCache
 from kvserve.executor.model.opaque_norm import opaque_rms_norm
@@ -112,9 +113,11 @@ def compare_compiled(runner: ModelRunner, driver: PlanDriver, steps: int) -> lis
     captured: list[InputBatch] = []
     forward = runner.model.forward
 
-    def capture(batch: InputBatch, cache: PagedKVCache, backend: AttentionBackend) -> torch.Tensor | None:
+    def capture(
+        batch: InputBatch, cache: PagedKVCache, backend: AttentionBackend, lora: LoraStep | None = None
+    ) -> torch.Tensor | None:
         captured.append(batch)
-        return forward(batch, cache, backend)
+        return forward(batch, cache, backend, lora)
 
     runner.model.forward = capture  # type: ignore[method-assign]
     driver.step()

@@ -118,6 +118,12 @@ def add_request_options(parser: argparse.ArgumentParser) -> None:
         "--cache-salt", default="", help="separate prefix-cache namespace within your tenant ('' = the tenant's own)"
     )
     group.add_argument("--request-id", default=None, help="request id; None = the server assigns one")
+    group.add_argument(
+        "--model",
+        default="",
+        metavar="NAME",
+        help="a LoRA adapter the server loaded (kvserve serve --lora NAME=PATH); '' = the base model",
+    )
 
 
 def add_structured_options(parser: argparse.ArgumentParser) -> None:
@@ -163,7 +169,12 @@ def sampling_from_args(args: argparse.Namespace, *, chat: bool = False) -> dict[
 
 
 def request_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    return {"priority": args.priority, "cache_salt": args.cache_salt, "request_id": args.request_id}
+    return {
+        "priority": args.priority,
+        "cache_salt": args.cache_salt,
+        "request_id": args.request_id,
+        "model": args.model,
+    }
 
 
 def make_client(args: argparse.Namespace) -> Client:

@@ -163,3 +163,8 @@ refused flag combination): the scheduler then reports a refusal, not a crash, an
 """Set by `kvserve serve` in its executor child's environment: the pid whose death ends that
 executor (`LinkWorkerConfig.parent_pid`). A contract between supervisor and child, not a flag,
 so it holds for whatever command line the child runs."""
+
+MAX_LORAS = 4
+"""LoRA adapters resident at once (`--max-loras`), as vLLM's default."""
+MAX_LORA_RANK = 16
+"""The largest LoRA rank an adapter may have (`--max-lora-rank`), as vLLM's default."""

@@ -28,6 +28,8 @@ class DrivenSequence:
     """None: it never finishes by itself (step it, then `finish` it)."""
     chunk_size: int | None
     retain: bool = False
+    lora_name: str = ""
+    """The LoRA adapter it runs under ("": the base model)."""
     block_table: list[int] = field(default_factory=list)
     num_computed: int = 0
     sent: bool = False
@@ -74,11 +76,12 @@ class PlanDriver:
         prefix_blocks: list[int] | None = None,
         copy_prefix: bool = False,
         retain: bool = False,
+        lora_name: str = "",
     ) -> DrivenSequence:
         """Queue a sequence (greedy unless `sampling` says otherwise). `prefix_blocks` are full
         blocks already holding the prompt's first tokens (e.g. another sequence's); they are
         shared, or copied into fresh blocks. `retain` keeps the blocks alive after the
-        sequence finishes (a prefix-cache stand-in)."""
+        sequence finishes (a prefix-cache stand-in). `lora_name`: the LoRA adapter it runs under."""
         seq = DrivenSequence(
             seq_id,
             list(prompt),
@@ -88,6 +91,7 @@ class PlanDriver:
             max_new_tokens,
             chunk_size,
             retain,
+            lora_name,
         )
         for block in prefix_blocks or []:
             if copy_prefix:
@@ -148,6 +152,7 @@ class PlanDriver:
                         block_table=list(seq.block_table),
                         sampling=seq.sampling,
                         seed=seq.seed,
+                        lora_name=seq.lora_name,
                     )
                 )
                 seq.sent = True

@@ -189,3 +189,9 @@ def test_structured_constraints_become_the_proto_oneof() -> None:
     for bad in ({}, {"regex": "a", "choice": ["b"]}, {"xml": "<a/>"}):
         with pytest.raises(ValueError, match="exactly one of json_schema"):
             build_generate_request("p", structured=bad)
+
+
+def test_model_names_a_lora_adapter_and_defaults_to_the_base_model() -> None:
+    assert build_generate_request("hi", model="alpha").model == "alpha"
+    assert build_generate_request("hi").model == ""
+    assert "model" not in {f.name for f in api_pb2.SamplingParams.DESCRIPTOR.fields}, "not a sampling keyword"

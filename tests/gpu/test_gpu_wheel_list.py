@@ -26,11 +26,12 @@ IMAGE_PROVIDES = frozenset(
 NOT_NEEDED_ON_GPU = frozenset(
     {
         *("matplotlib", "accelerate", "grpcio-tools", "ruff", "mypy", "import-linter", "vulture", "hatchling"),
-        *("playwright", "pillow", "vllm-router"),
+        *("playwright", "pillow", "vllm-router", "peft"),
     }
 )
 """Declared by pyproject.toml but not imported by the GPU run: plots, unused, protoc, lint, the build
-backend (the installed-wheel test builds the wheel; it is not `cuda`); the
+backend (the installed-wheel test builds the wheel; it is not `cuda`); peft (the LoRA tests' reference,
+not `cuda`); the
 browser tests' Playwright and Pillow (imported inside their fixtures and helpers, and those
 tests are not `cuda`); vllm-router (a binary the router tests run)."""
 GPU_PLATFORM = {

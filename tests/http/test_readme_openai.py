@@ -1,4 +1,5 @@
-"""The README's OpenAI SDK example runs as written, against a fake-executor server instead of :8000."""
+"""The README's OpenAI SDK examples (and docs/serving.md's tool-calling one) run as written, against a
+fake-executor server instead of :8000."""
 
 from __future__ import annotations
 
@@ -14,18 +15,19 @@ import pytest
 from kvserve.testing.server_launcher import ServeProcess
 
 README = Path(__file__).resolve().parents[2] / "README.md"
+SERVING = README.parent / "docs" / "serving.md"
 EXAMPLE_URL = "http://127.0.0.1:8000/v1"
 
 
-def openai_block(marker: str) -> str:
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+def openai_block(marker: str, doc: Path = README) -> str:
+    blocks = re.findall(r"```python\n(.*?)```", doc.read_text(), re.S)
     (block,) = [b for b in blocks if "from openai" in b and marker in b]
     return block
 
 
-def run_block(marker: str, server: ServeProcess, name: str) -> None:
-    """Run the README's openai block containing `marker` against `server` instead of :8000."""
-    source = openai_block(marker)
+def run_block(marker: str, server: ServeProcess, name: str, doc: Path = README) -> None:
+    """Run the doc's openai block containing `marker` against `server` instead of :8000."""
+    source = openai_block(marker, doc)
     assert EXAMPLE_URL in source
     exec(compile(source.replace(EXAMPLE_URL, f"{server.http_url}/v1"), name, "exec"), {})
 
@@ -47,7 +49,7 @@ def test_readme_structured_output_example_prints_schema_valid_json(
 def test_readme_tool_calling_example_calls_and_sends_the_result_back(
     http_server: ServeProcess, capsys: pytest.CaptureFixture
 ) -> None:
-    run_block("tool_choice", http_server, "README-tools")
+    run_block("tool_choice", http_server, "serving-tools", SERVING)
     first_line = capsys.readouterr().out.splitlines()[0]
     name, arguments = first_line.split(" ", 1)
     place = ast.literal_eval(arguments)

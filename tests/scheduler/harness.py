@@ -14,10 +14,17 @@ from kvserve.scheduler.core.scheduler_config import SchedulerConfig
 
 
 def strict_executor(
-    num_blocks: int, block_size: int, num_cpu_blocks: int = 0, vocab_size: int = 50, *, draft: bool = False
+    num_blocks: int,
+    block_size: int,
+    num_cpu_blocks: int = 0,
+    vocab_size: int = 50,
+    *,
+    draft: bool = False,
+    loras: tuple[str, ...] = (),
 ) -> FakeExecutor:
     """A strict fake executor over a plain vocabulary: checks every plan, needs no model files.
-    `draft`: it is also a (fake) draft model, for `--speculative draft`."""
+    `draft`: it is also a (fake) draft model, for `--speculative draft`; `loras`: the LoRA adapters'
+    names it knows (`--lora NAME=PATH`, PATHs made up)."""
     return FakeExecutor(
         FakeExecutorConfig(
             num_blocks=num_blocks,
@@ -26,6 +33,7 @@ def strict_executor(
             vocab_size=vocab_size,
             strict=True,
             draft_model="fake" if draft else None,
+            lora=tuple(f"{name}=/adapters/{name}" for name in loras),
         )
     )
 
@@ -56,6 +64,8 @@ class Harness:
     completions: dict[tuple[str, int], Completion] = field(default_factory=dict)
     plans: list[StepPlan] = field(default_factory=list)
     clock: FakeClock = field(default_factory=FakeClock)
+    loras: tuple[str, ...] = ()
+    """The LoRA adapters the executor knows."""
 
     def __post_init__(self) -> None:
         self.scheduler = Scheduler(self.config, clock=self.clock)
@@ -65,12 +75,13 @@ class Harness:
             self.config.num_cpu_blocks,
             self.vocab_size,
             draft=self.config.speculative == "draft",
+            loras=self.loras,
         )
 
     def add(self, request_id: str, prompt: list[int], **sampling_and_options) -> None:
         options = {
             k: sampling_and_options.pop(k)
-            for k in ("priority", "namespace", "arrival_time", "constraint")
+            for k in ("priority", "namespace", "arrival_time", "constraint", "lora_name")
             if k in sampling_and_options
         }
         sampling_and_options.setdefault("seed", 7)

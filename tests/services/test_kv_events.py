@@ -21,6 +21,7 @@ from kvserve.protos.kv_events import KVEventBatch, block_hash
 from kvserve.scheduler.core.request import RequestRejected
 from kvserve.scheduler.core.scheduler_config import SchedulerConfig
 from kvserve.scheduler.server.observability.kv_event_recorder import KvEventRecorder
+from kvserve.scheduler.server.security.namespaces import namespace_lora, prefix_namespace
 from tests.scheduler.harness import Harness, strict_executor
 
 ENCODER = msgspec.msgpack.Encoder()
@@ -131,3 +132,18 @@ def test_one_request_makes_one_chained_block_stored() -> None:
     assert event["parent_block_hash"] is None and event["block_size"] == 4 and len(event["block_hashes"]) == 3
     assert event["token_ids"] == list(range(1, 13))
     assert (event["lora_id"], event["medium"], event["lora_name"]) == (None, "GPU", None)
+
+
+def test_a_block_stored_under_a_lora_adapter_names_it_as_vllm_does() -> None:
+    h = Harness(SchedulerConfig(num_blocks=32, block_size=4, max_model_len=64), loras=("alpha", "beta"))
+    recorder = KvEventRecorder(4, ["alpha", "beta"], namespace_lora)
+    h.scheduler.set_prefix_listener(recorder)
+    prompt = list(range(1, 14))
+    for i, lora in enumerate(("beta", "", "alpha")):
+        namespace = prefix_namespace("m", "t", "", lora)
+        h.add(f"r{i}", prompt, max_tokens=1, namespace=namespace, lora_name=lora)
+        h.run()
+    events = msgpack.unpackb(ENCODER.encode(KVEventBatch(ts=1.0, events=recorder.take())))[1]
+    stored = [(e["lora_name"], e["lora_id"], tuple(e["block_hashes"])) for e in events if e["type"] == "BlockStored"]
+    assert [(name, lora_id) for name, lora_id, _ in stored] == [("beta", 2), (None, None), ("alpha", 1)]
+    assert len({hashes for _, _, hashes in stored}) == 3, "the same tokens hash apart under each adapter"

@@ -1,6 +1,11 @@
 from __future__ import annotations
 
-from kvserve.scheduler.server.security.namespaces import ANONYMOUS_TENANT, prefix_namespace, tenant_from_metadata
+from kvserve.scheduler.server.security.namespaces import (
+    ANONYMOUS_TENANT,
+    namespace_lora,
+    prefix_namespace,
+    tenant_from_metadata,
+)
 
 
 def test_namespace_separates_model_tenant_and_salt() -> None:
@@ -18,3 +23,14 @@ def test_namespace_parts_cannot_be_shifted_into_each_other() -> None:
 def test_without_auth_every_caller_is_anonymous() -> None:
     assert tenant_from_metadata([("authorization", "Bearer x")]) == ANONYMOUS_TENANT
     assert tenant_from_metadata(None) == ANONYMOUS_TENANT
+
+
+def test_each_lora_adapter_has_its_own_namespace_and_names_it() -> None:
+    base = prefix_namespace("m", "t", "s")
+    alpha, beta = prefix_namespace("m", "t", "s", "alpha"), prefix_namespace("m", "t", "s", "beta")
+    assert len({base, alpha, beta}) == 3, "the same tokens under two adapters never share KV"
+    assert alpha == prefix_namespace("m", "t", "s", "alpha"), "the same adapter does"
+    assert prefix_namespace("m", "t2", "s", "alpha") != alpha and prefix_namespace("m", "t", "", "alpha") != alpha
+    assert base == prefix_namespace("m", "t", "s", ""), "the base model's namespaces are as before adapters"
+    assert [namespace_lora(ns) for ns in (base, alpha, beta)] == ["", "alpha", "beta"]
+    assert namespace_lora(prefix_namespace("m", "t", "", "a+b/c")) == "a+b/c"

@@ -10,6 +10,7 @@ from kvserve.config import defaults
 from kvserve.protos.kvserve.v1 import api_pb2
 from kvserve.protos.sampling import InvalidFieldError
 from kvserve.scheduler.server.intake.request_parsing import ModelLimits, parse_generate
+from kvserve.scheduler.server.intake.served_models import ModelNotFound, ServedModels
 from kvserve.scheduler.server.intake.tokenizer import Tokenizer
 
 LIMITS = ModelLimits(max_model_len=64, vocab_size=49152)
@@ -205,3 +206,33 @@ def test_random_requests_either_validate_or_name_a_field(tokenizer: Tokenizer) -
         v.sampling.validate()
 
     check()
+
+
+SERVED = ServedModels.of("base-model", ("alias",), ("alpha", "beta"))
+
+
+@pytest.mark.parametrize(
+    "name, lora", [("", ""), ("base-model", ""), ("alias", ""), ("alpha", "alpha"), ("beta", "beta")]
+)
+def test_the_model_field_picks_the_base_model_or_a_lora_adapter(tokenizer: Tokenizer, name: str, lora: str) -> None:
+    limits = ModelLimits(max_model_len=64, vocab_size=49152, models=SERVED)
+    assert parse_generate(api_pb2.GenerateRequest(text="Hi", model=name), tokenizer, limits).lora_name == lora
+
+
+def test_an_unknown_model_is_refused_first_naming_it_and_what_is_served(tokenizer: Tokenizer) -> None:
+    limits = ModelLimits(max_model_len=64, vocab_size=49152, models=SERVED)
+    bad_prompt_too = api_pb2.GenerateRequest(text="", model="gamma")
+    with pytest.raises(ModelNotFound) as info:
+        parse_generate(bad_prompt_too, tokenizer, limits)
+    assert info.value.field == "model" and isinstance(info.value, InvalidFieldError)
+    assert str(info.value) == (
+        "model: the model 'gamma' does not exist; this server serves 'base-model', 'alias', 'alpha', 'beta'"
+    )
+    with pytest.raises(ModelNotFound, match="'" + "x" * 200 + "' does not"):
+        parse_generate(api_pb2.GenerateRequest(text="Hi", model="x" * 10_000), tokenizer, limits)
+
+
+def test_an_adapter_may_not_take_a_name_of_the_base_model() -> None:
+    with pytest.raises(ValueError, match="'alias' is also a name of the base model"):
+        ServedModels.of("base-model", ("alias",), ("alias", "alpha"))
+    assert ServedModels.of("m", ("m", "n"), ("a",)).names() == ("m", "n", "a")

@@ -104,7 +104,8 @@ class AsyncClient(Connection):
 
     def stream(self, prompt: str | None = None, *, timeout_s: float | None = None, **request: Any) -> AsyncChunkStream:
         """Start a Generate call. `request`: `build_generate_request`'s keywords (one prompt form, request id,
-        priority, cache salt, `structured`) and api.proto SamplingParams field names."""
+        priority, cache salt, `structured`, `model`: a LoRA adapter's name) and api.proto SamplingParams field
+        names."""
         message = build_generate_request(prompt, **request)
         call = self._stub.Generate(message, **self._call_options(timeout_s))
         return AsyncChunkStream(call)

@@ -33,16 +33,21 @@ def build_generate_request(
     tools: Iterable[Mapping[str, Any]] | None = None,
     tool_choice: str | Mapping[str, str] | None = None,
     parallel_tool_calls: bool | None = None,
+    model: str = "",
     **sampling: Any,
 ) -> api_pb2.GenerateRequest:
     """Build a GenerateRequest from exactly one prompt form plus sampling keyword arguments.
 
-    Sampling values of None are left unset, so the server default applies. `structured`
+    Sampling values of None are left unset, so the server default applies. `model` names a LoRA
+    adapter the server loaded (its `model_info()["lora_names"]`); "" or the served model's id runs
+    the base model, and any other name fails with NOT_FOUND. `structured`
     constrains the output (see `structured_output`), e.g. `{"json_schema": {...}}`. With
     `messages`, `tools` (see `add_tool`), `tool_choice` ("none", "auto", "required" or
     `{"function": NAME}`) and `parallel_tool_calls` let the model call functions.
     """
-    request = api_pb2.GenerateRequest(request_id=request_id or "", priority=priority, cache_salt=cache_salt)
+    request = api_pb2.GenerateRequest(
+        request_id=request_id or "", priority=priority, cache_salt=cache_salt, model=model or ""
+    )
     given = [
         name
         for name, value in (("prompt", prompt), ("token_ids", token_ids), ("messages", messages))

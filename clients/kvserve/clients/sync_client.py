@@ -82,7 +82,8 @@ class Client(Connection):
 
     def stream(self, prompt: str | None = None, *, timeout_s: float | None = None, **request: Any) -> ChunkStream:
         """Start a Generate call. `request`: `build_generate_request`'s keywords (one prompt form, request id,
-        priority, cache salt, `structured`) and api.proto SamplingParams field names."""
+        priority, cache salt, `structured`, `model`: a LoRA adapter's name) and api.proto SamplingParams field
+        names."""
         message = build_generate_request(prompt, **request)
         return ChunkStream(self._stub.Generate(message, **self._call_options(timeout_s)))
 

@@ -27,6 +27,8 @@ from kvserve.executor.config_error import ExecutorConfigError
 from kvserve.executor.cpu_features import has_avx512, has_native_bf16
 from kvserve.executor.decode_graph_capture import capture_decode_graphs
 from kvserve.executor.kv_cache_budget import blocks_for_bytes, device_kv_budget_bytes, kv_bytes_per_block
+from kvserve.executor.lora.adapter_set import load_adapter_set
+from kvserve.executor.lora.step_deltas import LoraStep
 from kvserve.executor.model.draft_model import DraftModel, DraftModelSpec, log_loaded
 from kvserve.executor.model.input_batch import InputBatch, build_input_batch
 from kvserve.executor.model.kv_cache import CacheGeometry, PagedKVCache
@@ -88,6 +90,7 @@ class ModelRunner:
         self.model_dir = model_store.ensure_model_dir(config.model)
         self.model_config = load_model_config(self.model_dir)
         size = place.world_size if place is not None else 1
+        self.loras = load_adapter_set(config, self.model_config, self.device, size)  # refused before any load
         self.layout = plan_layout(self.model_config, place.rank if place is not None else 0, size)
         self.group: TensorParallelGroup | None = None
         if place is not None and size > 1:
@@ -217,10 +220,12 @@ class ModelRunner:
             attention_backend=self.backend_name,
             num_threads=self.num_threads,
             draft_model_id=self.draft.model_id if self.draft is not None else "",
+            lora_names=list(self.loras.names),
         )
 
     def execute(self, plan: StepPlan) -> StepResult:
         started = time.perf_counter()
+        self.loras.check_plan(plan.new_seqs)
         self.seqs.drop(plan.drop_seq_ids)
         self.seqs.trim(plan.trims)
         self.cache.swap_out(plan.swap_out)
@@ -248,8 +253,9 @@ class ModelRunner:
                     self.model.scale,
                     self.dtype,
                     self.shard_config.num_kv_heads,
+                    self.loras.indices,
                 )
-                logits = self._forward(batch)
+                logits = self._forward(batch, self.loras.step(batch.lora_indices))
                 if logits is not None:  # None: a tensor-parallel rank other than 0, which does not sample
                     sampling, counts = batch.sampling_seqs, batch.sample_counts
                     rows = sampling if counts is None else position_views(sampling, counts)
@@ -273,12 +279,13 @@ class ModelRunner:
     def reset(self) -> None:
         self.seqs.clear()
 
-    def _forward(self, batch: InputBatch) -> torch.Tensor | None:
-        """The forward pass. Sharded, a failure inside it (out of memory, say) can leave another rank
-        waiting in a collective this rank never reaches, so it ends the group instead of the step."""
+    def _forward(self, batch: InputBatch, lora: LoraStep | None = None) -> torch.Tensor | None:
+        """The forward pass, with `lora`'s deltas (a step with LoRA rows runs eagerly: the decode graphs
+        hold none). Sharded, a failure inside it (out of memory, say) can leave another rank waiting in a
+        collective this rank never reaches, so it ends the group instead of the step."""
         if self.group is None:
-            logits = self.graphs.forward(batch) if self.graphs is not None else None
-            return logits if logits is not None else self.model.forward(batch, self.cache, self.backend)
+            logits = self.graphs.forward(batch) if self.graphs is not None and lora is None else None
+            return logits if logits is not None else self.model.forward(batch, self.cache, self.backend, lora)
         try:
             return self.model.forward(batch, self.cache, self.backend)
         except RankLostError:

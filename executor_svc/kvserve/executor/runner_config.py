@@ -142,6 +142,24 @@ class RunnerConfig:
         default=defaults.COMPILE_BUCKETS,
         metadata=flag("comma-separated decode batch sizes --compile on captures, ascending"),
     )
+    lora: tuple[str, ...] = field(
+        default=(),
+        metadata=flag(
+            "a LoRA adapter saved by peft (a directory with adapter_config.json and adapter_model.safetensors), "
+            "served under NAME: a request names it as its `model`; repeat for several",
+            metavar="NAME=PATH",
+        ),
+    )
+    max_loras: int = field(
+        default=defaults.MAX_LORAS,
+        metadata=flag(
+            "LoRA adapters resident at once; a step's adapters beyond them wait, the least recently used swaps out"
+        ),
+    )
+    max_lora_rank: int = field(
+        default=defaults.MAX_LORA_RANK,
+        metadata=flag("the largest LoRA rank an adapter may have (refused at load beyond)"),
+    )
 
     def __post_init__(self) -> None:
         check_block_size(self.block_size)

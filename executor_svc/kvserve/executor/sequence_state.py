@@ -28,6 +28,8 @@ class SequenceState:
     num_scheduled_tokens: int = 0
     draft_token_ids: list[int] = field(default_factory=list)
     """This step's proposed tokens (speculative decoding), scored after the known ones."""
+    lora_name: str = ""
+    """The LoRA adapter the sequence runs under, from its NewSequence ("": the base model)."""
 
     @property
     def output_len(self) -> int:
@@ -84,6 +86,7 @@ class SequenceTable:
             seed=seq.seed,
             num_computed_tokens=seq.num_computed_tokens,
             num_scheduled_tokens=seq.num_scheduled_tokens,
+            lora_name=seq.lora_name,
         )
         self._seqs[seq.seq_id] = state
         return state

@@ -15,8 +15,9 @@ sends `seq = -1` with an empty payload.
 **The block hash** is defined here and nowhere else. It is chained over full blocks: a
 block's hash covers its token ids and its parent's hash, so equal hashes mean equal whole
 prefixes. The first block of a prefix chains from a seed made of its prefix namespace (itself
-a hash of model, tenant and cache salt), so the same tokens under two tenants never hash
-alike, and no event says whose tokens they are. 64 bits of BLAKE2b, as an unsigned integer.
+a hash of model, tenant and cache salt, and the LoRA adapter's name), so the same tokens under
+two tenants (or two adapters) never hash alike, and no event says whose tokens they are. 64 bits
+of BLAKE2b, as an unsigned integer.
 """
 
 from __future__ import annotations

@@ -69,6 +69,8 @@ class NewSequence:
     sampling: SamplingParams
     seed: int
     """Resolved seed: draws depend only on (seed, output position), never on batch order."""
+    lora_name: str = ""
+    """The LoRA adapter the sequence runs under (one of `ExecutorInfo.lora_names`); "": the base model."""
 
 
 @dataclass(slots=True)
@@ -183,3 +185,5 @@ class ExecutorInfo:
     where no model runs (the fake executor)."""
     draft_model_id: str = ""
     """The draft model speculative decoding's `draft` method asks for proposals ("": none loaded)."""
+    lora_names: list[str] = field(default_factory=list)
+    """The LoRA adapters a request may name (`--lora NAME=PATH`), in the order given."""

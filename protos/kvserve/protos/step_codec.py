@@ -44,7 +44,7 @@ __all__ = [
 T = TypeVar("T")
 
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 """Sent in every Handshake; bump it when a change to executor_link.proto breaks old peers."""
 
 _seq_id = attrgetter("seq_id")
@@ -99,6 +99,7 @@ def encode_plan(plan: StepPlan, out: pb.StepPlan | None = None) -> pb.StepPlan:
         m.block_table.extend(seq.block_table)
         encode_sampling(seq.sampling, m.sampling)
         m.seed = seq.seed
+        m.lora_name = seq.lora_name
     cached = plan.known_seqs
     if cached:
         c = msg.known_seqs
@@ -143,6 +144,7 @@ def decode_plan(msg: pb.StepPlan) -> StepPlan:
             block_table=list(m.block_table),
             sampling=decode_sampling(m.sampling),
             seed=m.seed,
+            lora_name=m.lora_name,
         )
         for m in msg.new_seqs
     ]

@@ -23,7 +23,8 @@ Strict mode (`FakeExecutorConfig.strict`, for the scheduler's own tests) checks 
 a cost: slots hold (token id, position), every scheduled sequence's whole context is
 read back after the forward pass, and block moves and empty schedules are refused.
 
-Tokens depend only on the context and the seed, never on the batch, so recompute after
+Tokens depend only on the context, the seed and the sequence's LoRA adapter (`--lora NAME=PATH`,
+a salt of the draw: `kvserve.executor.fake.adapters`), never on the batch, so recompute after
 preemption, swap and executor restarts reproduce outputs exactly. A structured-output
 mask restricts the draw to the tokens it allows (ordinary ones first), so `choice` and
 fixed-string regexes come out whole. `logit_bias` is honoured simply (`tokens.biased_token`):
@@ -43,6 +44,7 @@ from pathlib import Path
 
 from kvserve.config import defaults
 from kvserve.config.flags import flag
+from kvserve.executor.fake.adapters import lora_names
 from kvserve.executor.fake.fake_model import FakeModel
 from kvserve.executor.fake.scripted_reply import ScriptedReplies
 from kvserve.executor.fake.sequences import FakeSequence, SequenceTable
@@ -92,6 +94,9 @@ class FakeExecutorConfig:
     draft_model: str | None = None
     """From the runner's --draft-model: any value makes this a fake draft model too (its proposals are its own
     next tokens, each wrong on purpose one time in four)."""
+    lora: tuple[str, ...] = ()
+    """From the runner's --lora NAME=PATH: the adapters it reports (`ExecutorInfo.lora_names`), loading
+    nothing (PATH need not exist); a sequence's tokens depend on its adapter's name (`adapters.lora_salt`)."""
     model_id: str | None = field(
         default=None, metadata=flag("model id reported to the scheduler; None: fake:<the tokenizer's model name>")
     )
@@ -135,10 +140,11 @@ class FakeExecutor:
             self.tokenizer_path = str(tokenizer_dir)
             self.vocab = load_vocabulary(tokenizer_dir, config.vocab_size)
         self.max_model_len = config.max_model_len or self.vocab.max_position_embeddings or 8192
+        self.lora_names = lora_names(config.lora)
         self.shadow = ShadowKV(config.num_blocks, config.block_size, config.num_cpu_blocks, strict=config.strict)
         scripts = ScriptedReplies(self.tokenizer_path) if config.scripted_replies else None
         self.sequences = SequenceTable(
-            self.shadow, self.vocab, self.max_model_len, strict=config.strict, scripts=scripts
+            self.shadow, self.vocab, self.max_model_len, strict=config.strict, scripts=scripts, loras=self.lora_names
         )
         self.model = FakeModel(
             self.vocab,
@@ -172,6 +178,7 @@ class FakeExecutor:
             dtype="none",
             attention_backend="none",
             draft_model_id="fake-draft" if cfg.draft_model else "",
+            lora_names=list(self.lora_names),
         )
 
     def execute(self, plan: StepPlan) -> StepResult:
@@ -193,6 +200,7 @@ class FakeExecutor:
                 new.block_table,
                 new.sampling,
                 new.seed,
+                new.lora_name,
             )
             scheduled.append((new.seq_id, seq, new.num_scheduled_tokens))
         for cached in plan.known_seqs:

@@ -1,10 +1,11 @@
 """The fake model: which token follows a context, and a fake draft model's proposals.
 
 A draw is a function of the context's last tokens (read back from the shadow KV by the caller),
-its length and, when sampling, the seed (`kvserve.executor.fake.tokens`); on top of it come eos
-(as the shared stop rules allow), copying (`--copy-period`), a structured-output mask, `logit_bias`,
-and the tests' options (`--scripted-replies`, `--fault-violate-token-masks`). It is apart from
-`executor.FakeExecutor`, which checks and applies plans, so the model's choices read in one place.
+its length, the sequence's LoRA adapter and, when sampling, the seed
+(`kvserve.executor.fake.tokens`); on top of it come eos (as the shared stop rules allow), copying
+(`--copy-period`), a structured-output mask, `logit_bias`, and the tests' options
+(`--scripted-replies`, `--fault-violate-token-masks`). It is apart from `executor.FakeExecutor`,
+which checks and applies plans, so the model's choices read in one place.
 """
 
 from __future__ import annotations
@@ -47,10 +48,10 @@ class FakeModel:
 
     def draw(self, seq: FakeSequence, context: list[int], window: list[int], mask: bytes | None) -> tuple[int, int]:
         """(the token that follows `context`, the draw's hash): a function of the context's last
-        tokens (`window`), its length and, when sampling, the seed."""
+        tokens (`window`), its length, the sequence's adapter and, when sampling, the seed."""
         length = len(context)
         greedy = seq.sampling.temperature == 0.0
-        h = context_hash(window, length, seq.seed, greedy)
+        h = context_hash(window, length, seq.seed, greedy, seq.lora_salt)
         may_end = self.may_end_by_eos(seq, length - seq.prompt_len) and wants_eos(h, self._eos_probability)
         if seq.script is not None or (mask is not None and self._fault_violate_token_masks):
             chosen = self._test_draw(seq, length, h, mask)

@@ -1,18 +1,20 @@
 """The sequences the fake executor knows, and the plan checks that keep them in step with the scheduler.
 
 A real executor trusts the plan's sequence deltas; the fake checks each one the way a careful
-executor would and raises `PlanError` naming the sequence: known and unknown ids, prompt and
-computed lengths in range, token ids inside the vocabulary, block ids in range and unique, a new
-sequence's computed prefix already in its blocks (read back from the shadow KV), `num_computed_tokens`
-as computed, `new_token_ids` starting with the token sampled last step, scheduled positions known
-and below `max_model_len`. It lives apart from `executor.FakeExecutor`, which applies a whole plan
-in order and samples, so the state of one sequence and its checks read in one place.
+executor would and raises `PlanError` naming the sequence: known and unknown ids, a LoRA adapter
+it was given (`--lora`), prompt and computed lengths in range, token ids inside the vocabulary,
+block ids in range and unique, a new sequence's computed prefix already in its blocks (read back
+from the shadow KV), `num_computed_tokens` as computed, `new_token_ids` starting with the token
+sampled last step, scheduled positions known and below `max_model_len`. It lives apart from
+`executor.FakeExecutor`, which applies a whole plan in order and samples, so the state of one
+sequence and its checks read in one place.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvserve.executor.fake.adapters import lora_salt
 from kvserve.executor.fake.scripted_reply import ScriptedReplies
 from kvserve.executor.fake.shadow_kv import ShadowKV
 from kvserve.executor.fake.vocabulary import Vocabulary
@@ -36,6 +38,8 @@ class FakeSequence:
     """This step's proposed tokens (speculative decoding), written and verified after the known ones."""
     script: list[int] | None = None
     """The prompt's scripted reply (`--scripted-replies`), None for an ordinary prompt."""
+    lora_salt: int = 0
+    """Its LoRA adapter's salt of every draw (`adapters.lora_salt`; 0: the base model)."""
 
     def step_tokens(self) -> list[int]:
         return self.token_ids + self.drafts if self.drafts else self.token_ids
@@ -52,8 +56,10 @@ class SequenceTable:
         *,
         strict: bool,
         scripts: ScriptedReplies | None,
+        loras: tuple[str, ...] = (),
     ) -> None:
         self.by_id: dict[int, FakeSequence] = {}
+        self._loras = frozenset(loras)
         self._shadow = shadow
         self._vocab = vocab
         self._max_model_len = max_model_len
@@ -83,10 +89,14 @@ class SequenceTable:
         block_table: list[int],
         sampling: SamplingParams,
         seed: int,
+        lora_name: str = "",
     ) -> FakeSequence:
         what = f"new seq {seq_id}"
         if seq_id in self.by_id:
             raise PlanError(f"{what}: already known; drop it first or send it as a cached sequence")
+        if lora_name and lora_name not in self._loras:
+            known = ", ".join(map(repr, sorted(self._loras))) or "none"
+            raise PlanError(f"{what}: LoRA adapter {lora_name[:100]!r} was not given to this executor (it has {known})")
         if not 0 < prompt_len <= len(token_ids):
             raise PlanError(f"{what}: prompt_len {prompt_len} not in [1, {len(token_ids)}]")
         if not 0 <= num_computed <= len(token_ids):
@@ -97,6 +107,7 @@ class SequenceTable:
         if len(set(block_table)) != len(block_table):
             raise PlanError(f"{what}: block table {block_table} holds a block twice")
         seq = FakeSequence(list(token_ids), prompt_len, list(block_table), sampling, seed, num_computed)
+        seq.lora_salt = lora_salt(lora_name)
         if self._scripts is not None:
             seq.script = self._scripts.script(seq.token_ids[:prompt_len])
         self._shadow.check_covered(seq.block_table, num_computed, what)

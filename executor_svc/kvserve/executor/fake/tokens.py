@@ -1,7 +1,8 @@
 """The fake executor's token function, and what a run of it must produce.
 
-A token is a hash of the last few context tokens, the context length and (when sampling)
-the seed: it depends on nothing else, so recompute, swap and restarts reproduce outputs,
+A token is a hash of the last few context tokens, the context length, (when sampling)
+the seed and the sequence's LoRA adapter (`adapters.lora_salt`, 0 for the base model): it
+depends on nothing else, so recompute, swap and restarts reproduce outputs,
 and a test can compute a sequence's expected completion without running any executor.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection, Container, Iterable, Sequence
 
 from kvserve.config import defaults
+from kvserve.executor.fake.adapters import lora_salt
 from kvserve.protos.step import TokenLogprob
 
 DEFAULT_CONTEXT_WINDOW = 4
@@ -27,9 +29,10 @@ def hash_ints(values: Iterable[int], length: int, salt: int) -> int:
     return h
 
 
-def context_hash(window: Sequence[int], length: int, seed: int, greedy: bool) -> int:
-    """The draw for the next token: greedy ignores the seed, as argmax would."""
-    return hash_ints(window, length, 0 if greedy else seed + 1)
+def context_hash(window: Sequence[int], length: int, seed: int, greedy: bool, lora: int = 0) -> int:
+    """The draw for the next token: greedy ignores the seed, as argmax would; an adapter's salt `lora`
+    changes every draw (0, the base model, none)."""
+    return hash_ints(window, length, (0 if greedy else seed + 1) ^ lora)
 
 
 def pick_token(h: int, samplable: Sequence[int]) -> int:
@@ -132,15 +135,18 @@ def expected_completion(
     greedy: bool = False,
     context_window: int = DEFAULT_CONTEXT_WINDOW,
     copy_period: int = 0,
+    lora_name: str = "",
 ) -> list[int]:
     """What an undisturbed run of one sequence yields on a fake executor whose vocabulary is
-    plain `range(vocab_size)` (strict mode without a tokenizer; 50 is the scheduler tests' size)."""
+    plain `range(vocab_size)` (strict mode without a tokenizer; 50 is the scheduler tests' size),
+    under the LoRA adapter `lora_name` ("": the base model)."""
     tokens = list(prompt)
     samplable = range(vocab_size)
     stop = set(stop_ids)
+    salt = lora_salt(lora_name)
     out: list[int] = []
     while len(out) < max_tokens:
-        h = context_hash(tokens[-context_window:], len(tokens), seed, greedy)
+        h = context_hash(tokens[-context_window:], len(tokens), seed, greedy, salt)
         token = copied_token(tokens, copy_period, samplable) if copies(h, greedy) else None
         if token is None:
             token = pick_token(h, samplable)

@@ -8,6 +8,7 @@ tokens samples at its last len(drafts) + 1 positions (`sample_counts`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +30,9 @@ class InputBatch:
     sampling_seqs: list[SequenceState]
     sample_counts: list[int] | None = None
     """Rows of `sample_indices` per sampling sequence, in order; None: one each (no drafts this step)."""
+    lora_indices: list[int] | None = None
+    """Per token, the index of its sequence's LoRA adapter (`ExecutorInfo.lora_names`), -1 for the base
+    model; None when no token of the step has one (`kvserve.executor.lora`)."""
 
     @property
     def num_tokens(self) -> int:
@@ -42,8 +46,10 @@ def build_input_batch(
     scale: float,
     dtype: torch.dtype = torch.float32,
     num_kv_heads: int = 1,
+    lora_indices: Mapping[str, int] | None = None,
 ) -> InputBatch:
-    """`seqs` are the sequences with scheduled tokens, in plan order."""
+    """`seqs` are the sequences with scheduled tokens, in plan order; `lora_indices`: each loaded LoRA
+    adapter's index by name (a sequence's `lora_name` was checked against them when it arrived)."""
     input_ids: list[int] = []
     positions: list[int] = []
     query_start = [0]
@@ -52,6 +58,8 @@ def build_input_batch(
     sample_rows: list[int] = []
     sampling_seqs: list[SequenceState] = []
     sample_counts: list[int] = []
+    token_adapters: list[int] = []
+    under_adapter = False
     for seq in seqs:
         start, count = seq.num_computed_tokens, seq.num_scheduled_tokens
         end = start + count
@@ -66,6 +74,9 @@ def build_input_batch(
             )
         input_ids.extend(tokens[start:end])
         positions.extend(range(start, end))
+        adapter = lora_indices[seq.lora_name] if seq.lora_name and lora_indices else -1
+        token_adapters.extend([adapter] * count)
+        under_adapter = under_adapter or adapter >= 0
         query_start.append(query_start[-1] + count)
         seq_lens.append(end)
         query_lens.append(count)
@@ -106,4 +117,5 @@ def build_input_batch(
         sample_indices=torch.tensor(sample_rows, dtype=torch.long, device=device),
         sampling_seqs=sampling_seqs,
         sample_counts=sample_counts if len(sample_rows) > len(sampling_seqs) else None,
+        lora_indices=token_adapters if under_adapter else None,
     )

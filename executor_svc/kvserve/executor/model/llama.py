@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from kvserve.executor.attention.base import AttentionBackend
+from kvserve.executor.lora.step_deltas import LoraStep
 from kvserve.executor.model.input_batch import InputBatch
 from kvserve.executor.model.kv_cache import PagedKVCache
 from kvserve.executor.model.native_layers import NativeLayers
@@ -89,32 +90,51 @@ class LlamaModel:
         )
         """Native Q4_1 layers on one rank run as one C++ op each (`native_layers`), at every batch size."""
 
-    def forward(self, batch: InputBatch, cache: PagedKVCache, backend: AttentionBackend) -> torch.Tensor | None:
-        """Logits [sampled rows, vocab] in float32; None on a tensor-parallel rank other than 0."""
+    def forward(
+        self, batch: InputBatch, cache: PagedKVCache, backend: AttentionBackend, lora: LoraStep | None = None
+    ) -> torch.Tensor | None:
+        """Logits [sampled rows, vocab] in float32; None on a tensor-parallel rank other than 0.
+        `lora`: the step's LoRA deltas, added to the products of the rows under an adapter."""
         cfg, w, group = self.config, self.weights, self.group
         meta = batch.attention
         backend.prepare(meta)
         x = w.embed(batch.input_ids)  # a fresh tensor: the residual adds below are in place
         if group is not None:
             group.all_reduce_(x)
-        if self.native_layers is not None and backend.name == "cpu":
+        if self.native_layers is not None and backend.name == "cpu" and lora is None:
             self.native_layers.run(x, batch.positions, (self.cos, self.sin_signed), cache, meta)
         else:
-            self._layers(x, batch, cache, backend)
+            self._layers(x, batch, cache, backend, lora)
         x = x.index_select(0, batch.sample_indices)
         x = self.norm(x, w.final_norm, cfg.rms_norm_eps)
         logits = w.lm_head(x).float()
         return logits if group is None else group.gather_columns(logits, cfg.vocab_size)
 
-    def _layers(self, x: torch.Tensor, batch: InputBatch, cache: PagedKVCache, backend: AttentionBackend) -> None:
-        """Every decoder layer on `x` in place, op by op."""
+    def _layers(
+        self,
+        x: torch.Tensor,
+        batch: InputBatch,
+        cache: PagedKVCache,
+        backend: AttentionBackend,
+        lora: LoraStep | None = None,
+    ) -> None:
+        """Every decoder layer on `x` in place, op by op, with `lora`'s deltas added to its rows' products.
+
+        Where the fused native layers exist, a step with LoRA rows comes here with their kernels
+        (`NativeLayers.norm`, `.silu_mul`): the fused op equals its steps run one by one, bit for bit,
+        so a base-model row gets the same bits whether or not an adapter's row shares its step."""
         cfg, w, group, meta = self.config, self.weights, self.group, batch.attention
+        native = self.native_layers if backend.name == "cpu" else None  # the steps `forward` may fuse
+        norm = native.norm if native is not None else self.norm
+        silu_mul = native.silu_mul if native is not None else self.silu_mul
         num_tokens = batch.num_tokens
         cos = self.cos.index_select(0, batch.positions)[:, None, :]
         sin = self.sin_signed.index_select(0, batch.positions)[:, None, :]
         for index, layer in enumerate(w.layers):
-            h = self.norm(x, layer.input_norm, cfg.rms_norm_eps)
+            h = norm(x, layer.input_norm, cfg.rms_norm_eps)
             qkv = layer.qkv(h)
+            if lora is not None:
+                lora.add(index, "qkv", h, qkv)
             # q and k heads side by side, rotated in one pass.
             qk = apply_rope(qkv[:, : self._qk_width].view(num_tokens, -1, cfg.head_dim), cos, sin)
             q, k = qk[:, : cfg.num_heads].contiguous(), qk[:, cfg.num_heads :]
@@ -122,10 +142,19 @@ class LlamaModel:
             k_cache, v_cache = cache.layer(index)
             backend.store_kv(k, v, k_cache, v_cache, meta)
             attn = backend.forward(q, k_cache, v_cache, meta)
-            attn_out = layer.o_proj(attn.reshape(num_tokens, -1))
+            attn = attn.reshape(num_tokens, -1)
+            attn_out = layer.o_proj(attn)
+            if lora is not None:
+                lora.add(index, "o_proj", attn, attn_out)
             x.add_(attn_out if group is None else group.all_reduce_(attn_out))
-            h = self.norm(x, layer.post_attention_norm, cfg.rms_norm_eps)
-            mlp_out = layer.down(self.silu_mul(layer.gate_up(h)))
+            h = norm(x, layer.post_attention_norm, cfg.rms_norm_eps)
+            gate_up = layer.gate_up(h)
+            if lora is not None:
+                lora.add(index, "gate_up", h, gate_up)
+            activated = silu_mul(gate_up)
+            mlp_out = layer.down(activated)
+            if lora is not None:
+                lora.add(index, "down", activated, mlp_out)
             x.add_(mlp_out if group is None else group.all_reduce_(mlp_out))
 
 

@@ -34,6 +34,12 @@ class _LayerArgs:
 class NativeLayers:
     """Every layer's fused op over one packed batch; built once from the loaded weights."""
 
+    norm = staticmethod(cpu_ops.rms_norm)
+    """The fused op's RMSNorm, for the op-by-op layers of a step it cannot run (one with LoRA rows):
+    with it (and `silu_mul`) those layers give a row the fused op's bits (tests/kernels/test_decoder_layer.py)."""
+    silu_mul = staticmethod(cpu_ops.silu_mul)
+    """The fused op's SwiGLU activation."""
+
     def __init__(self, config: ModelConfig, layers: list[_LayerArgs]) -> None:
         self.config = config
         self._layers = layers

@@ -106,6 +106,8 @@ class Request:
     """Blocks hit, allocated, copied and freed for this request so far (handed out in its outputs)."""
     drafts: DraftCounts = field(default_factory=DraftCounts)
     """Speculative decoding: draft tokens proposed and accepted for it so far (summed over its n)."""
+    lora_name: str = ""
+    """The LoRA adapter its sequences run under ("": the base model), sent in every NewSequence."""
 
 
 @dataclass(slots=True, eq=False)

@@ -81,6 +81,7 @@ class Scheduler:
         namespace: str = "",
         arrival_time: float | None = None,
         constraint: MatcherFactory | None = None,
+        lora_name: str = "",
     ) -> None:
         """Queue a request; raise RequestRejected if it could never fit the KV capacity.
 
@@ -88,7 +89,9 @@ class Scheduler:
         `namespace`s never share KV blocks. The caller has validated the request (see
         `kvserve.scheduler.server.intake.request_parsing`): a reused id, an empty prompt, a negative
         token id or out-of-range sampling fail an assertion here, not a validation.
-        A `constraint` (structured output) gives each completion its own matcher.
+        A `constraint` (structured output) gives each completion its own matcher. A `lora_name`
+        (one the executor reported) runs it under that LoRA adapter; its `namespace` must be the
+        adapter's own, since the same tokens under two adapters have different KV.
         """
         st = self._state
         assert request_id not in st.requests, f"request id {request_id!r} is still in progress"
@@ -99,6 +102,7 @@ class Scheduler:
         arrival = st.clock() if arrival_time is None else arrival_time
         seed = resolve_seed(sampling.seed)
         request = Request(request_id, prompt, sampling, priority, namespace, arrival, st.next_order, seed)
+        request.lora_name = lora_name
         request.stop_ids = stop_token_ids(sampling, st.eos)
         request.max_output_tokens = min(sampling.max_tokens, self.config.max_model_len - len(prompt))
         request.reserve_blocks = self.config.reserved_blocks(len(prompt), sampling.max_tokens)

@@ -297,6 +297,7 @@ class StepBuilder:
                 block_table=list(seq.block_table),
                 sampling=request.sampling,
                 seed=seq.seed,
+                lora_name=request.lora_name,
             )
         )
         seq.known = True

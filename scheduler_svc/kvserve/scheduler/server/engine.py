@@ -126,21 +126,14 @@ class Engine:
             namespace=namespace,
             arrival_time=arrival,
             constraint=constraint,
+            lora_name=request.lora_name,
         )
+        if self._metrics is not None and request.lora_name:
+            self._metrics.inc_lora_requests(request.lora_name)
         context = list(request.prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:])
         stream = RequestStream(request.request_id, self._config.stream_buffer_chunks)
         self._requests[request.request_id] = ActiveRequest.create(
-            request.request_id,
-            stream,
-            self._tokenizer,
-            request.sampling.stop,
-            context,
-            request.sampling.n,
-            num_prompt,
-            arrival,
-            self._clock,
-            self._metrics,
-            request.tools,
+            request, stream, self._tokenizer, context, arrival, self._clock, self._metrics
         )
         self._queue.enter(num_prompt)
         self._wakeup.set()

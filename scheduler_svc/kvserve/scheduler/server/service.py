@@ -36,12 +36,14 @@ from kvserve.scheduler.server.http.http_server import HttpListenError, HttpServe
 from kvserve.scheduler.server.http.ui_routes import UiOptions
 from kvserve.scheduler.server.intake.generation_defaults import load_sampling_defaults
 from kvserve.scheduler.server.intake.request_parsing import ModelLimits
+from kvserve.scheduler.server.intake.served_models import ServedModels
 from kvserve.scheduler.server.intake.tokenizer import ChatTemplateError, Tokenizer, read_chat_template
 from kvserve.scheduler.server.observability.kv_event_publisher import KvEventsConfigError, kv_event_publisher
 from kvserve.scheduler.server.observability.kv_event_recorder import KvEventRecorder
 from kvserve.scheduler.server.observability.metrics import ServerMetrics
 from kvserve.scheduler.server.security.auth import BearerAuthInterceptor, TokenFileError, TokenTable, load_token_file
 from kvserve.scheduler.server.security.bind_policy import BindSecurity, InsecureBindError, check_bind
+from kvserve.scheduler.server.security.namespaces import namespace_lora
 from kvserve.scheduler.server.security.tls import TlsConfigError, TlsFiles, server_credentials, tls_files
 from kvserve.scheduler.server.server_config import ServerConfig
 from kvserve.scheduler.server.serving_model import ServingModel
@@ -230,7 +232,6 @@ async def run_service(
         tokens=security.tokens,
         metrics=metrics,
         max_request_bytes=config.max_request_bytes,
-        served_model_names=config.served_model_name,
     )
     http: HttpServer | None = None
     if config.http_listen_host is not None:
@@ -264,6 +265,11 @@ async def run_service(
                 draft_model=info.draft_model_id,
                 speculative=config.scheduling.speculative,
             )
+        try:
+            served = ServedModels.of(info.model_id, config.served_model_name, info.lora_names)
+        except ValueError as exc:
+            print(f"kvserve: {exc}", file=sys.stderr, flush=True)
+            return 2
         tokenizer = Tokenizer.from_dir(
             info.tokenizer_path,
             chat_template=chat_template,
@@ -271,7 +277,7 @@ async def run_service(
         )
         scheduler = build_scheduler(config, info)
         if kv_events is not None:
-            recorder = KvEventRecorder(info.block_size)
+            recorder = KvEventRecorder(info.block_size, info.lora_names, namespace_lora)
             scheduler.set_prefix_listener(recorder)
             kv_events.attach(recorder)
         engine = Engine(
@@ -289,6 +295,7 @@ async def run_service(
             max_request_bytes=config.max_request_bytes,
             sampling_defaults=load_sampling_defaults(info.tokenizer_path, config.generation_config),
             tool_call_format=config.tool_call_format,
+            models=served,
         )
         servicer.model = ServingModel(
             engine=engine, tokenizer=tokenizer, info=info, limits=limits, grammars=grammar_compiler(tokenizer, info)
@@ -298,6 +305,7 @@ async def run_service(
         log.info(
             "serving",
             model_id=info.model_id,
+            lora_names=info.lora_names,
             executor=info.executor_kind,
             num_blocks=info.num_blocks,
             max_model_len=limits.max_model_len,

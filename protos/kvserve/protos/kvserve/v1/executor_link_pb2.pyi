@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ExecutorInfo(_message.Message):
-    __slots__ = ("model_id", "num_blocks", "block_size", "num_cpu_blocks", "vocab_size", "max_model_len", "eos_token_ids", "tokenizer_path", "executor_kind", "device", "dtype", "attention_backend", "num_threads", "draft_model_id")
+    __slots__ = ("model_id", "num_blocks", "block_size", "num_cpu_blocks", "vocab_size", "max_model_len", "eos_token_ids", "tokenizer_path", "executor_kind", "device", "dtype", "attention_backend", "num_threads", "draft_model_id", "lora_names")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +22,7 @@ class ExecutorInfo(_message.Message):
     ATTENTION_BACKEND_FIELD_NUMBER: _ClassVar[int]
     NUM_THREADS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    LORA_NAMES_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     num_blocks: int
     block_size: int
@@ -36,7 +37,8 @@ class ExecutorInfo(_message.Message):
     attention_backend: str
     num_threads: int
     draft_model_id: str
-    def __init__(self, model_id: _Optional[str] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tokenizer_path: _Optional[str] = ..., executor_kind: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., attention_backend: _Optional[str] = ..., num_threads: _Optional[int] = ..., draft_model_id: _Optional[str] = ...) -> None: ...
+    lora_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model_id: _Optional[str] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tokenizer_path: _Optional[str] = ..., executor_kind: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., attention_backend: _Optional[str] = ..., num_threads: _Optional[int] = ..., draft_model_id: _Optional[str] = ..., lora_names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Handshake(_message.Message):
     __slots__ = ("protocol_version", "session_id", "pid", "info")
@@ -102,7 +104,7 @@ class StepSamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., n: _Optional[int] = ..., max_tokens: _Optional[int] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ...) -> None: ...
 
 class NewSequence(_message.Message):
-    __slots__ = ("seq_id", "token_ids", "prompt_len", "num_computed_tokens", "num_scheduled_tokens", "block_table", "sampling", "seed")
+    __slots__ = ("seq_id", "token_ids", "prompt_len", "num_computed_tokens", "num_scheduled_tokens", "block_table", "sampling", "seed", "lora_name")
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LEN_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +113,7 @@ class NewSequence(_message.Message):
     BLOCK_TABLE_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    LORA_NAME_FIELD_NUMBER: _ClassVar[int]
     seq_id: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     prompt_len: int
@@ -119,7 +122,8 @@ class NewSequence(_message.Message):
     block_table: _containers.RepeatedScalarFieldContainer[int]
     sampling: StepSamplingParams
     seed: int
-    def __init__(self, seq_id: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., prompt_len: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., block_table: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[StepSamplingParams, _Mapping]] = ..., seed: _Optional[int] = ...) -> None: ...
+    lora_name: str
+    def __init__(self, seq_id: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., prompt_len: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., block_table: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[StepSamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., lora_name: _Optional[str] = ...) -> None: ...
 
 class KnownSequences(_message.Message):
     __slots__ = ("seq_ids", "num_computed_tokens", "num_scheduled_tokens", "new_token_counts", "new_token_ids", "new_block_counts", "new_block_ids", "draft_counts", "draft_token_ids")

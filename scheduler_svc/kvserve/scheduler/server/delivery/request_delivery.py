@@ -23,10 +23,11 @@ from kvserve.scheduler.server.delivery.request_stream import (
     RequestStream,
     Usage,
 )
+from kvserve.scheduler.server.intake.request_parsing import ValidatedRequest
 from kvserve.scheduler.server.observability.metrics import ServerMetrics
 from kvserve.scheduler.server.security.namespaces import client_request_id
 from kvserve.scheduler.server.tools.tool_formats import FORMATS, ToolCallParser
-from kvserve.scheduler.server.tools.tool_use import ToolCall, ToolUse
+from kvserve.scheduler.server.tools.tool_use import ToolCall
 
 log = structlog.get_logger(__name__)
 
@@ -70,34 +71,33 @@ class ActiveRequest:
     @classmethod
     def create(
         cls,
-        request_id: str,
+        request: ValidatedRequest,
         stream: RequestStream,
         decoder: Decoder,
-        stop: tuple[str, ...],
         prompt_tail: list[int],
-        n: int,
-        num_prompt_tokens: int,
         arrival: float,
         clock: Callable[[], float],
         metrics: ServerMetrics | None,
-        tools: ToolUse | None = None,
     ) -> ActiveRequest:
+        """`request` as its stream will see it: n completions, each with its stop strings and tool parser."""
+        tools = request.tools
+        n = request.sampling.n
         completions = [
             Completion(
-                CompletionText(decoder, stop, prompt_tail),
+                CompletionText(decoder, request.sampling.stop, prompt_tail),
                 FORMATS[tools.format].parser(tools) if tools is not None else None,
             )
             for _ in range(n)
         ]
         return cls(
-            request_id=request_id,
+            request_id=request.request_id,
             stream=stream,
             completions=completions,
-            num_prompt_tokens=num_prompt_tokens,
+            num_prompt_tokens=len(request.prompt_token_ids),
             arrival=arrival,
             clock=clock,
             metrics=metrics,
-            log=log.bind(request_id=request_id),
+            log=log.bind(request_id=request.request_id),
             usage=[None] * n,
         )
 

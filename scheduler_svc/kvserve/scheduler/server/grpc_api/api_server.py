@@ -5,7 +5,8 @@ UNAVAILABLE) so that orchestrators can watch it come up; `attach` hands it the e
 once the executor's handshake has sized the scheduler.
 
 Status codes: INVALID_ARGUMENT "field: message" for bad fields (refused while parsing,
-a duplicate in-flight id, or a request the KV cache can never hold), RESOURCE_EXHAUSTED
+a duplicate in-flight id, or a request the KV cache can never hold), NOT_FOUND "model: ..." for
+a `model` that is neither the served model nor one of its LoRA adapters, RESOURCE_EXHAUSTED
 when the queue is full, UNAVAILABLE without a usable executor or while draining,
 INTERNAL when the executor failed a step or sampled a token the grammar forbids. A body that is not valid protobuf gets
 INVALID_ARGUMENT "request: not a valid <type> message: ..." (strict_handlers.py): every
@@ -32,6 +33,7 @@ from kvserve.scheduler.server.engine_status import ExecutorState
 from kvserve.scheduler.server.grpc_api.reflection import enable_reflection
 from kvserve.scheduler.server.grpc_api.strict_handlers import add_strict_service
 from kvserve.scheduler.server.intake.request_parsing import encode_chat, encode_text, parse_generate
+from kvserve.scheduler.server.intake.served_models import ModelNotFound
 from kvserve.scheduler.server.security.auth import TokenTable
 from kvserve.scheduler.server.security.namespaces import (
     ANONYMOUS_TENANT,
@@ -103,11 +105,13 @@ class KVServeServicer(api_pb2_grpc.KVServeServicer):
             else:
                 validated = parse_generate(request, model.tokenizer, model.limits)
             tenant = self._tenant_of(context)
-            namespace = prefix_namespace(model.info.model_id, tenant, validated.cache_salt)
+            namespace = prefix_namespace(model.info.model_id, tenant, validated.cache_salt, validated.lora_name)
             request_id = validated.request_id
             scoped = dataclasses.replace(validated, request_id=scoped_request_id(tenant, request_id))
             constraint = await model.grammars.constraint(validated.structured)
             stream = model.engine.submit(scoped, namespace, constraint)
+        except ModelNotFound as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
         except InvalidFieldError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except RequestRejected as exc:

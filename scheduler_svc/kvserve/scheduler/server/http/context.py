@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import structlog
 from fastapi import Request
 
-from kvserve.scheduler.server.http.errors import ApiError
+from kvserve.scheduler.server.http.errors import ApiError, model_not_found
+from kvserve.scheduler.server.intake.served_models import ModelNotFound
 from kvserve.scheduler.server.observability.metrics import ServerMetrics
 from kvserve.scheduler.server.security.auth import TokenTable, bearer_token
 from kvserve.scheduler.server.security.namespaces import ANONYMOUS_TENANT
@@ -29,7 +30,6 @@ class HttpContext:
     tokens: TokenTable | None
     metrics: ServerMetrics
     max_request_bytes: int
-    served_model_names: tuple[str, ...] = ()
     draining: bool = False
 
     def authenticate(self, request: Request) -> str:
@@ -54,20 +54,11 @@ class HttpContext:
             )
         return model
 
-    def model_names(self, model: ServingModel) -> list[str]:
-        """The served model id first, then every `--served-model-name` alias."""
-        return [model.info.model_id, *(n for n in self.served_model_names if n != model.info.model_id)]
-
     def resolve_model(self, name: str | None, model: ServingModel) -> str:
-        """The `model` a request named (the served id when omitted); 404 `model_not_found` for any other."""
-        names = self.model_names(model)
-        if name is None:
-            return names[0]
-        if name in names:
-            return name
-        raise ApiError(
-            404,
-            f"the model {name[:200]!r} does not exist; this server serves {', '.join(map(repr, names))}",
-            param="model",
-            code="model_not_found",
-        )
+        """The `model` a request named (the served id when omitted); 404 `model_not_found` for a name that is
+        neither the base model's nor an adapter's. Generation requests are checked by `parse_generate`."""
+        try:
+            model.limits.models.resolve(name or "")
+        except ModelNotFound as exc:
+            raise model_not_found(exc) from None
+        return name or model.limits.models.base_id

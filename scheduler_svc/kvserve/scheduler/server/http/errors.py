@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kvserve.scheduler.server.delivery.request_stream import FailureKind, RequestFailed
+from kvserve.scheduler.server.intake.served_models import ModelNotFound
 
 log = structlog.get_logger(__name__)
 
@@ -65,6 +66,11 @@ def bad_field(param: str | None, message: str, *, code: str = "invalid_value") -
 
 def unsupported(param: str, why: str) -> ApiError:
     return bad_field(param, f"not supported by kvserve ({why})", code="unsupported_parameter")
+
+
+def model_not_found(exc: ModelNotFound) -> ApiError:
+    """A `model` that is neither the served model (nor an alias) nor one of its LoRA adapters: 404, as OpenAI."""
+    return ApiError(404, exc.reason, param="model", code="model_not_found")
 
 
 def from_failure(exc: RequestFailed) -> ApiError:

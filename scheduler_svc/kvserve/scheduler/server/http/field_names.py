@@ -45,6 +45,7 @@ GRPC_TO_OPENAI: dict[str, str] = {
     "sampling.logit_bias": "logit_bias",
     "priority": "priority",
     "cache_salt": "cache_salt",
+    "model": "model",
     "structured": STRUCTURED,
     "structured.json_schema": STRUCTURED,
     "structured.json_object": STRUCTURED,

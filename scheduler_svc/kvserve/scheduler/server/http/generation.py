@@ -1,11 +1,11 @@
 """An OpenAI request's prompts on the engine: validate each with the shared parser, submit, read back.
 
 Each prompt is one engine request, validated by `parse_generate` and submitted exactly
-as the gRPC servicer does (tenant-scoped id, the tenant's prefix namespace), so both
-APIs share the queue limits, the prefix cache and the tenants. A `Submission` owns
-those requests until their streams close: `abort_unfinished` (called in every
-handler's `finally`) aborts whatever a failure or a client disconnect left running, so
-their blocks return at the next step boundary.
+as the gRPC servicer does (tenant-scoped id, the prefix namespace of the tenant and the
+LoRA adapter), so both APIs share the queue limits, the prefix cache and the tenants. A
+`Submission` owns those requests until their streams close: `abort_unfinished` (called in
+every handler's `finally`) aborts whatever a failure or a client disconnect left running,
+so their blocks return at the next step boundary.
 """
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ from kvserve.protos.sampling import InvalidFieldError
 from kvserve.protos.stop_rules import FinishReason
 from kvserve.scheduler.core import RequestRejected
 from kvserve.scheduler.server.delivery.request_stream import CompletionChunk, FailureKind, RequestFailed, RequestStream
-from kvserve.scheduler.server.http.errors import bad_field, from_failure
+from kvserve.scheduler.server.http.errors import bad_field, from_failure, model_not_found
 from kvserve.scheduler.server.http.field_names import capacity_param, openai_param
 from kvserve.scheduler.server.http.openai_request import OpenAiRequest
 from kvserve.scheduler.server.http.responses import ChoiceState
 from kvserve.scheduler.server.intake.request_parsing import ValidatedRequest, parse_generate
+from kvserve.scheduler.server.intake.served_models import ModelNotFound
 from kvserve.scheduler.server.security.namespaces import prefix_namespace, scoped_request_id
 from kvserve.scheduler.server.serving_model import ServingModel
 
@@ -101,7 +102,8 @@ async def _validate(request_pb: api_pb2.GenerateRequest, model: ServingModel) ->
 async def submit(model: ServingModel, parsed: OpenAiRequest, tenant: str, base_id: str) -> Submission:
     """Validate every prompt first (a bad one refuses the whole request), then submit them all.
 
-    Raises ApiError: 400 naming the OpenAI field, 429 queue full, 503 no executor or draining.
+    Raises ApiError: 400 naming the OpenAI field, 404 `model_not_found` for a `model` that is neither the
+    served model nor one of its LoRA adapters, 429 queue full, 503 no executor or draining.
     """
     validated = []
     for i, prompt in enumerate(parsed.prompts):
@@ -110,13 +112,15 @@ async def submit(model: ServingModel, parsed: OpenAiRequest, tenant: str, base_i
         try:
             request = await _validate(request_pb, model)
             constraint = await model.grammars.constraint(request.structured)
+        except ModelNotFound as exc:
+            raise model_not_found(exc) from None
         except InvalidFieldError as exc:
             raise bad_field(openai_param(exc.field, prompt.names), exc.reason) from None
         validated.append((request, constraint, prompt.names))
     submission = Submission(model)
     try:
         for request, constraint, names in validated:
-            namespace = prefix_namespace(model.info.model_id, tenant, request.cache_salt)
+            namespace = prefix_namespace(model.info.model_id, tenant, request.cache_salt, request.lora_name)
             scoped = dataclasses.replace(request, request_id=scoped_request_id(tenant, request.request_id))
             try:
                 stream = model.engine.submit(scoped, namespace, constraint)

@@ -117,6 +117,8 @@ def _finish(
 ) -> OpenAiRequest:
     """The fields both endpoints share: model, streaming, user; then what nobody read."""
     model = body.string("model")
+    for prompt in prompts:  # the base model or a LoRA adapter, resolved by the shared parse_generate
+        prompt.request.model = model or ""
     stream = bool(body.boolean("stream"))
     include_usage = False
     options = body.child("stream_options")

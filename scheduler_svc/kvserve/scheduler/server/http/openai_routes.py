@@ -1,9 +1,10 @@
 """`POST /v1/chat/completions`, `POST /v1/completions` and `GET /v1/models`.
 
 Each generation request: authenticate (tenant), read the body with its size limit,
-parse the OpenAI shape, check `model`, then validate and submit every prompt through
-the shared path (`generation.submit`), and answer in full or as server-sent events. A
-client that disconnects, streaming or not, aborts its requests within one step.
+parse the OpenAI shape, then validate (`model` first: the base model or a LoRA adapter) and
+submit every prompt through the shared path (`generation.submit`), and answer in full or as
+server-sent events. A client that disconnects, streaming or not, aborts its requests
+within one step.
 """
 
 from __future__ import annotations
@@ -59,13 +60,14 @@ def openai_router(ctx: HttpContext) -> APIRouter:
 
     @router.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
+        """The base model under each of its names, then each LoRA adapter, whose `parent` is the base model
+        (vLLM's cards: `root` is what the model was loaded from, as far as the scheduler knows it)."""
         ctx.authenticate(request)
-        model = ctx.require_model()
-        data = [
-            {"id": name, "object": "model", "created": started, "owned_by": "kvserve"}
-            for name in ctx.model_names(model)
-        ]
-        return {"object": "list", "data": data}
+        served = ctx.require_model().limits.models
+        card = {"object": "model", "created": started, "owned_by": "kvserve"}
+        base = [{"id": name, **card, "root": served.base_id, "parent": None} for name in served.base_names]
+        adapters = [{"id": name, **card, "root": name, "parent": served.base_id} for name in served.lora_names]
+        return {"object": "list", "data": base + adapters}
 
     return router
 
@@ -75,7 +77,7 @@ async def _generate(ctx: HttpContext, request: Request, *, chat: bool) -> Respon
     data = await read_json_object(request, ctx.max_request_bytes)
     parsed = parse_chat_body(data) if chat else parse_completion_body(data)
     model = ctx.require_model()
-    model_name = ctx.resolve_model(parsed.model, model)
+    model_name = parsed.model or model.limits.models.base_id  # checked with the prompts, by parse_generate
     endpoint = request.url.path
     if parsed.unknown:
         log.warning("http_unknown_fields_ignored", endpoint=endpoint, fields=list(parsed.unknown))

@@ -6,8 +6,9 @@ the request as given (the core only asserts its preconditions). Every refusal ra
 the API maps to INVALID_ARGUMENT "field: message". The value ranges of the sampling
 fields are defined by `SamplingParams.validate` (given the vocabulary size, for `logit_bias`);
 this module adds what else needs the model: context length, vocabulary, chat template, roles
-and tools (a forced tool choice becomes the request's grammar). What needs the KV pool (does it
-ever fit?) is known only to the scheduler and is refused there, as capacity.
+and tools (a forced tool choice becomes the request's grammar), and, first, the model the request
+names (the base model or a LoRA adapter: `served_models.ServedModels`). What needs the KV pool
+(does it ever fit?) is known only to the scheduler and is refused there, as capacity.
 
 Unset sampling fields take `ModelLimits.sampling_defaults` (the model's
 generation_config.json where it sets them, else the API's defaults: generation_defaults.py).
@@ -25,6 +26,7 @@ from kvserve.config import defaults
 from kvserve.protos.kvserve.v1 import api_pb2
 from kvserve.protos.sampling import InvalidFieldError, SamplingParams
 from kvserve.scheduler.server.intake.generation_defaults import SamplingDefaults
+from kvserve.scheduler.server.intake.served_models import BASE_MODEL, ServedModels
 from kvserve.scheduler.server.intake.tokenizer import CHAT_ROLES, ChatMessage, ChatTemplateError, Tokenizer
 from kvserve.scheduler.server.structured.spec import StructuredSpec, structured_spec
 from kvserve.scheduler.server.tools.tool_formats import FORMATS
@@ -47,6 +49,8 @@ class ModelLimits:
     max_request_bytes: int = defaults.MAX_REQUEST_BYTES
     sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
     tool_call_format: str = defaults.TOOL_CALL_FORMAT
+    models: ServedModels = field(default_factory=ServedModels)
+    """The names a request's `model` may give: the base model's and the LoRA adapters'."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,10 +66,14 @@ class ValidatedRequest:
     """Structured output, shape-checked; compiled (and refused if the engine cannot) before queueing."""
     tools: ToolUse | None = None
     """The calls a chat completion may make; its text is parsed for them."""
+    lora_name: str = BASE_MODEL
+    """The LoRA adapter it runs under ("": the base model); its prefix cache is the adapter's own."""
 
 
 def parse_generate(request: api_pb2.GenerateRequest, tokenizer: Tokenizer, limits: ModelLimits) -> ValidatedRequest:
-    """Check every field and tokenize the prompt; raise InvalidFieldError naming the first bad one."""
+    """Check every field and tokenize the prompt; raise InvalidFieldError naming the first bad one
+    (its subclass ModelNotFound when the request names a model this server does not serve)."""
+    lora_name = limits.models.resolve(request.model)
     size = request.ByteSize()
     if size > limits.max_request_bytes:
         # The prompt is what makes a request big, so name it; gRPC itself refuses far larger
@@ -92,6 +100,7 @@ def parse_generate(request: api_pb2.GenerateRequest, tokenizer: Tokenizer, limit
         cache_salt=request.cache_salt,
         structured=_constraint(request, tools),
         tools=tools,
+        lora_name=lora_name,
     )
 
 

@@ -10,6 +10,8 @@ several servers in one process do not collide. The engine calls:
   periodic stats log line (`kvserve.scheduler.server.observability.stats_logger`).
 - `observe_first_token(ttft_s)`, `observe_token_gap(itl_s)` as tokens reach a request;
 - `observe_finished(finish_reason, e2e_s, queue_time_s)` once per finished request;
+- `inc_lora_requests(lora_name)` once per request submitted under a LoRA adapter (the base
+  model's are not counted);
 - `set_executor_up(up)`, `inc_executor_restarts()` on executor state changes;
 - `start_http_server(host, port)` to serve `/metrics` (returns the bound port; 0 picks one).
 """
@@ -144,6 +146,12 @@ class ServerMetrics:
         self.request_success = Counter(
             PREFIX + "request_success", "Finished requests by finish reason.", ["finished_reason"], registry=r
         )
+        self.lora_requests = Counter(
+            PREFIX + "lora_requests",
+            "Requests submitted under each LoRA adapter (the base model's are not counted).",
+            ["lora_name"],
+            registry=r,
+        )
         self.time_to_first_token = Histogram(
             PREFIX + "time_to_first_token_seconds", "Arrival to first token.", buckets=TTFT_BUCKETS_S, registry=r
         )
@@ -240,6 +248,9 @@ class ServerMetrics:
         self.e2e_request_latency.observe(e2e_s)
         if queue_time_s is not None:
             self.request_queue_time.observe(queue_time_s)
+
+    def inc_lora_requests(self, lora_name: str) -> None:
+        self.lora_requests.labels(lora_name=lora_name).inc()
 
     def set_executor_up(self, up: bool) -> None:
         self.executor_up.set(1 if up else 0)

@@ -1,7 +1,11 @@
 """Prefix-cache namespaces: which requests may share KV blocks.
 
-A namespace is derived on the server from the model identity and the caller's tenant;
-the client's `cache_salt` can only subdivide its own tenant's space. Two tenants
+A namespace is derived on the server from the model identity, the LoRA adapter the request
+runs under and the caller's tenant; the client's `cache_salt` can only subdivide its own
+tenant's space. The same tokens under two adapters have different KV, so an adapter's
+requests share blocks only with requests under that same adapter (and the base model's with
+the base model's); the adapter's name ends its namespaces (`namespace_lora`), so the KV
+events can name it. Two tenants
 therefore never match each other's prefixes, so cache-hit timing cannot leak prompts
 across tenants. Without `--auth-token-file` every caller is the tenant "anonymous"
 (`tenant_from_metadata`); with it, the servicer maps the bearer token to its tenant
@@ -38,14 +42,26 @@ def client_request_id(scoped_id: str) -> str:
     return scoped_id.split("/", 1)[-1]
 
 
-def prefix_namespace(model_id: str, tenant: str, cache_salt: str = "") -> str:
-    """A short, stable id for (model, tenant, salt); length-prefixed so no two triples collide."""
+_DIGEST_CHARS = 32
+_LORA_SEPARATOR = "+"
+
+
+def prefix_namespace(model_id: str, tenant: str, cache_salt: str = "", lora_name: str = "") -> str:
+    """A short, stable id for (model, tenant, salt) and, under a LoRA adapter, the adapter: a digest of
+    the parts, length-prefixed so no two tuples collide, followed for an adapter by `+` and its name."""
     digest = hashlib.sha256()
-    for part in (model_id, tenant, cache_salt):
+    for part in (model_id, tenant, cache_salt, lora_name) if lora_name else (model_id, tenant, cache_salt):
         data = part.encode("utf-8")
         digest.update(len(data).to_bytes(8, "big"))
         digest.update(data)
-    return digest.hexdigest()[:32]
+    namespace = digest.hexdigest()[:_DIGEST_CHARS]
+    return f"{namespace}{_LORA_SEPARATOR}{lora_name}" if lora_name else namespace
+
+
+def namespace_lora(namespace: str) -> str:
+    """The LoRA adapter of a `prefix_namespace` ("": the base model)."""
+    adapter = namespace[_DIGEST_CHARS:]
+    return adapter[1:] if adapter.startswith(_LORA_SEPARATOR) else ""
 
 
 class NamespaceOwners:
