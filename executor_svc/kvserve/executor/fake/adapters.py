@@ -12,21 +12,13 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 
-from kvserve.executor.config_error import ExecutorConfigError
+from kvserve.executor.lora.adapter_spec import parse_adapter_specs
 
 
 def lora_names(specs: Iterable[str]) -> tuple[str, ...]:
-    """The adapters' names, in the order given; ExecutorConfigError names a spec that is not NAME=PATH,
-    or a name given twice."""
-    names: list[str] = []
-    for spec in specs:
-        name, equals, path = spec.partition("=")
-        if not equals or not name or not path:
-            raise ExecutorConfigError(f"--lora {spec!r}: expected NAME=PATH, a name and the adapter's directory")
-        if name in names:
-            raise ExecutorConfigError(f"--lora {spec!r}: the adapter name {name!r} is given twice")
-        names.append(name)
-    return tuple(names)
+    """The adapters' names, in the order given, by the real executor's rules (`parse_adapter_specs`:
+    ExecutorConfigError names an entry that is not NAME=PATH, or a name given twice)."""
+    return tuple(spec.name for spec in parse_adapter_specs(list(specs)))
 
 
 def lora_salt(lora_name: str) -> int:
