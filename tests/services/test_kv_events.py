@@ -14,14 +14,18 @@ import random
 
 import msgpack
 import msgspec
+import pytest
+import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvserve.protos.kv_events import KVEventBatch, block_hash
 from kvserve.scheduler.core.request import RequestRejected
 from kvserve.scheduler.core.scheduler_config import SchedulerConfig
+from kvserve.scheduler.server.observability.kv_event_publisher import KvEventPublisher, KvEventsConfigError
 from kvserve.scheduler.server.observability.kv_event_recorder import KvEventRecorder
 from kvserve.scheduler.server.security.namespaces import namespace_lora, prefix_namespace
+from kvserve.testing.ports import free_ports
 from tests.scheduler.harness import Harness, strict_executor
 
 ENCODER = msgspec.msgpack.Encoder()
@@ -147,3 +151,16 @@ def test_a_block_stored_under_a_lora_adapter_names_it_as_vllm_does() -> None:
     stored = [(e["lora_name"], e["lora_id"], tuple(e["block_hashes"])) for e in events if e["type"] == "BlockStored"]
     assert [(name, lora_id) for name, lora_id, _ in stored] == [("beta", 2), (None, None), ("alpha", 1)]
     assert len({hashes for _, _, hashes in stored}) == 3, "the same tokens hash apart under each adapter"
+
+
+@pytest.mark.parametrize("taken", ["pub", "replay"])
+def test_a_taken_port_is_a_config_error_naming_it(taken: str) -> None:
+    """A port another process holds (a replica's KV-event port, say) fails the start with a message, not a traceback."""
+    pub_port, replay_port = free_ports(2)
+    holder = zmq.Context.instance().socket(zmq.PUB)
+    holder.bind(f"tcp://127.0.0.1:{pub_port if taken == 'pub' else replay_port}")
+    try:
+        with pytest.raises(KvEventsConfigError, match="KV events: cannot bind"):
+            KvEventPublisher(f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{replay_port}")
+    finally:
+        holder.close(linger=0)

@@ -74,6 +74,7 @@ class KvEventPublisher:
         self._pub.set_hwm(KV_EVENTS_HWM)
         self._pub.setsockopt(zmq.LINGER, 0)
         self._replay: zmq.asyncio.Socket | None = None
+        self._replay_task: asyncio.Task[None] | None = None  # before the binds: close() reads it if one fails
         try:
             self._pub.bind(endpoint)
             if replay_endpoint is not None:
@@ -87,7 +88,6 @@ class KvEventPublisher:
         self._encoder = msgspec.msgpack.Encoder()
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=KV_EVENTS_REPLAY_BATCHES)
         self._next_seq = 0
-        self._replay_task: asyncio.Task[None] | None = None
         log.info("kv_events_publishing", endpoint=endpoint, replay=replay_endpoint, topic=topic)
 
     def attach(self, recorder: KvEventRecorder) -> None:
