@@ -19,16 +19,13 @@ from safetensors.torch import save_file
 
 from kvserve.executor.lora.adapter import projection_shapes
 from kvserve.executor.lora.peft_config import SUPPORTED_TARGETS
+from kvserve.executor.lora.peft_weights import PROJECTION_BLOCKS
 from kvserve.executor.model_config import ModelConfig
-
-_BLOCK = dict.fromkeys(("q_proj", "k_proj", "v_proj", "o_proj"), "self_attn") | dict.fromkeys(
-    ("gate_proj", "up_proj", "down_proj"), "mlp"
-)
 
 
 def lora_key(layer: int, projection: str, half: str) -> str:
     """PEFT's saved name of a projection's lora_A or lora_B weight (`half`: "A" or "B")."""
-    return f"base_model.model.model.layers.{layer}.{_BLOCK[projection]}.{projection}.lora_{half}.weight"
+    return f"base_model.model.model.layers.{layer}.{PROJECTION_BLOCKS[projection]}.{projection}.lora_{half}.weight"
 
 
 def write_lora_adapter(

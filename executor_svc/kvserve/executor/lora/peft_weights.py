@@ -25,9 +25,10 @@ from kvserve.executor.model_config import ModelConfig
 WEIGHTS_FILE = "adapter_model.safetensors"
 _KEY = re.compile(r"base_model\.model\.(?P<module>.+)\.lora_(?P<half>[AB])\.weight")
 _LAYER_MODULE = re.compile(r"model\.layers\.(?P<layer>\d+)\.(?P<block>self_attn|mlp)\.(?P<projection>\w+)")
-_BLOCKS = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn"} | dict.fromkeys(
+PROJECTION_BLOCKS = dict.fromkeys(("q_proj", "k_proj", "v_proj", "o_proj"), "self_attn") | dict.fromkeys(
     ("gate_proj", "up_proj", "down_proj"), "mlp"
 )
+"""The decoder-layer block each target projection lives in, as in PEFT's saved key names."""
 
 
 def load_peft_adapter(spec: AdapterSpec, config: ModelConfig, max_rank: int) -> LoraAdapter:
@@ -64,7 +65,7 @@ def _pairs(
         module = match["module"] if match else key.removeprefix("base_model.model.").split(".lora_")[0]
         place = _LAYER_MODULE.fullmatch(module) if match else None
         projection = place["projection"] if place else module.rsplit(".", 1)[-1]
-        if place is None or projection not in SUPPORTED_TARGETS or _BLOCKS[projection] != place["block"]:
+        if place is None or projection not in SUPPORTED_TARGETS or PROJECTION_BLOCKS[projection] != place["block"]:
             raise refuse(
                 f"holds {key!r}: kvserve adds LoRA deltas to {', '.join(SUPPORTED_TARGETS)} of the decoder layers "
                 f"only (not {module!r})"
