@@ -18,11 +18,15 @@ _.get_load  # scheduler_svc/.../http/service_routes.py: GET /get_load (vllm-rout
 _.tokenize  # http/service_routes.py: POST /tokenize; also the clients' public Client.tokenize/AsyncClient.tokenize
 _.detokenize  # scheduler_svc/.../http/service_routes.py: POST /detokenize
 _.page  # scheduler_svc/.../http/ui_routes.py: GET / (the web page)
+_.load_lora_adapter  # scheduler_svc/.../http/lora_routes.py: POST /v1/load_lora_adapter
+_.unload_lora_adapter  # scheduler_svc/.../http/lora_routes.py: POST /v1/unload_lora_adapter
 
 # --- gRPC: grpc calls the KVServe servicer's methods by the RPC's name, and an interceptor's hook -----
 _.Abort  # grpc_api/api_server.py: rpc Abort (protos/kvserve/v1/api.proto)
 _.Tokenize  # grpc_api/api_server.py: rpc Tokenize
 _.ModelInfo  # grpc_api/api_server.py: rpc ModelInfo
+_.LoadLoraAdapter  # grpc_api/api_server.py: rpc LoadLoraAdapter
+_.UnloadLoraAdapter  # grpc_api/api_server.py: rpc UnloadLoraAdapter
 _.intercept_service  # security/auth.py: grpc.aio.ServerInterceptor's hook, called by grpc for every call
 
 # --- uvicorn: what it calls on, and reads from, the Server subclass the HTTP API embeds ----------------

@@ -153,7 +153,9 @@ def test_unsupported_targets_and_features_are_refused(
 
 def test_tensor_parallelism_and_zero_slots_are_refused(tmp_path: Path, model: ModelConfig) -> None:
     path = write_lora_adapter(tmp_path / "a", model)
-    with pytest.raises(ExecutorConfigError, match="--lora runs on one executor: it cannot be combined with tensor"):
+    with pytest.raises(
+        ExecutorConfigError, match="LoRA adapters run on one executor: they cannot be combined with tensor"
+    ):
         _load(model, f"a={path}", ranks=2)
     with pytest.raises(ExecutorConfigError, match="--max-loras and --max-lora-rank must be at least 1, got 0 and 16"):
         _load(model, f"a={path}", max_loras=0)

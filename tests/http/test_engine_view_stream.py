@@ -130,7 +130,7 @@ def test_with_auth_the_page_is_open_and_the_stream_needs_a_token(http_serve_fact
 def test_bad_ui_options_are_refused_at_start(http_serve_factory) -> None:
     for args, message in (
         (["--ui-interval", "0.01"], "--ui-interval must be at least"),
-        (["--ui-admin-tenant", "root"], "--ui-admin-tenant needs --auth-token-file"),
+        (["--admin-tenant", "root"], "--admin-tenant needs --auth-token-file"),
     ):
         server = http_serve_factory([*FAKE_ARGS, *args], wait=False)
         assert server.process.wait(timeout=60) == 2

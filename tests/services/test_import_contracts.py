@@ -64,7 +64,8 @@ MODULES = {
     "kvserve/scheduler/server/http/routes.py": "from kvserve.scheduler.server import engine\n",
     "kvserve/scheduler/server/service.py": "from kvserve.scheduler.server.http import routes\n",
     "kvserve/scheduler/server/engine_view/hub.py": "from kvserve.scheduler.server import serving_model\n",
-    "kvserve/scheduler/server/serving_model.py": "from kvserve.scheduler.server import engine\n",
+    "kvserve/scheduler/server/serving_model.py": "from kvserve.scheduler.server import adapter_catalog\n",
+    "kvserve/scheduler/server/adapter_catalog.py": "from kvserve.scheduler.server import engine\n",
     "kvserve/scheduler/server/engine_status.py": "import enum\n",
     "kvserve/scheduler/server/queue_admission.py": "",
     "kvserve/scheduler/server/delivery/request_stream.py": (

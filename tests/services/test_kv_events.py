@@ -140,11 +140,11 @@ def test_one_request_makes_one_chained_block_stored() -> None:
 
 def test_a_block_stored_under_a_lora_adapter_names_it_as_vllm_does() -> None:
     h = Harness(SchedulerConfig(num_blocks=32, block_size=4, max_model_len=64), loras=("alpha", "beta"))
-    recorder = KvEventRecorder(4, ["alpha", "beta"], namespace_lora)
+    recorder = KvEventRecorder(4, namespace_lora)
     h.scheduler.set_prefix_listener(recorder)
     prompt = list(range(1, 14))
     for i, lora in enumerate(("beta", "", "alpha")):
-        namespace = prefix_namespace("m", "t", "", lora)
+        namespace = prefix_namespace("m", "t", "", lora, {"": 0, "alpha": 1, "beta": 2}[lora])
         h.add(f"r{i}", prompt, max_tokens=1, namespace=namespace, lora_name=lora)
         h.run()
     events = msgpack.unpackb(ENCODER.encode(KVEventBatch(ts=1.0, events=recorder.take())))[1]

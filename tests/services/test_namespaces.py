@@ -27,10 +27,11 @@ def test_without_auth_every_caller_is_anonymous() -> None:
 
 def test_each_lora_adapter_has_its_own_namespace_and_names_it() -> None:
     base = prefix_namespace("m", "t", "s")
-    alpha, beta = prefix_namespace("m", "t", "s", "alpha"), prefix_namespace("m", "t", "s", "beta")
+    alpha, beta = prefix_namespace("m", "t", "s", "alpha", 1), prefix_namespace("m", "t", "s", "beta", 2)
     assert len({base, alpha, beta}) == 3, "the same tokens under two adapters never share KV"
-    assert alpha == prefix_namespace("m", "t", "s", "alpha"), "the same adapter does"
-    assert prefix_namespace("m", "t2", "s", "alpha") != alpha and prefix_namespace("m", "t", "", "alpha") != alpha
+    assert alpha == prefix_namespace("m", "t", "s", "alpha", 1), "the same adapter does"
+    assert prefix_namespace("m", "t2", "s", "alpha", 1) != alpha and prefix_namespace("m", "t", "", "alpha", 1) != alpha
+    assert prefix_namespace("m", "t", "s", "alpha", 3) != alpha, "nor does another adapter loaded under its name"
     assert base == prefix_namespace("m", "t", "s", ""), "the base model's namespaces are as before adapters"
-    assert [namespace_lora(ns) for ns in (base, alpha, beta)] == ["", "alpha", "beta"]
-    assert namespace_lora(prefix_namespace("m", "t", "", "a+b/c")) == "a+b/c"
+    assert [namespace_lora(ns) for ns in (base, alpha, beta)] == [(0, ""), (1, "alpha"), (2, "beta")]
+    assert namespace_lora(prefix_namespace("m", "t", "", "a+b/c", 12)) == (12, "a+b/c")

@@ -18,7 +18,15 @@ EXPECTED_SERVICES = {
     "grpc.reflection.v1.ServerReflection",
     "grpc.reflection.v1alpha.ServerReflection",
 }
-KVSERVE_METHODS = {"Generate", "Abort", "Tokenize", "ModelInfo", "ServerStats"}
+KVSERVE_METHODS = {
+    "Generate",
+    "Abort",
+    "Tokenize",
+    "ModelInfo",
+    "ServerStats",
+    "LoadLoraAdapter",
+    "UnloadLoraAdapter",
+}
 
 
 def _ask(server, version: str, **request_fields) -> list:

@@ -6,6 +6,7 @@ timeouts; nothing depends on how long a sleep lasts.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -75,7 +76,7 @@ def _distinct_colours(path: Path, box: dict) -> int:
 def test_a_chat_streams_in_while_the_pool_fills_and_empties(page, http_serve_factory, artifacts) -> None:
     server = http_serve_factory(SLOW_FAKE)
     _open(page, server)
-    assert page.text_content("#model-name").strip() != ""
+    _wait(page, "document.querySelector('#model').value !== ''")
     page.fill("#system-prompt", SYSTEM)
     _send(page, "Tell me about the tides.", max_tokens=160)
     # Streaming: text is on the page before the reply has finished (no stats yet)...
@@ -149,6 +150,76 @@ def test_with_auth_a_tenant_sees_no_text_of_another_tenants_prompt(page, http_se
         sdk(server, api_key="not-a-token-0000000000").models.list()
 
 
+BASE = "fake:smollm2-135m-instruct"
+PICKER_OPTIONS_JS = "[...document.querySelectorAll('#model option')].map(o => [o.value, o.textContent])"
+
+
+def _picker(page) -> list[list[str]]:
+    """The picker's options as [value, label] pairs, in order."""
+    return page.evaluate(PICKER_OPTIONS_JS)
+
+
+def _send_observed(page, text: str) -> tuple[str, dict]:
+    """Sends `text`; the `model` of the request the page sent, and the stats of the reply once it finished."""
+    replies = page.evaluate("document.querySelectorAll('#messages .message.assistant').length")
+    with page.expect_request(lambda r: r.url.endswith("/v1/chat/completions") and r.method == "POST") as sent:
+        _send(page, text, max_tokens=4)
+    return json.loads(sent.value.post_data)["model"], _wait_reply_done(page, replies + 1)
+
+
+def test_the_model_picker_lists_the_lora_adapters_and_the_chat_uses_the_one_picked(page, http_serve_factory) -> None:
+    server = http_serve_factory([*SLOW_FAKE, "--lora", "sql=/no/such/adapter/sql"])
+    _open(page, server)
+    _wait(page, "document.querySelectorAll('#model option').length === 2")
+    assert _picker(page) == [[BASE, BASE], ["sql", f"sql (LoRA of {BASE})"]]
+    assert page.get_by_label("Model").evaluate("e => e.id") == "model", "the picker has its label"
+    assert page.input_value("#model") == BASE, "the base model is picked first"
+
+    model, stats = _send_observed(page, "Which table holds the orders?")
+    assert model == BASE and stats["model"] == BASE, (model, stats)
+    page.select_option("#model", "sql")
+    model, stats = _send_observed(page, "And the customers?")
+    assert model == "sql" and stats["model"] == "sql", (model, stats)
+    assert "LoRA sql" in page.text_content("#messages .message.assistant:last-child .reply-stats")
+
+    # Adapters come and go while the server runs: the picker reads /v1/models again when focused. Here the
+    # server's own list is altered on its way to the page: first an adapter added, then `sql` dropped.
+    def poetry(cards: list[dict]) -> list[dict]:
+        return [*cards, {**cards[-1], "id": "poetry", "root": "poetry"}]
+
+    _serve_altered_models(page, poetry)
+    _refocus_picker(page)
+    _wait(page, "[...document.querySelectorAll('#model option')].some(o => o.value === 'poetry')")
+    assert _picker(page) == [[BASE, BASE], ["sql", f"sql (LoRA of {BASE})"], ["poetry", f"poetry (LoRA of {BASE})"]]
+    assert page.input_value("#model") == "sql", "the picked adapter is still served: it stays picked"
+
+    _serve_altered_models(page, lambda cards: [card for card in poetry(cards) if card["id"] != "sql"])
+    _refocus_picker(page)
+    _wait(page, "![...document.querySelectorAll('#model option')].some(o => o.value === 'sql')")
+    assert _picker(page) == [[BASE, BASE], ["poetry", f"poetry (LoRA of {BASE})"]]
+    assert page.input_value("#model") == BASE, "the picked adapter is gone: back to the base model"
+    model, stats = _send_observed(page, "And the invoices?")
+    assert model == BASE and stats["model"] == BASE, (model, stats)
+
+
+def _serve_altered_models(page, alter) -> None:
+    """From now on the page gets the server's /v1/models with its `data` passed through `alter`."""
+
+    def handle(route) -> None:
+        response = route.fetch()
+        body = response.json()
+        body["data"] = alter(body["data"])
+        route.fulfill(response=response, json=body)
+
+    page.unroute("**/v1/models")
+    page.route("**/v1/models", handle)
+
+
+def _refocus_picker(page) -> None:
+    page.focus("#message")
+    page.focus("#model")
+
+
 def _check_regions(page, screenshot: Path) -> None:
     """The screenshot shows the page's main regions: each is on screen, sized, and drawn (not blank)."""
     for selector in ("#chat", "#engine", "#pool-grid", "#prefix-tree", "#messages", "#queues"):
@@ -167,7 +238,8 @@ def test_the_default_model_answers_on_the_page(page, http_serve_factory, artifac
     server = http_serve_factory(["--ui-interval", "0.25"])
     page.set_viewport_size({"width": 1400, "height": 1400})  # the whole engine view, prefix tree included
     _open(page, server)
-    assert "smollm2" in page.text_content("#model-name").lower()
+    _wait(page, "document.querySelector('#model').value !== ''")
+    assert "smollm2" in page.input_value("#model").lower()
     page.fill("#system-prompt", "You are a concise geography tutor.")
     _send(page, "What is the capital of France? Answer in one sentence.", max_tokens=40)
     stats = _wait_reply_done(page, 1)

@@ -24,6 +24,7 @@ import time
 import traceback
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -32,6 +33,7 @@ import zmq
 
 from kvserve.config import defaults
 from kvserve.config.flags import flag
+from kvserve.executor.config_error import ExecutorConfigError
 from kvserve.executor.protocol import Executor
 from kvserve.link.curve import CurveKeys
 from kvserve.link.endpoint import check_endpoint
@@ -195,7 +197,29 @@ class LinkWorker:
         if kind == "reset":
             self.executor.reset()
             return pb.ExecutorMessage(reset_done=pb.ResetDone(reset_id=envelope.reset.reset_id))
+        if kind == "load_adapter":
+            load = envelope.load_adapter
+            return self._adapters_changed(load.command_id, lambda: self.executor.load_adapter(load.name, load.path))
+        if kind == "unload_adapter":
+            unload = envelope.unload_adapter
+            return self._adapters_changed(unload.command_id, lambda: self.executor.unload_adapter(unload.name))
         return None
+
+    def _adapters_changed(self, command_id: int, change: Callable[[], list[str]]) -> pb.ExecutorMessage:
+        """Run a LoRA load or unload; a refusal (ExecutorConfigError: the user's input) is answered with its
+        message and logged without a traceback, anything else is a fault and logged with one."""
+        try:
+            names = change()
+        except ExecutorConfigError as exc:
+            log.warning("LoRA adapter change refused", error=str(exc))
+            return pb.ExecutorMessage(adapters_changed=pb.AdaptersChanged(command_id=command_id, error=str(exc)))
+        except Exception as exc:
+            log.error("LoRA adapter change failed", error=repr(exc), traceback=traceback.format_exc())
+            failed = f"the executor failed to change its LoRA adapters: {exc!r}"
+            return pb.ExecutorMessage(adapters_changed=pb.AdaptersChanged(command_id=command_id, error=failed))
+        # A later registration (--reregister) reports the adapters held now, not those of the start.
+        self._handshake_info = step_codec.encode_info(self.executor.info())
+        return pb.ExecutorMessage(adapters_changed=pb.AdaptersChanged(command_id=command_id, lora_names=names))
 
     # --- I/O thread ------------------------------------------------------------
 
@@ -322,8 +346,8 @@ class LinkWorker:
                 if envelope.handshake_ack.session_id == session.session_id and not session.acked:
                     session.acked = True
                     log.info("registered with the scheduler", generation=envelope.handshake_ack.generation)
-            elif kind in ("plan", "reset"):
-                session.acked = True  # a plan implies the handshake arrived
+            elif kind in ("plan", "reset", "load_adapter", "unload_adapter"):
+                session.acked = True  # a plan (or command) implies the handshake arrived
                 self._work.put(_Work(session.session_id, envelope))
             elif kind == "shutdown":
                 log.info("scheduler asked the executor to shut down", reason=envelope.shutdown.reason)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from pathlib import Path
 
 import structlog
 import torch
@@ -27,7 +28,8 @@ from kvserve.executor.config_error import ExecutorConfigError
 from kvserve.executor.cpu_features import has_avx512, has_native_bf16
 from kvserve.executor.decode_graph_capture import capture_decode_graphs
 from kvserve.executor.kv_cache_budget import blocks_for_bytes, device_kv_budget_bytes, kv_bytes_per_block
-from kvserve.executor.lora.adapter_set import load_adapter_set
+from kvserve.executor.lora.adapter_set import TENSOR_PARALLEL_REFUSAL, load_adapter_set
+from kvserve.executor.lora.adapter_spec import AdapterSpec
 from kvserve.executor.lora.step_deltas import LoraStep
 from kvserve.executor.model.draft_model import DraftModel, DraftModelSpec, log_loaded
 from kvserve.executor.model.input_batch import InputBatch, build_input_batch
@@ -278,6 +280,16 @@ class ModelRunner:
 
     def reset(self) -> None:
         self.seqs.clear()
+
+    def load_adapter(self, name: str, path: str) -> list[str]:
+        if self.group is not None:
+            raise ExecutorConfigError(TENSOR_PARALLEL_REFUSAL)
+        self.loras = self.loras.adding(AdapterSpec(name, Path(path)), self.model_config, self.config.max_lora_rank)
+        return list(self.loras.names)
+
+    def unload_adapter(self, name: str) -> list[str]:
+        self.loras = self.loras.removing(name)
+        return list(self.loras.names)
 
     def _forward(self, batch: InputBatch, lora: LoraStep | None = None) -> torch.Tensor | None:
         """The forward pass, with `lora`'s deltas (a step with LoRA rows runs eagerly: the decode graphs

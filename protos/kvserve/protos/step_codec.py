@@ -44,7 +44,7 @@ __all__ = [
 T = TypeVar("T")
 
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 """Sent in every Handshake; bump it when a change to executor_link.proto breaks old peers."""
 
 _seq_id = attrgetter("seq_id")

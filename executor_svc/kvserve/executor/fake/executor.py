@@ -44,6 +44,7 @@ from pathlib import Path
 
 from kvserve.config import defaults
 from kvserve.config.flags import flag
+from kvserve.executor.config_error import ExecutorConfigError
 from kvserve.executor.fake.adapters import lora_names
 from kvserve.executor.fake.fake_model import FakeModel
 from kvserve.executor.fake.scripted_reply import ScriptedReplies
@@ -262,6 +263,24 @@ class FakeExecutor:
         """Forget every sequence; the shadow KV becomes garbage, as a real cache's would."""
         self.sequences.clear()
         self.shadow.reset()
+
+    def load_adapter(self, name: str, path: str) -> list[str]:
+        """Take `name` as an adapter (PATH is not read: the fake loads nothing), by the real rules for names."""
+        del path
+        if name in self.lora_names:
+            raise ExecutorConfigError(f"LoRA adapter {name!r}: the name is taken by a loaded adapter")
+        self._set_loras((*self.lora_names, name))
+        return list(self.lora_names)
+
+    def unload_adapter(self, name: str) -> list[str]:
+        if name not in self.lora_names:
+            raise ExecutorConfigError(f"LoRA adapter {name!r} is not loaded")
+        self._set_loras(tuple(n for n in self.lora_names if n != name))
+        return list(self.lora_names)
+
+    def _set_loras(self, names: tuple[str, ...]) -> None:
+        self.lora_names = names
+        self.sequences.loras = frozenset(names)
 
     def close(self) -> None:
         self.sequences.clear()

@@ -59,7 +59,8 @@ class SequenceTable:
         loras: tuple[str, ...] = (),
     ) -> None:
         self.by_id: dict[int, FakeSequence] = {}
-        self._loras = frozenset(loras)
+        self.loras = frozenset(loras)
+        """The adapters a new sequence may name (the executor's, changed by runtime loads)."""
         self._shadow = shadow
         self._vocab = vocab
         self._max_model_len = max_model_len
@@ -94,8 +95,8 @@ class SequenceTable:
         what = f"new seq {seq_id}"
         if seq_id in self.by_id:
             raise PlanError(f"{what}: already known; drop it first or send it as a cached sequence")
-        if lora_name and lora_name not in self._loras:
-            known = ", ".join(map(repr, sorted(self._loras))) or "none"
+        if lora_name and lora_name not in self.loras:
+            known = ", ".join(map(repr, sorted(self.loras))) or "none"
             raise PlanError(f"{what}: LoRA adapter {lora_name[:100]!r} was not given to this executor (it has {known})")
         if not 0 < prompt_len <= len(token_ids):
             raise PlanError(f"{what}: prompt_len {prompt_len} not in [1, {len(token_ids)}]")

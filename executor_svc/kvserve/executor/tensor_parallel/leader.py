@@ -61,6 +61,12 @@ class TensorParallelExecutor:
             self._end_group(exc)
         self.runner.reset()
 
+    def load_adapter(self, name: str, path: str) -> list[str]:
+        return self.runner.load_adapter(name, path)  # refused: LoRA runs on one executor
+
+    def unload_adapter(self, name: str) -> list[str]:
+        return self.runner.unload_adapter(name)
+
     def close(self) -> None:
         if self.ranks is not None:
             self.ranks.expect_exit()

@@ -12,8 +12,9 @@ stop string ends its completion's stream chunk at once but, like an abort, reach
 scheduler only at the next boundary; the token sampled for it meanwhile is ignored.
 
 Executor loss is survived: the engine reports LOST, waits for a new executor to
-handshake, re-syncs the scheduler (everything recomputed) and carries on. If none comes
-back within `executor_restart_timeout_s`, every request ends with UNAVAILABLE.
+handshake, gives it the LoRA adapters requests run under (`on_new_executor`: the adapter
+catalog's restore), re-syncs the scheduler (everything recomputed) and carries on. If none
+comes back within `executor_restart_timeout_s`, every request ends with UNAVAILABLE.
 
 The queue limits a submitted request meets are `queue_admission.QueueAdmission`; the states and
 counters the APIs report are `engine_status`.
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import structlog
 
@@ -37,6 +38,7 @@ from kvserve.scheduler.server.engine_status import EngineStats, ExecutorState
 from kvserve.scheduler.server.executor_link.connection import ExecutorLink
 from kvserve.scheduler.server.executor_link.link_errors import ExecutorLost, ExecutorStepError
 from kvserve.scheduler.server.intake.request_parsing import ValidatedRequest
+from kvserve.scheduler.server.intake.served_models import ModelNotFound
 from kvserve.scheduler.server.intake.tokenizer import Tokenizer
 from kvserve.scheduler.server.observability.kv_event_publisher import KvEventPublisher
 from kvserve.scheduler.server.observability.metrics import ServerMetrics
@@ -66,8 +68,11 @@ class Engine:
         on_state_change: Callable[[ExecutorState], None] | None = None,
         metrics: ServerMetrics | None = None,
         kv_events: KvEventPublisher | None = None,
+        on_new_executor: Callable[[ExecutorInfo], Awaitable[None]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`on_new_executor(info)` runs before the scheduler re-syncs with a newly registered executor;
+        ExecutorLost from it means that one is gone too."""
         self._scheduler = scheduler
         self._link = link
         self._tokenizer = tokenizer
@@ -76,6 +81,7 @@ class Engine:
         self._metrics = metrics
         self._kv_events = kv_events
         """Publishes the prefix tree's changes once per step (and after a re-sync)."""
+        self._on_new_executor = on_new_executor
         self._clock = clock
         self._requests: dict[str, ActiveRequest] = {}
         self._pending_aborts: set[str] = set()
@@ -94,6 +100,9 @@ class Engine:
         """The last steps and minutes, for the engine view."""
         self.namespace_owners = NamespaceOwners()
         """Which tenant each prefix namespace belongs to, for the engine view's tenancy."""
+        self.loras: dict[str, int] = {}
+        """The LoRA adapters a request may run under now (name -> id), kept by the adapter catalog: a
+        request parsed under an adapter unloaded (or replaced) since is refused here, before its plan."""
         self.state = ExecutorState.READY if link.connected else ExecutorState.LOST
         if metrics is not None:
             metrics.set_executor_up(self.state is ExecutorState.READY)
@@ -114,6 +123,8 @@ class Engine:
         # In flight until its stream closes, which is never before the scheduler has let go of it.
         if request.request_id in self._requests:
             raise InvalidFieldError("request_id", "a request with this id is already in flight")
+        if request.lora_name and self.loras.get(request.lora_name) != request.lora_id:
+            raise ModelNotFound(request.lora_name, self.loras)
         num_prompt = len(request.prompt_token_ids)
         self._queue.check_room(num_prompt)
         arrival = self._clock()
@@ -163,6 +174,10 @@ class Engine:
     def num_active(self) -> int:
         return len(self._requests)
 
+    def requests_under(self, lora_name: str) -> int:
+        """How many requests in flight (queued or running) run under the LoRA adapter `lora_name`."""
+        return sum(1 for active in self._requests.values() if active.lora_name == lora_name)
+
     async def drain(self, grace_s: float) -> None:
         """Refuse new requests, let in-flight ones finish for up to `grace_s`, then abort the rest."""
         self._draining = True
@@ -193,7 +208,8 @@ class Engine:
             if self._link.connected and self._link.generation != self._synced_generation:
                 info = self._link.info
                 assert info is not None  # connected: a registered executor's handshake info
-                self._resync(info)  # replaced between steps: its KV (and prefix cache) is gone
+                await self._adopt(info)  # replaced between steps: its KV (and prefix cache) is gone
+                continue
             if not self._scheduler.has_unfinished():
                 self._wakeup.clear()
                 self._flush_deferred()
@@ -338,7 +354,35 @@ class Engine:
             except TimeoutError:
                 continue
         if info is not None:
-            self._resync(info)
+            await self._adopt(info)
+
+    async def _adopt(self, info: ExecutorInfo) -> None:
+        """Make a newly registered executor current: its adapters first, then the re-sync. Lost meanwhile,
+        it is not synced, and the loop meets the next registration (or the loss) on its next turn."""
+        generation = self._link.generation
+        if self._on_new_executor is not None:
+            try:
+                await self._on_new_executor(info)
+            except ExecutorLost as exc:
+                log.warning("executor_lost_while_restoring_adapters", error=str(exc))
+                return
+            if self._link.generation != generation:
+                return  # replaced meanwhile: adopt that one instead
+        self._fail_missing_adapters()
+        self._resync(info)
+
+    def _fail_missing_adapters(self) -> None:
+        """End the requests whose LoRA adapter the new executor does not hold (one its --lora no longer
+        gives, or whose files are gone): recomputed, they would fail every step they share."""
+        for active in list(self._requests.values()):
+            if active.lora_name and active.lora_name not in self.loras:
+                message = (
+                    f"the LoRA adapter {active.lora_name!r} is no longer loaded (the executor restarted without it)"
+                )
+                active.log.warning("request_failed_adapter_gone", lora_name=active.lora_name)
+                self._scheduler.abort(active.request_id, FinishReason.ERROR)
+                active.stream.fail(RequestFailed(FailureKind.UNAVAILABLE, message))
+                self._finish_request(active, FinishReason.ERROR)
 
     def _fail_repeat_victims(self, why: str) -> None:
         """Count this loss against every request in flight; fail those that reached the limit.

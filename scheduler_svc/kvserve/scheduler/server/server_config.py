@@ -121,21 +121,29 @@ class ServerConfig:
             group=_HTTP,
         ),
     )
-    ui_admin_tenant: tuple[str, ...] = field(
-        default=(),
-        metadata=flag(
-            "a tenant of --auth-token-file whose page sees every tenant's requests and prompt text (others see "
-            "their own, and anonymous cells); repeat for several",
-            metavar="TENANT",
-            group=_HTTP,
-        ),
-    )
-
     # --- API security (kvserve.scheduler.server.security.auth, .tls, .bind_policy)
     auth_token_file: str | None = field(
         default=None,
         metadata=flag(
             "file of `TOKEN TENANT` lines; every API call then needs `authorization: Bearer TOKEN`", group=_SECURITY
+        ),
+    )
+    admin_tenant: tuple[str, ...] = field(
+        default=(),
+        metadata=flag(
+            "a tenant of --auth-token-file with admin rights: its web page sees every tenant's requests and prompt "
+            "text (others see their own), and it may load and unload LoRA adapters (--allow-runtime-lora); "
+            "repeat for several",
+            metavar="TENANT",
+            group=_SECURITY,
+        ),
+    )
+    allow_runtime_lora: bool = field(
+        default=False,
+        metadata=flag(
+            "allow loading and unloading LoRA adapters while serving (POST /v1/load_lora_adapter, "
+            "/v1/unload_lora_adapter, gRPC LoadLoraAdapter); admin tenants only when --auth-token-file is given",
+            group=_SECURITY,
         ),
     )
     tls_cert: str | None = field(

@@ -25,6 +25,7 @@ from kvserve.link.curve import CurveKeys, load_keys
 from kvserve.link.endpoint import private_ipc_endpoint
 from kvserve.protos.step import ExecutorInfo
 from kvserve.scheduler.core import Scheduler
+from kvserve.scheduler.server.adapter_catalog import AdapterCatalog
 from kvserve.scheduler.server.engine import Engine
 from kvserve.scheduler.server.executor_link.child_supervisor import ChildSupervisor
 from kvserve.scheduler.server.executor_link.connection import ExecutorLink
@@ -75,6 +76,8 @@ class ApiSecurity:
     curve_keys: CurveKeys | None = None
     tls: TlsFiles | None = None
     """The same PEM files, for the HTTP API's TLS."""
+    admins: frozenset[str] = frozenset()
+    """The tenants with admin rights (`--admin-tenant`); empty without tokens, where everyone is."""
 
 
 def load_api_security(config: ServerConfig) -> ApiSecurity:
@@ -94,6 +97,8 @@ def load_api_security(config: ServerConfig) -> ApiSecurity:
         )
     browser = browser_policy(config)
     browser.check()
+    if config.admin_tenant and config.auth_token_file is None:
+        raise TokenFileError("--admin-tenant needs --auth-token-file: without tokens everyone is anonymous")
     tokens = load_token_file(config.auth_token_file) if config.auth_token_file is not None else None
     return ApiSecurity(
         tokens=tokens,
@@ -101,6 +106,7 @@ def load_api_security(config: ServerConfig) -> ApiSecurity:
         curve_keys=link_curve_keys(config),
         tls=files,
         browser=browser,
+        admins=frozenset(config.admin_tenant),
     )
 
 
@@ -120,9 +126,7 @@ def ui_options(config: ServerConfig) -> UiOptions | None:
         return None
     if config.ui_interval_s < defaults.UI_MIN_INTERVAL_S:
         raise BrowserPolicyError(f"--ui-interval must be at least {defaults.UI_MIN_INTERVAL_S} s")
-    if config.ui_admin_tenant and config.auth_token_file is None:
-        raise BrowserPolicyError("--ui-admin-tenant needs --auth-token-file: without tokens everyone is anonymous")
-    return UiOptions(config.ui_interval_s, frozenset(config.ui_admin_tenant))
+    return UiOptions(config.ui_interval_s, frozenset(config.admin_tenant))
 
 
 def link_curve_keys(config: ServerConfig) -> CurveKeys | None:
@@ -217,7 +221,7 @@ async def run_service(
     )
     await link.start()
     restarts = (lambda: supervisor.restarts) if supervisor else (lambda: max(0, link.generation - 1))
-    servicer = KVServeServicer(restarts=restarts, tokens=security.tokens)
+    servicer = KVServeServicer(restarts=restarts, tokens=security.tokens, admins=security.admins)
     interceptors = [BearerAuthInterceptor(security.tokens)] if security.tokens is not None else []
     api = ApiServer(config, servicer, interceptors=interceptors, credentials=security.credentials)
     shutdown = asyncio.Event()
@@ -230,6 +234,7 @@ async def run_service(
     http_context = HttpContext(
         model_source=lambda: servicer.model,
         tokens=security.tokens,
+        admins=security.admins,
         metrics=metrics,
         max_request_bytes=config.max_request_bytes,
     )
@@ -277,9 +282,15 @@ async def run_service(
         )
         scheduler = build_scheduler(config, info)
         if kv_events is not None:
-            recorder = KvEventRecorder(info.block_size, info.lora_names, namespace_lora)
+            recorder = KvEventRecorder(info.block_size, namespace_lora)
             scheduler.set_prefix_listener(recorder)
             kv_events.attach(recorder)
+        catalog: AdapterCatalog | None = None
+
+        async def restore_adapters(new: ExecutorInfo) -> None:
+            if catalog is not None:
+                await catalog.restore(new)
+
         engine = Engine(
             scheduler,
             link,
@@ -288,6 +299,7 @@ async def run_service(
             on_state_change=api.on_executor_state,
             metrics=metrics,
             kv_events=kv_events,
+            on_new_executor=restore_adapters,
         )
         limits = ModelLimits(
             max_model_len=min(info.max_model_len, config.max_model_len or info.max_model_len),
@@ -297,8 +309,16 @@ async def run_service(
             tool_call_format=config.tool_call_format,
             models=served,
         )
+        catalog = AdapterCatalog(
+            link, engine, limits, allow_runtime=config.allow_runtime_lora, startup=list(info.lora_names)
+        )
         servicer.model = ServingModel(
-            engine=engine, tokenizer=tokenizer, info=info, limits=limits, grammars=grammar_compiler(tokenizer, info)
+            engine=engine,
+            tokenizer=tokenizer,
+            info=info,
+            limits=limits,
+            grammars=grammar_compiler(tokenizer, info),
+            adapters=catalog,
         )
         engine_task = loop.create_task(engine.run())
         await api.set_serving(True)

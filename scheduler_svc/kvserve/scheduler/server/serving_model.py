@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvserve.protos.step import ExecutorInfo
+from kvserve.scheduler.server.adapter_catalog import AdapterCatalog
 from kvserve.scheduler.server.engine import Engine
 from kvserve.scheduler.server.intake.request_parsing import ModelLimits
 from kvserve.scheduler.server.intake.tokenizer import Tokenizer
@@ -24,3 +25,5 @@ class ServingModel:
     limits: ModelLimits
     grammars: GrammarCompiler
     """Structured-output specs, compiled for this model's tokenizer before their request is queued."""
+    adapters: AdapterCatalog
+    """The LoRA adapters served, loaded and unloaded at run time through either API."""

@@ -315,6 +315,26 @@ class ModelInfoResponse(_message.Message):
     lora_names: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, model_id: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., executor_kind: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., attention_backend: _Optional[str] = ..., has_chat_template: _Optional[bool] = ..., lora_names: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class LoadLoraAdapterRequest(_message.Message):
+    __slots__ = ("lora_name", "lora_path")
+    LORA_NAME_FIELD_NUMBER: _ClassVar[int]
+    LORA_PATH_FIELD_NUMBER: _ClassVar[int]
+    lora_name: str
+    lora_path: str
+    def __init__(self, lora_name: _Optional[str] = ..., lora_path: _Optional[str] = ...) -> None: ...
+
+class UnloadLoraAdapterRequest(_message.Message):
+    __slots__ = ("lora_name",)
+    LORA_NAME_FIELD_NUMBER: _ClassVar[int]
+    lora_name: str
+    def __init__(self, lora_name: _Optional[str] = ...) -> None: ...
+
+class LoraAdaptersResponse(_message.Message):
+    __slots__ = ("lora_names",)
+    LORA_NAMES_FIELD_NUMBER: _ClassVar[int]
+    lora_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, lora_names: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class ServerStatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

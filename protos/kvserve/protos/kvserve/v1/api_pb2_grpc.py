@@ -59,6 +59,16 @@ class KVServeStub:
                 request_serializer=kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.ServerStatsRequest.SerializeToString,
                 response_deserializer=kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.ServerStatsResponse.FromString,
                 _registered_method=True)
+        self.LoadLoraAdapter = channel.unary_unary(
+                '/kvserve.v1.KVServe/LoadLoraAdapter',
+                request_serializer=kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.LoadLoraAdapterRequest.SerializeToString,
+                response_deserializer=kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.LoraAdaptersResponse.FromString,
+                _registered_method=True)
+        self.UnloadLoraAdapter = channel.unary_unary(
+                '/kvserve.v1.KVServe/UnloadLoraAdapter',
+                request_serializer=kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.UnloadLoraAdapterRequest.SerializeToString,
+                response_deserializer=kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.LoraAdaptersResponse.FromString,
+                _registered_method=True)
 
 
 class KVServeServicer:
@@ -98,6 +108,21 @@ class KVServeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadLoraAdapter(self, request, context):
+        """Load a LoRA adapter at run time, as vLLM's POST /v1/load_lora_adapter. Off unless the server
+        runs with --allow-runtime-lora (UNIMPLEMENTED); admin tenants only when tokens are on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadLoraAdapter(self, request, context):
+        """Unload one, as POST /v1/unload_lora_adapter: refused (FAILED_PRECONDITION) while requests use it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVServeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -125,6 +150,16 @@ def add_KVServeServicer_to_server(servicer, server):
                     servicer.ServerStats,
                     request_deserializer=kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.ServerStatsRequest.FromString,
                     response_serializer=kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.ServerStatsResponse.SerializeToString,
+            ),
+            'LoadLoraAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadLoraAdapter,
+                    request_deserializer=kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.LoadLoraAdapterRequest.FromString,
+                    response_serializer=kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.LoraAdaptersResponse.SerializeToString,
+            ),
+            'UnloadLoraAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadLoraAdapter,
+                    request_deserializer=kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.UnloadLoraAdapterRequest.FromString,
+                    response_serializer=kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.LoraAdaptersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -262,6 +297,60 @@ class KVServe:
             '/kvserve.v1.KVServe/ServerStats',
             kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.ServerStatsRequest.SerializeToString,
             kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.ServerStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadLoraAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvserve.v1.KVServe/LoadLoraAdapter',
+            kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.LoadLoraAdapterRequest.SerializeToString,
+            kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.LoraAdaptersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadLoraAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvserve.v1.KVServe/UnloadLoraAdapter',
+            kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.UnloadLoraAdapterRequest.SerializeToString,
+            kvserve_dot_protos_dot_kvserve_dot_v1_dot_api__pb2.LoraAdaptersResponse.FromString,
             options,
             channel_credentials,
             insecure,

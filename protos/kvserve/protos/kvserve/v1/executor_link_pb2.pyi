@@ -251,32 +251,66 @@ class Goodbye(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class LoadAdapter(_message.Message):
+    __slots__ = ("command_id", "name", "path")
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    command_id: int
+    name: str
+    path: str
+    def __init__(self, command_id: _Optional[int] = ..., name: _Optional[str] = ..., path: _Optional[str] = ...) -> None: ...
+
+class UnloadAdapter(_message.Message):
+    __slots__ = ("command_id", "name")
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    command_id: int
+    name: str
+    def __init__(self, command_id: _Optional[int] = ..., name: _Optional[str] = ...) -> None: ...
+
+class AdaptersChanged(_message.Message):
+    __slots__ = ("command_id", "error", "lora_names")
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    LORA_NAMES_FIELD_NUMBER: _ClassVar[int]
+    command_id: int
+    error: str
+    lora_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, command_id: _Optional[int] = ..., error: _Optional[str] = ..., lora_names: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class SchedulerMessage(_message.Message):
-    __slots__ = ("handshake_ack", "plan", "heartbeat", "reset", "shutdown")
+    __slots__ = ("handshake_ack", "plan", "heartbeat", "reset", "shutdown", "load_adapter", "unload_adapter")
     HANDSHAKE_ACK_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     RESET_FIELD_NUMBER: _ClassVar[int]
     SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
+    LOAD_ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    UNLOAD_ADAPTER_FIELD_NUMBER: _ClassVar[int]
     handshake_ack: HandshakeAck
     plan: StepPlan
     heartbeat: Heartbeat
     reset: Reset
     shutdown: Shutdown
-    def __init__(self, handshake_ack: _Optional[_Union[HandshakeAck, _Mapping]] = ..., plan: _Optional[_Union[StepPlan, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., reset: _Optional[_Union[Reset, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ...) -> None: ...
+    load_adapter: LoadAdapter
+    unload_adapter: UnloadAdapter
+    def __init__(self, handshake_ack: _Optional[_Union[HandshakeAck, _Mapping]] = ..., plan: _Optional[_Union[StepPlan, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., reset: _Optional[_Union[Reset, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., load_adapter: _Optional[_Union[LoadAdapter, _Mapping]] = ..., unload_adapter: _Optional[_Union[UnloadAdapter, _Mapping]] = ...) -> None: ...
 
 class ExecutorMessage(_message.Message):
-    __slots__ = ("handshake", "result", "heartbeat", "error", "reset_done", "goodbye")
+    __slots__ = ("handshake", "result", "heartbeat", "error", "reset_done", "goodbye", "adapters_changed")
     HANDSHAKE_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     RESET_DONE_FIELD_NUMBER: _ClassVar[int]
     GOODBYE_FIELD_NUMBER: _ClassVar[int]
+    ADAPTERS_CHANGED_FIELD_NUMBER: _ClassVar[int]
     handshake: Handshake
     result: StepResult
     heartbeat: Heartbeat
     error: StepError
     reset_done: ResetDone
     goodbye: Goodbye
-    def __init__(self, handshake: _Optional[_Union[Handshake, _Mapping]] = ..., result: _Optional[_Union[StepResult, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., error: _Optional[_Union[StepError, _Mapping]] = ..., reset_done: _Optional[_Union[ResetDone, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ...) -> None: ...
+    adapters_changed: AdaptersChanged
+    def __init__(self, handshake: _Optional[_Union[Handshake, _Mapping]] = ..., result: _Optional[_Union[StepResult, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., error: _Optional[_Union[StepError, _Mapping]] = ..., reset_done: _Optional[_Union[ResetDone, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ..., adapters_changed: _Optional[_Union[AdaptersChanged, _Mapping]] = ...) -> None: ...

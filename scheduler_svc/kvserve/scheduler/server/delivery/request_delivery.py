@@ -67,6 +67,8 @@ class ActiveRequest:
     """Executor losses this request lived through; past the limit it fails instead of recomputing."""
     blocks: BlockCounts | None = None
     """The scheduler's block accounting for this request (from its outputs); final by the time it closes."""
+    lora_name: str = ""
+    """The LoRA adapter it runs under ("": the base model)."""
 
     @classmethod
     def create(
@@ -99,6 +101,7 @@ class ActiveRequest:
             metrics=metrics,
             log=log.bind(request_id=request.request_id),
             usage=[None] * n,
+            lora_name=request.lora_name,
         )
 
     @property

@@ -155,6 +155,30 @@ class ExecutorLink:
         finally:
             self._replies.forget_reset(reset_id)
 
+    async def load_adapter(self, name: str, path: str) -> list[str]:
+        """Have the executor load the LoRA adapter in `path` as `name` (after the steps sent before);
+        the adapters it holds then. Raises AdapterRefused (nothing changed) or ExecutorLost."""
+        return await self._change_adapters(
+            lambda command_id: pb.SchedulerMessage(
+                load_adapter=pb.LoadAdapter(command_id=command_id, name=name, path=path)
+            )
+        )
+
+    async def unload_adapter(self, name: str) -> list[str]:
+        """Have the executor unload the LoRA adapter `name`; as `load_adapter`."""
+        return await self._change_adapters(
+            lambda command_id: pb.SchedulerMessage(unload_adapter=pb.UnloadAdapter(command_id=command_id, name=name))
+        )
+
+    async def _change_adapters(self, message: Callable[[int], pb.SchedulerMessage]) -> list[str]:
+        peer = self._require_peer()
+        command_id, future = self._replies.expect_adapter_change()
+        try:
+            await self._send(peer, message(command_id).SerializeToString())
+            return await future
+        finally:
+            self._replies.forget_adapter_change(command_id)
+
     async def close(self, shutdown_executor: bool = True) -> None:
         """Stop the link; with `shutdown_executor`, ask the current executor to exit first."""
         if self._closed:
@@ -266,6 +290,9 @@ class ExecutorLink:
             self._lose(f"the executor (pid {peer.pid}) shut down", notify=not self._closed)
         elif kind == "reset_done":
             self._replies.resolve_reset(message.reset_done.reset_id)
+        elif kind == "adapters_changed":
+            changed = message.adapters_changed
+            self._replies.resolve_adapter_change(changed.command_id, changed.error, list(changed.lora_names))
 
     def _on_handshake(self, identity: bytes, handshake: pb.Handshake) -> None:
         current = self._peer

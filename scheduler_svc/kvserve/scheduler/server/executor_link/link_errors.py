@@ -1,4 +1,5 @@
-"""How a call over the executor link fails: the executor is gone, or it refused one step.
+"""How a call over the executor link fails: the executor is gone, it refused one step, or it refused
+a LoRA adapter change (`AdapterRefused`: the user's input, and nothing changed).
 
 The two call for different recoveries, so the engine tells them apart by type: `ExecutorLost`
 (died, hung, replaced, or the link closed) means its state is gone and every sequence must be
@@ -21,3 +22,7 @@ class ExecutorStepError(RuntimeError):
         super().__init__(f"executor failed step {step_id}: {error_type + ': ' if error_type else ''}{message}")
         self.step_id = step_id
         self.error_type = error_type
+
+
+class AdapterRefused(RuntimeError):
+    """The executor refused to load or unload a LoRA adapter; the message says why, and nothing changed."""

@@ -1,4 +1,5 @@
-"""What the link's callers await from the executor: step results by step id, reset acknowledgements.
+"""What the link's callers await from the executor: step results by step id, reset acknowledgements,
+the adapters loaded after a LoRA load or unload.
 
 Each step in flight has a future and the moment its plan was sent (the step timeout counts from
 it); each reset has a future under the id its `Reset` carries. A reply settles its future once,
@@ -16,19 +17,21 @@ from collections.abc import Callable
 import structlog
 
 from kvserve.protos.step import StepResult
-from kvserve.scheduler.server.executor_link.link_errors import ExecutorLost, ExecutorStepError
+from kvserve.scheduler.server.executor_link.link_errors import AdapterRefused, ExecutorLost, ExecutorStepError
 
 log = structlog.get_logger(__name__)
 
 
 class PendingReplies:
-    """The futures of the steps and resets in flight on the current executor."""
+    """The futures of the steps, resets and adapter changes in flight on the current executor."""
 
     def __init__(self) -> None:
         self._steps: dict[int, tuple[asyncio.Future[StepResult], float]] = {}
         """step_id -> (future of its result, when it was sent)."""
         self._resets: dict[int, asyncio.Future[None]] = {}
         self._next_reset_id = 1
+        self._adapter_changes: dict[int, asyncio.Future[list[str]]] = {}
+        self._next_command_id = 1
 
     # --- steps -----------------------------------------------------------------
 
@@ -92,6 +95,29 @@ class PendingReplies:
         if future is not None and not future.done():
             future.set_result(None)
 
+    # --- LoRA adapter changes -------------------------------------------------------
+
+    def expect_adapter_change(self) -> tuple[int, asyncio.Future[list[str]]]:
+        """A new load's or unload's command id and the future its answer settles."""
+        command_id = self._next_command_id
+        self._next_command_id += 1
+        future: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
+        self._adapter_changes[command_id] = future
+        return command_id, future
+
+    def forget_adapter_change(self, command_id: int) -> None:
+        self._adapter_changes.pop(command_id, None)
+
+    def resolve_adapter_change(self, command_id: int, error: str, lora_names: list[str]) -> None:
+        """Settle a load or unload: the adapters loaded now, or AdapterRefused with the executor's reason."""
+        future = self._adapter_changes.get(command_id)
+        if future is None or future.done():
+            return
+        if error:
+            future.set_exception(AdapterRefused(error))
+        else:
+            future.set_result(lora_names)
+
     # --- all --------------------------------------------------------------------
 
     def fail_all(self, exc: ExecutorLost) -> None:
@@ -99,6 +125,7 @@ class PendingReplies:
         for future, _ in self._steps.values():
             if not future.done():
                 future.set_exception(exc)
-        for reset in self._resets.values():
-            if not reset.done():
-                reset.set_exception(exc)
+        waiters: list[asyncio.Future] = [*self._resets.values(), *self._adapter_changes.values()]
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(exc)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import grpc
 import structlog
@@ -28,8 +28,10 @@ from kvserve.protos.message_fields import copy_fields
 from kvserve.protos.sampling import InvalidFieldError
 from kvserve.protos.stop_rules import FinishReason
 from kvserve.scheduler.core import RequestRejected
+from kvserve.scheduler.server.adapter_catalog import AdapterInUse, AdapterNotLoaded, RuntimeLoraOff
 from kvserve.scheduler.server.delivery.request_stream import CompletionChunk, FailureKind, RequestFailed
 from kvserve.scheduler.server.engine_status import ExecutorState
+from kvserve.scheduler.server.executor_link.link_errors import ExecutorLost
 from kvserve.scheduler.server.grpc_api.reflection import enable_reflection
 from kvserve.scheduler.server.grpc_api.strict_handlers import add_strict_service
 from kvserve.scheduler.server.intake.request_parsing import encode_chat, encode_text, parse_generate
@@ -78,10 +80,17 @@ _EXECUTOR_STATES = {
 class KVServeServicer(api_pb2_grpc.KVServeServicer):
     """`tokens` (when auth is on) names each caller's tenant; without it everyone is anonymous."""
 
-    def __init__(self, *, restarts: Callable[[], int] = lambda: 0, tokens: TokenTable | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        restarts: Callable[[], int] = lambda: 0,
+        tokens: TokenTable | None = None,
+        admins: frozenset[str] = frozenset(),
+    ) -> None:
         self.model: ServingModel | None = None
         self._restarts = restarts
         self._tokens = tokens
+        self._admins = admins
 
     def _tenant_of(self, context: grpc.aio.ServicerContext) -> str:
         metadata = context.invocation_metadata()
@@ -105,7 +114,9 @@ class KVServeServicer(api_pb2_grpc.KVServeServicer):
             else:
                 validated = parse_generate(request, model.tokenizer, model.limits)
             tenant = self._tenant_of(context)
-            namespace = prefix_namespace(model.info.model_id, tenant, validated.cache_salt, validated.lora_name)
+            namespace = prefix_namespace(
+                model.info.model_id, tenant, validated.cache_salt, validated.lora_name, validated.lora_id
+            )
             request_id = validated.request_id
             scoped = dataclasses.replace(validated, request_id=scoped_request_id(tenant, request_id))
             constraint = await model.grammars.constraint(validated.structured)
@@ -168,7 +179,47 @@ class KVServeServicer(api_pb2_grpc.KVServeServicer):
         response.vocab_size = model.limits.vocab_size
         response.max_model_len = model.limits.max_model_len
         response.has_chat_template = model.tokenizer.has_chat_template
+        del response.lora_names[:]
+        response.lora_names.extend(model.limits.models.lora_names)  # with those loaded at run time
         return response
+
+    async def LoadLoraAdapter(
+        self, request: api_pb2.LoadLoraAdapterRequest, context: grpc.aio.ServicerContext
+    ) -> api_pb2.LoraAdaptersResponse:
+        names = await self._change_adapters(context, lambda m: m.adapters.load(request.lora_name, request.lora_path))
+        return api_pb2.LoraAdaptersResponse(lora_names=names)
+
+    async def UnloadLoraAdapter(
+        self, request: api_pb2.UnloadLoraAdapterRequest, context: grpc.aio.ServicerContext
+    ) -> api_pb2.LoraAdaptersResponse:
+        names = await self._change_adapters(context, lambda m: m.adapters.unload(request.lora_name))
+        return api_pb2.LoraAdaptersResponse(lora_names=names)
+
+    async def _change_adapters(
+        self, context: grpc.aio.ServicerContext, change: Callable[[ServingModel], Awaitable[list[str]]]
+    ) -> list[str]:
+        """A runtime LoRA load or unload by an admin (anyone without tokens), its refusals as status codes."""
+        tenant = self._tenant_of(context)
+        if self._tokens is not None and tenant not in self._admins:
+            log.warning("admin_call_refused", tenant=tenant)
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED, f"tenant {tenant!r} may not change LoRA adapters: admin tenants only"
+            )
+        try:
+            return await change(self._require_model())
+        except RuntimeLoraOff as exc:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, str(exc))
+        except AdapterNotLoaded as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except InvalidFieldError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except AdapterInUse as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except ExecutorLost as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"the executor is not there to change: {exc}")
+        except RequestFailed as exc:
+            await context.abort(_FAILURE_CODES[exc.kind], exc.message)
+        raise AssertionError("context.abort returned")  # pragma: no cover
 
     async def ServerStats(
         self, request: api_pb2.ServerStatsRequest, context: grpc.aio.ServicerContext

@@ -31,6 +31,8 @@ class HttpContext:
     metrics: ServerMetrics
     max_request_bytes: int
     draining: bool = False
+    admins: frozenset[str] = frozenset()
+    """The tenants with admin rights (`--admin-tenant`), when tokens are on."""
 
     def authenticate(self, request: Request) -> str:
         """The caller's tenant; 401 without a valid bearer token when auth is on."""
@@ -45,6 +47,20 @@ class HttpContext:
         raise ApiError(
             401, f"{why}: send `Authorization: Bearer TOKEN`", type="invalid_request_error", code="invalid_api_key"
         )
+
+    def require_admin(self, request: Request) -> str:
+        """The caller's tenant when it may administer the server (anyone without tokens); 401 or 403."""
+        tenant = self.authenticate(request)
+        if self.tokens is not None and tenant not in self.admins:
+            log.warning("admin_call_refused", method=f"{request.method} {request.url.path}", tenant=tenant)
+            raise ApiError(
+                403,
+                f"tenant {tenant!r} may not {request.url.path.rsplit('/', 1)[-1].replace('_', ' ')}: "
+                "admin tenants only (--admin-tenant)",
+                type="permission_denied",
+                code="permission_denied",
+            )
+        return tenant
 
     def require_model(self) -> ServingModel:
         model = self.model_source()

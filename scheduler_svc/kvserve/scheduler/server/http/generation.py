@@ -120,12 +120,16 @@ async def submit(model: ServingModel, parsed: OpenAiRequest, tenant: str, base_i
     submission = Submission(model)
     try:
         for request, constraint, names in validated:
-            namespace = prefix_namespace(model.info.model_id, tenant, request.cache_salt, request.lora_name)
+            namespace = prefix_namespace(
+                model.info.model_id, tenant, request.cache_salt, request.lora_name, request.lora_id
+            )
             scoped = dataclasses.replace(request, request_id=scoped_request_id(tenant, request.request_id))
             try:
                 stream = model.engine.submit(scoped, namespace, constraint)
             except RequestRejected as exc:
                 raise bad_field(capacity_param(exc.field, names), exc.reason) from None
+            except ModelNotFound as exc:  # its adapter was unloaded since it was parsed
+                raise model_not_found(exc) from None
             except InvalidFieldError as exc:
                 raise bad_field(openai_param(exc.field, names), exc.reason) from None
             except RequestFailed as exc:

@@ -68,12 +68,15 @@ class ValidatedRequest:
     """The calls a chat completion may make; its text is parsed for them."""
     lora_name: str = BASE_MODEL
     """The LoRA adapter it runs under ("": the base model); its prefix cache is the adapter's own."""
+    lora_id: int = 0
+    """That adapter's id when the request was parsed (`ServedModels.lora_id`; 0: the base model)."""
 
 
 def parse_generate(request: api_pb2.GenerateRequest, tokenizer: Tokenizer, limits: ModelLimits) -> ValidatedRequest:
     """Check every field and tokenize the prompt; raise InvalidFieldError naming the first bad one
     (its subclass ModelNotFound when the request names a model this server does not serve)."""
-    lora_name = limits.models.resolve(request.model)
+    models = limits.models  # one snapshot: a runtime load or unload replaces it
+    lora_name = models.resolve(request.model)
     size = request.ByteSize()
     if size > limits.max_request_bytes:
         # The prompt is what makes a request big, so name it; gRPC itself refuses far larger
@@ -101,6 +104,7 @@ def parse_generate(request: api_pb2.GenerateRequest, tokenizer: Tokenizer, limit
         structured=_constraint(request, tools),
         tools=tools,
         lora_name=lora_name,
+        lora_id=models.lora_id(lora_name),
     )
 
 

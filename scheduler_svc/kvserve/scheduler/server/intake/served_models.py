@@ -2,7 +2,10 @@
 
 The base model answers to its id (the executor's `model_id`) and to every `--served-model-name`
 alias; an adapter answers to the name it was loaded under (`--lora NAME=PATH`, reported in
-`ExecutorInfo.lora_names`). Both APIs name the model the same way, vLLM's way: the OpenAI
+`ExecutorInfo.lora_names`, or a runtime load: `adapter_catalog`). Each adapter also has an integer
+id, never reused while the server runs: an adapter unloaded and another loaded under its name get
+other ids, so their prefix caches stay apart (`prefix_namespace`) and KV events tell them apart.
+Both APIs name the model the same way, vLLM's way: the OpenAI
 `model` field, and `GenerateRequest.model` over gRPC, where empty means the base model too. Any
 other name is `ModelNotFound` (HTTP 404 `model_not_found`, gRPC NOT_FOUND), naming it.
 """
@@ -33,14 +36,17 @@ class ModelNotFound(InvalidFieldError):
 
 @dataclass(frozen=True, slots=True)
 class ServedModels:
-    """The base model's names (its id first, then its aliases) and the LoRA adapters' names, in order."""
+    """The base model's names (its id first, then its aliases) and the LoRA adapters' names, in order,
+    with each adapter's id (`lora_ids[i]` is `lora_names[i]`'s)."""
 
     base_names: tuple[str, ...] = ()
     lora_names: tuple[str, ...] = ()
+    lora_ids: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, model_id: str, aliases: Iterable[str] = (), lora_names: Iterable[str] = ()) -> ServedModels:
-        """The served names; ValueError when an adapter's name is also the base model's, which would hide it."""
+        """The served names, the adapters numbered 1, 2, ... in order; ValueError when an adapter's name is
+        also the base model's, which would hide it."""
         base = (model_id, *(name for name in aliases if name != model_id))
         adapters = tuple(lora_names)
         clash = sorted(set(base) & set(adapters))
@@ -49,7 +55,19 @@ class ServedModels:
                 f"the LoRA adapter name {clash[0]!r} is also a name of the base model: "
                 "give the adapter another name (--lora NAME=PATH) or drop the --served-model-name"
             )
-        return cls(base, adapters)
+        return cls(base, adapters, tuple(range(1, len(adapters) + 1)))
+
+    def with_loras(self, loras: dict[str, int]) -> ServedModels:
+        """The same base model serving the adapters `loras` (name -> id, in order)."""
+        return ServedModels(self.base_names, tuple(loras), tuple(loras.values()))
+
+    def loras(self) -> dict[str, int]:
+        """Each adapter's name -> its id, in order."""
+        return dict(zip(self.lora_names, self.lora_ids, strict=True))
+
+    def lora_id(self, name: str) -> int:
+        """The id of the adapter `name` (0: the base model, `BASE_MODEL`)."""
+        return self.lora_ids[self.lora_names.index(name)] if name else 0
 
     @property
     def base_id(self) -> str:

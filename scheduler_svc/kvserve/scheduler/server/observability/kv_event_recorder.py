@@ -6,13 +6,13 @@ from its parent's (`kvserve.protos.kv_events.block_hash`), kept here by block id
 block is evicted. Consecutive stores down one chain merge into one `BlockStored`, as vLLM
 sends them. The engine takes the events once per step (`take`) and publishes them as a batch.
 A block cached under a LoRA adapter says so as vLLM does: `lora_name` is the adapter's name and
-`lora_id` its integer id, 1 + its place among the executor's adapters (both None for the base
-model); the adapter of a block is its namespace's (`lora_of`, the service's `namespace_lora`).
+`lora_id` its integer id (`served_models.ServedModels.lora_ids`; both None for the base model);
+the adapter of a block is its namespace's (`lora_of`, the service's `namespace_lora`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from kvserve.protos.kv_events import (
     MEDIUM_GPU,
@@ -28,11 +28,8 @@ from kvserve.scheduler.core import PrefixNode
 class KvEventRecorder:
     """A `PrefixTreeListener` that turns inserts, evictions and clears into pending KV events."""
 
-    def __init__(
-        self, block_size: int, lora_names: Sequence[str] = (), lora_of: Callable[[str], str] = lambda _: ""
-    ) -> None:
+    def __init__(self, block_size: int, lora_of: Callable[[str], tuple[int, str]] = lambda _: (0, "")) -> None:
         self._block_size = block_size
-        self._lora_ids = {name: i + 1 for i, name in enumerate(lora_names)}
         self._lora_of = lora_of
         self._hashes: dict[int, int] = {}
         """block id -> hash, for every full block in the tree."""
@@ -50,16 +47,16 @@ class KvEventRecorder:
             last.block_hashes.append(digest)
             last.token_ids.extend(node.key)
             return
-        lora_name = self._lora_of(node.namespace) or None
+        lora_id, lora_name = self._lora_of(node.namespace)
         self._pending.append(
             BlockStored(
                 block_hashes=[digest],
                 parent_block_hash=parent_hash,
                 token_ids=list(node.key),
                 block_size=self._block_size,
-                lora_id=self._lora_ids.get(lora_name) if lora_name else None,
+                lora_id=lora_id or None,
                 medium=MEDIUM_GPU,
-                lora_name=lora_name,
+                lora_name=lora_name or None,
             )
         )
 

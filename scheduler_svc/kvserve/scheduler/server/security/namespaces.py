@@ -4,10 +4,10 @@ A namespace is derived on the server from the model identity, the LoRA adapter t
 runs under and the caller's tenant; the client's `cache_salt` can only subdivide its own
 tenant's space. The same tokens under two adapters have different KV, so an adapter's
 requests share blocks only with requests under that same adapter (and the base model's with
-the base model's); the adapter's name ends its namespaces (`namespace_lora`), so the KV
-events can name it. Two tenants
-therefore never match each other's prefixes, so cache-hit timing cannot leak prompts
-across tenants. Without `--auth-token-file` every caller is the tenant "anonymous"
+the base model's); the adapter's id and name end its namespaces (`namespace_lora`), so the KV
+events can name it, and an adapter loaded later under a name another had (another id) never
+matches the first one's blocks. Two tenants therefore never match each other's prefixes, so
+cache-hit timing cannot leak prompts across tenants. Without `--auth-token-file` every caller is the tenant "anonymous"
 (`tenant_from_metadata`); with it, the servicer maps the bearer token to its tenant
 (`kvserve.scheduler.server.security.auth.TokenTable`).
 """
@@ -46,22 +46,27 @@ _DIGEST_CHARS = 32
 _LORA_SEPARATOR = "+"
 
 
-def prefix_namespace(model_id: str, tenant: str, cache_salt: str = "", lora_name: str = "") -> str:
-    """A short, stable id for (model, tenant, salt) and, under a LoRA adapter, the adapter: a digest of
-    the parts, length-prefixed so no two tuples collide, followed for an adapter by `+` and its name."""
+def prefix_namespace(model_id: str, tenant: str, cache_salt: str = "", lora_name: str = "", lora_id: int = 0) -> str:
+    """A short, stable id for (model, tenant, salt) and, under a LoRA adapter, the adapter (its name and
+    id): a digest of the parts, length-prefixed so no two tuples collide, followed for an adapter by
+    `+ID+NAME`."""
     digest = hashlib.sha256()
-    for part in (model_id, tenant, cache_salt, lora_name) if lora_name else (model_id, tenant, cache_salt):
+    parts = (model_id, tenant, cache_salt, lora_name, str(lora_id)) if lora_name else (model_id, tenant, cache_salt)
+    for part in parts:
         data = part.encode("utf-8")
         digest.update(len(data).to_bytes(8, "big"))
         digest.update(data)
     namespace = digest.hexdigest()[:_DIGEST_CHARS]
-    return f"{namespace}{_LORA_SEPARATOR}{lora_name}" if lora_name else namespace
+    return f"{namespace}{_LORA_SEPARATOR}{lora_id}{_LORA_SEPARATOR}{lora_name}" if lora_name else namespace
 
 
-def namespace_lora(namespace: str) -> str:
-    """The LoRA adapter of a `prefix_namespace` ("": the base model)."""
+def namespace_lora(namespace: str) -> tuple[int, str]:
+    """The LoRA adapter of a `prefix_namespace`: its id and name ((0, ""): the base model)."""
     adapter = namespace[_DIGEST_CHARS:]
-    return adapter[1:] if adapter.startswith(_LORA_SEPARATOR) else ""
+    if not adapter.startswith(_LORA_SEPARATOR):
+        return 0, ""
+    lora_id, _, name = adapter[1:].partition(_LORA_SEPARATOR)
+    return int(lora_id), name
 
 
 class NamespaceOwners:

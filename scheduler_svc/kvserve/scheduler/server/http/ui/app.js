@@ -24,6 +24,9 @@ const $ = (id) => document.getElementById(id);
 
 // The token is kept in memory only: never in the URL, localStorage or cookies.
 const session = { auth: false, token: null, model: null, streamIntervalS: 1 };
+// The models the picker lists: each id's parent (null for the base model, the base model's id for
+// a LoRA adapter), and the one load in flight, which later callers share.
+const models = { parents: new Map(), loading: null };
 const chat = { turns: [], controller: null };
 const events = { running: false, controller: null };
 
@@ -133,20 +136,57 @@ async function loadConfig() {
   }
 }
 
-async function loadModel() {
+// Reads /v1/models into the picker. Adapters can be loaded and unloaded while the server runs, so
+// this runs again whenever the picker is focused or opened; calls made meanwhile share one fetch.
+function loadModels() {
+  models.loading ??= fetchModels().finally(() => {
+    models.loading = null;
+  });
+  return models.loading;
+}
+
+async function fetchModels() {
   try {
-    const response = await apiFetch('/v1/models');
+    const response = await apiFetch('/v1/models', { cache: 'no-store' });
     if (!response.ok) return;
     const body = await response.json();
-    session.model = body.data?.[0]?.id ?? null;
-    $('model-name').textContent = session.model ?? 'no model';
+    renderModels(Array.isArray(body.data) ? body.data : []);
   } catch (err) {
-    console.warn('loading the model name failed:', err);
+    console.warn('loading the models failed:', err);
   }
 }
 
+function modelLabel(card) {
+  return card.parent ? `${card.id} (LoRA of ${card.parent})` : card.id;
+}
+
+// The base model (under each of its names) first, then the adapters. The selection stays while the
+// server still serves it, else it falls back to the base model.
+function renderModels(cards) {
+  const ordered = [...cards.filter((card) => !card.parent), ...cards.filter((card) => card.parent)];
+  models.parents = new Map(ordered.map((card) => [card.id, card.parent ?? null]));
+  if (!models.parents.has(session.model)) session.model = ordered[0]?.id ?? null;
+  const picker = $('model');
+  const signature = JSON.stringify(ordered.map((card) => [card.id, card.parent ?? null]));
+  rebuildIfChanged(picker, signature, () => {
+    if (!ordered.length) return [el('option', '', 'no model')];
+    return ordered.map((card) => {
+      const option = el('option', '', modelLabel(card));
+      option.value = card.id;
+      if (card.parent) option.dataset.parent = card.parent;
+      return option;
+    });
+  });
+  picker.value = session.model ?? '';
+  picker.disabled = !ordered.length;
+}
+
+function onModelChange() {
+  session.model = $('model').value || null;
+}
+
 function startSession() {
-  loadModel();
+  loadModels();
   streamEvents();
 }
 
@@ -633,9 +673,9 @@ async function streamReply(schema) {
   message.classList.add('streaming');
   chat.controller = new AbortController();
   updateButtons();
-  const reply = { text: '', usage: null, sentAt: performance.now(), firstAt: null, lastAt: null };
+  const reply = { text: '', model: null, usage: null, sentAt: performance.now(), firstAt: null, lastAt: null };
   try {
-    if (!session.model) await loadModel();
+    if (!session.model) await loadModels();
     const body = JSON.stringify(buildRequest(schema));
     const headers = { 'Content-Type': 'application/json' };
     const response = await apiFetch('/v1/chat/completions', { method: 'POST', headers, body, signal: chat.controller.signal });
@@ -646,6 +686,7 @@ async function streamReply(schema) {
   } catch (err) {
     if (err.name === 'AbortError') markStopped(message, reply.text);
     else showReplyError(message, err);
+    if (err.param === 'model') loadModels(); // e.g. an adapter unloaded since the list was read
   } finally {
     message.classList.remove('streaming');
     chat.controller = null;
@@ -658,6 +699,7 @@ async function readReply(body, reply, content) {
     if (data === '[DONE]') return;
     const chunk = JSON.parse(data);
     if (chunk.error) throw apiError(chunk.error.message, chunk.error.param);
+    reply.model ??= chunk.model ?? null;
     const delta = chunk.choices?.[0]?.delta?.content;
     if (delta) {
       const now = performance.now();
@@ -671,13 +713,16 @@ async function readReply(body, reply, content) {
   throw apiError('The reply stream ended before it was complete.');
 }
 
-function replyStats({ usage, sentAt, firstAt, lastAt }) {
+function replyStats({ model, usage, sentAt, firstAt, lastAt }) {
   const stats = el('div', 'reply-stats');
   const parts = [];
   const add = (key, value, text) => {
     stats.dataset[key] = String(value);
     parts.push(text);
   };
+  // The model that answered, as the server names it; named in the text when it is a LoRA adapter.
+  if (model !== null) stats.dataset.model = model;
+  if (models.parents.get(model)) parts.push(`LoRA ${model}`);
   if (usage) {
     const cached = usage.prompt_tokens_details?.cached_tokens ?? 0;
     add('promptTokens', usage.prompt_tokens, `prompt ${usage.prompt_tokens}`);
@@ -731,6 +776,10 @@ function wireControls() {
   $('json-schema').addEventListener('input', readSchema);
   $('auth-form').addEventListener('submit', onAuthSubmit);
   $('sign-in').addEventListener('click', openSignIn);
+  $('model').addEventListener('change', onModelChange);
+  // Focus covers the keyboard and the first click; pointerdown a click on the picker while focused.
+  $('model').addEventListener('focus', loadModels);
+  $('model').addEventListener('pointerdown', loadModels);
 }
 
 async function main() {
