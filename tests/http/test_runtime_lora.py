@@ -25,6 +25,7 @@ import grpc
 import openai
 import pytest
 
+from kvserve.clients import AsyncClient, Client, KVServeError
 from kvserve.executor.model_config import ModelConfig, load_model_config
 from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from kvserve.testing.lora_adapters import write_lora_adapter
@@ -301,3 +302,20 @@ def test_an_adapter_in_use_is_refused_until_its_requests_have_ended(fake_servers
     stream.close()  # the request is aborted at the next step boundary
     wait_until(lambda: server.stats().requests_running == 0, 60, "the aborted request to end")
     assert unload(client, "busy")["lora_names"] == []
+
+
+def test_the_python_clients_load_and_unload(fake_servers: dict[str, ServeProcess]) -> None:
+    server = fake_servers["slow"]
+    with Client(server.address) as client:
+        assert client.load_lora_adapter("from-client", "/adapters/c") == ["from-client"]
+        assert client.model_info()["lora_names"] == ["from-client"]
+
+    async def unload_twice() -> KVServeError:
+        async with AsyncClient(server.address) as aclient:
+            assert await aclient.unload_lora_adapter("from-client") == []
+            with pytest.raises(KVServeError) as gone:
+                await aclient.unload_lora_adapter("from-client")
+            return gone.value
+
+    error = asyncio.run(unload_twice())
+    assert error.code == grpc.StatusCode.NOT_FOUND and "no LoRA adapter 'from-client' is loaded" in error.details

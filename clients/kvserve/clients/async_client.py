@@ -143,6 +143,14 @@ class AsyncClient(Connection):
     async def server_stats(self) -> dict[str, Any]:
         return await self._unary(calls.SERVER_STATS)
 
+    async def load_lora_adapter(self, name: str, path: str) -> list[str]:
+        """Load the adapter PEFT saved in `path` (absolute, on the server) as `name`; the adapters served then."""
+        return await self._unary(calls.LOAD_LORA_ADAPTER, name, path)
+
+    async def unload_lora_adapter(self, name: str) -> list[str]:
+        """Unload the adapter `name` (refused while requests run under it); the adapters served then."""
+        return await self._unary(calls.UNLOAD_LORA_ADAPTER, name)
+
     async def health(self, timeout_s: float | None = None) -> str:
         """The grpc.health.v1 status of the server: "SERVING", "NOT_SERVING", "UNKNOWN" or "SERVICE_UNKNOWN"."""
         return await self._unary(calls.HEALTH, timeout_s=timeout_s)

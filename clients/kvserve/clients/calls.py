@@ -47,6 +47,16 @@ TOKENIZE = Call("Tokenize", _tokenize_request, lambda r: list(r.token_ids))
 """Token ids of `text`, or of `messages` rendered with the chat template."""
 MODEL_INFO = Call("ModelInfo", api_pb2.ModelInfoRequest, message_to_dict)
 SERVER_STATS = Call("ServerStats", api_pb2.ServerStatsRequest, message_to_dict)
+LOAD_LORA_ADAPTER = Call(
+    "LoadLoraAdapter",
+    lambda name, path: api_pb2.LoadLoraAdapterRequest(lora_name=name, lora_path=path),
+    lambda r: list(r.lora_names),
+)
+"""Load a LoRA adapter at run time (the server's --allow-runtime-lora); the adapters served then."""
+UNLOAD_LORA_ADAPTER = Call(
+    "UnloadLoraAdapter", lambda name: api_pb2.UnloadLoraAdapterRequest(lora_name=name), lambda r: list(r.lora_names)
+)
+"""Unload one (refused while requests run under it); the adapters served then."""
 HEALTH = Call(
     "Check",
     lambda: health_pb2.HealthCheckRequest(service=HEALTH_SERVICE),

@@ -114,6 +114,14 @@ class Client(Connection):
     def server_stats(self) -> dict[str, Any]:
         return self._unary(calls.SERVER_STATS)
 
+    def load_lora_adapter(self, name: str, path: str) -> list[str]:
+        """Load the adapter PEFT saved in `path` (absolute, on the server) as `name`; the adapters served then."""
+        return self._unary(calls.LOAD_LORA_ADAPTER, name, path)
+
+    def unload_lora_adapter(self, name: str) -> list[str]:
+        """Unload the adapter `name` (refused while requests run under it); the adapters served then."""
+        return self._unary(calls.UNLOAD_LORA_ADAPTER, name)
+
     def health(self, timeout_s: float | None = None) -> str:
         return self._unary(calls.HEALTH, timeout_s=timeout_s)
 
