@@ -111,3 +111,12 @@ _.check_kill9  # gpu_check/serve.py
 _.pytest_collection_modifyitems  # gpu_check/pytest_check.py: a pytest hook of the plugin it passes to pytest
 _.time_limit_s  # gpu_check/report.py: CheckResult, asdict() into report.json
 _.limit_mib  # gpu_check/wheel_list.py: FolderCheck, asdict() into the dry run's report
+
+# --- the KV disk tier's counters: DiskStoreStats (executor/kv_tier/disk_store.py), for the metrics -----
+_.corrupt  # DiskStoreStats: tests/executor/test_disk_block_store.py
+_.foreign  # DiskStoreStats: tests/executor/test_disk_block_store.py
+_.stores  # DiskStoreStats: tests/executor/test_disk_block_store.py
+_.store_failures  # DiskStoreStats: tests/executor/test_disk_block_store.py
+_.bytes_written  # DiskStoreStats: tests/executor/test_disk_block_store.py
+_.bytes_read  # DiskStoreStats: tests/executor/test_disk_block_store.py
+_.evictions  # DiskStoreStats: tests/executor/test_disk_block_store.py

@@ -168,3 +168,7 @@ MAX_LORAS = 4
 """LoRA adapters resident at once (`--max-loras`), as vLLM's default."""
 MAX_LORA_RANK = 16
 """The largest LoRA rank an adapter may have (`--max-lora-rank`), as vLLM's default."""
+
+KV_DISK_GB = 16.0
+"""The prefix cache's disk tier (`--kv-disk-dir`): the most its directory holds before the least recently
+used blocks go. A default model block is 0.4-0.7 MB, so 16 GB keeps some 25,000-45,000 blocks."""

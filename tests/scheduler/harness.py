@@ -21,10 +21,11 @@ def strict_executor(
     *,
     draft: bool = False,
     loras: tuple[str, ...] = (),
+    kv_disk_dir: str | None = None,
 ) -> FakeExecutor:
     """A strict fake executor over a plain vocabulary: checks every plan, needs no model files.
     `draft`: it is also a (fake) draft model, for `--speculative draft`; `loras`: the LoRA adapters'
-    names it knows (`--lora NAME=PATH`, PATHs made up)."""
+    names it knows (`--lora NAME=PATH`, PATHs made up); `kv_disk_dir`: its disk tier (`--kv-disk-dir`)."""
     return FakeExecutor(
         FakeExecutorConfig(
             num_blocks=num_blocks,
@@ -34,6 +35,7 @@ def strict_executor(
             strict=True,
             draft_model="fake" if draft else None,
             lora=tuple(f"{name}=/adapters/{name}" for name in loras),
+            kv_disk_dir=kv_disk_dir,
         )
     )
 
@@ -66,6 +68,8 @@ class Harness:
     clock: FakeClock = field(default_factory=FakeClock)
     loras: tuple[str, ...] = ()
     """The LoRA adapters the executor knows."""
+    kv_disk_dir: str | None = None
+    """The executor's disk tier, which the scheduler then uses (as the service sets it up)."""
 
     def __post_init__(self) -> None:
         self.scheduler = Scheduler(self.config, clock=self.clock)
@@ -76,7 +80,10 @@ class Harness:
             self.vocab_size,
             draft=self.config.speculative == "draft",
             loras=self.loras,
+            kv_disk_dir=self.kv_disk_dir,
         )
+        info = self.executor.info()
+        self.scheduler.set_disk_tier(info.kv_fingerprint, info.kv_disk_keys)
 
     def add(self, request_id: str, prompt: list[int], **sampling_and_options) -> None:
         options = {

@@ -28,6 +28,8 @@ from kvserve.executor.config_error import ExecutorConfigError
 from kvserve.executor.cpu_features import has_avx512, has_native_bf16
 from kvserve.executor.decode_graph_capture import capture_decode_graphs
 from kvserve.executor.kv_cache_budget import blocks_for_bytes, device_kv_budget_bytes, kv_bytes_per_block
+from kvserve.executor.kv_tier.disk_store import DiskBlockStore
+from kvserve.executor.kv_tier.paged_tier import PagedDiskTier, kv_fingerprint, weights_digest
 from kvserve.executor.lora.adapter_set import TENSOR_PARALLEL_REFUSAL, load_adapter_set
 from kvserve.executor.lora.adapter_spec import AdapterSpec
 from kvserve.executor.lora.step_deltas import LoraStep
@@ -61,7 +63,7 @@ from kvserve.executor.weights.loader import load_weights, weight_files
 from kvserve.executor.weights.q4_1_linear import Q4_1Linear
 from kvserve.kernels import cpu_ops
 from kvserve.protos.kv_geometry import GIB
-from kvserve.protos.step import ExecutorInfo, StepPlan, StepResult
+from kvserve.protos.step import ExecutorInfo, PlanError, StepPlan, StepResult
 
 log = structlog.get_logger(__name__)
 
@@ -185,6 +187,7 @@ class ModelRunner:
             else None
         )
         self.model_id = self._model_id()
+        self.disk = self._disk_tier() if config.kv_disk_dir is not None else None
         release_freed_heap()
         log.info(
             "model runner ready",
@@ -223,11 +226,18 @@ class ModelRunner:
             num_threads=self.num_threads,
             draft_model_id=self.draft.model_id if self.draft is not None else "",
             lora_names=list(self.loras.names),
+            kv_fingerprint=self.disk.fingerprint if self.disk is not None else "",
+            kv_disk_keys=self.disk.store.keys() if self.disk is not None else [],
         )
 
     def execute(self, plan: StepPlan) -> StepResult:
         started = time.perf_counter()
         self.loras.check_plan(plan.new_seqs)
+        failed_loads: list[int] = []
+        if plan.store_blocks or plan.load_blocks:
+            if self.disk is None:
+                raise PlanError(f"step {plan.step_id}: disk-tier block ops, but this executor has no --kv-disk-dir")
+            failed_loads = self.disk.run(plan.store_blocks, plan.load_blocks)
         self.seqs.drop(plan.drop_seq_ids)
         self.seqs.trim(plan.trims)
         self.cache.swap_out(plan.swap_out)
@@ -276,6 +286,7 @@ class ModelRunner:
             outputs=outputs,
             execute_time_s=time.perf_counter() - started,
             proposals=proposals,
+            failed_load_blocks=failed_loads,
         )
 
     def reset(self) -> None:
@@ -307,6 +318,9 @@ class ModelRunner:
 
     def close(self) -> None:
         self.seqs.clear()
+        if self.disk is not None:
+            self.disk.close()  # the writes queued so far reach the disk
+            self.disk = None
         if self.group is not None:
             self.group.destroy()
             self.group = None
@@ -317,6 +331,26 @@ class ModelRunner:
             torch.cuda.empty_cache()
 
     # --- start-up ----------------------------------------------------------------
+
+    def _disk_tier(self) -> PagedDiskTier:
+        """The prefix cache's disk tier (--kv-disk-dir), keyed by what this cache's bits depend on."""
+        config = self.config
+        assert config.kv_disk_dir is not None
+        if self.group is not None:
+            raise ExecutorConfigError("--kv-disk-dir runs on one executor: not with tensor parallelism yet")
+        if self.draft is not None:
+            raise ExecutorConfigError("--kv-disk-dir and --draft-model: the draft model's KV is not on disk yet")
+        weights = weights_digest(weight_files(self.model_dir))
+        fingerprint = kv_fingerprint(weights, self.cache, self.dtype_name, self.weights_mode, self.device)
+        store = DiskBlockStore(Path(config.kv_disk_dir), int(config.kv_disk_gb * GIB), fingerprint)
+        log.info(
+            "kv disk tier",
+            directory=config.kv_disk_dir,
+            blocks=len(store.keys()),
+            capacity_gb=config.kv_disk_gb,
+            writable=store.writable,
+        )
+        return PagedDiskTier(self.cache, store, fingerprint)
 
     def _resolve_dtype(self) -> tuple[str, str]:
         """The dtype, and why `auto` chose it: the fastest that passes the quality bar on this device

@@ -160,6 +160,18 @@ class RunnerConfig:
         default=defaults.MAX_LORA_RANK,
         metadata=flag("the largest LoRA rank an adapter may have (refused at load beyond)"),
     )
+    kv_disk_dir: str | None = field(
+        default=None,
+        metadata=flag(
+            "a directory for the prefix cache's disk tier: cached KV blocks are written there and read back "
+            "instead of recomputed, also after a restart (off when not given)",
+            metavar="DIR",
+        ),
+    )
+    kv_disk_gb: float = field(
+        default=defaults.KV_DISK_GB,
+        metadata=flag("the most the --kv-disk-dir tier holds; the least recently used blocks go first"),
+    )
 
     def __post_init__(self) -> None:
         check_block_size(self.block_size)

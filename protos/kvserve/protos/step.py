@@ -111,6 +111,12 @@ class StepPlan:
     """Rows of equal length (`mask_row_bytes`), little-endian uint32 words: token t is allowed iff bit
     t % 32 of word t // 32 is set; tokens past a row's bits are not. The scheduler's grammar matcher
     fills them (vLLM v1 also computes the bitmask in its scheduler); the executor only applies them."""
+    store_blocks: list[tuple[int, int]] = field(default_factory=list)
+    """(device_block, key): write the block's KV to the disk tier under `key`, before anything else
+    of this step (the block may be reused by this very plan)."""
+    load_blocks: list[tuple[int, int]] = field(default_factory=list)
+    """(device_block, key): read the disk tier's block `key` into the device block, after the stores
+    and before the block ops; one that fails is listed in `StepResult.failed_load_blocks`."""
 
     @property
     def mask_row_bytes(self) -> int:
@@ -131,6 +137,8 @@ class StepPlan:
             or self.swap_in
             or self.drop_seq_ids
             or self.trims
+            or self.store_blocks
+            or self.load_blocks
         )
 
 
@@ -158,6 +166,8 @@ class StepResult:
     execute_time_s: float = 0.0
     proposals: list[tuple[int, list[int]]] = field(default_factory=list)
     """(seq_id, draft tokens) the plan's `draft_requests` asked for, proposed after this step's tokens."""
+    failed_load_blocks: list[int] = field(default_factory=list)
+    """The plan's `load_blocks` whose file was missing or failed its checks: they hold no KV."""
 
 
 @dataclass(slots=True)
@@ -187,3 +197,8 @@ class ExecutorInfo:
     """The draft model speculative decoding's `draft` method asks for proposals ("": none loaded)."""
     lora_names: list[str] = field(default_factory=list)
     """The LoRA adapters a request may name (`--lora NAME=PATH`), in the order given."""
+    kv_fingerprint: str = ""
+    """The disk tier (`--kv-disk-dir`): what a block's KV depends on besides its tokens, which seeds
+    every block key; "" without a disk tier."""
+    kv_disk_keys: list[int] = field(default_factory=list)
+    """The keys of the blocks on disk at the handshake (a warm restart's prefix cache)."""

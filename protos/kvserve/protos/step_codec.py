@@ -44,7 +44,7 @@ __all__ = [
 T = TypeVar("T")
 
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 """Sent in every Handshake; bump it when a change to executor_link.proto breaks old peers."""
 
 _seq_id = attrgetter("seq_id")
@@ -130,6 +130,12 @@ def encode_plan(plan: StepPlan, out: pb.StepPlan | None = None) -> pb.StepPlan:
     if plan.mask_seq_ids:
         msg.mask_seq_ids.extend(plan.mask_seq_ids)
         msg.token_masks = plan.token_masks
+    if plan.store_blocks:
+        msg.store_blocks.extend([block for block, _ in plan.store_blocks])
+        msg.store_keys.extend([key for _, key in plan.store_blocks])
+    if plan.load_blocks:
+        msg.load_blocks.extend([block for block, _ in plan.load_blocks])
+        msg.load_keys.extend([key for _, key in plan.load_blocks])
     return msg
 
 
@@ -179,6 +185,8 @@ def decode_plan(msg: pb.StepPlan) -> StepPlan:
         draft_requests=list(zip(msg.draft_request_seq_ids, msg.draft_request_counts, strict=True)),
         mask_seq_ids=mask_seq_ids,
         token_masks=_token_masks(msg.token_masks, len(mask_seq_ids)),
+        store_blocks=list(zip(msg.store_blocks, msg.store_keys, strict=True)),
+        load_blocks=list(zip(msg.load_blocks, msg.load_keys, strict=True)),
     )
 
 
@@ -202,6 +210,7 @@ def encode_result(result: StepResult, out: pb.StepResult | None = None) -> pb.St
         msg.proposal_seq_ids.extend([seq_id for seq_id, _ in result.proposals])
         msg.proposal_counts.extend([len(tokens) for _, tokens in result.proposals])
         msg.proposal_token_ids.extend(chain.from_iterable(tokens for _, tokens in result.proposals))
+    msg.failed_load_blocks.extend(result.failed_load_blocks)
     return msg
 
 
@@ -231,7 +240,13 @@ def decode_result(msg: pb.StepResult) -> StepResult:
         proposed = msg.proposal_seq_ids[:]
         tokens = _split(msg.proposal_token_ids[:], msg.proposal_counts[:], len(proposed), "proposal")
         proposals = list(zip(proposed, tokens, strict=True))
-    return StepResult(step_id=msg.step_id, outputs=outputs, execute_time_s=msg.execute_time_s, proposals=proposals)
+    return StepResult(
+        step_id=msg.step_id,
+        outputs=outputs,
+        execute_time_s=msg.execute_time_s,
+        proposals=proposals,
+        failed_load_blocks=list(msg.failed_load_blocks),
+    )
 
 
 # --- internals -------------------------------------------------------------------

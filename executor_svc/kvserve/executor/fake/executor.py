@@ -52,6 +52,8 @@ from kvserve.executor.fake.sequences import FakeSequence, SequenceTable
 from kvserve.executor.fake.shadow_kv import ShadowKV
 from kvserve.executor.fake.tokens import DEFAULT_CONTEXT_WINDOW, fake_logprob, top_logprobs
 from kvserve.executor.fake.vocabulary import default_model_dir, load_vocabulary, plain_vocabulary
+from kvserve.executor.kv_tier.disk_store import DiskBlockStore
+from kvserve.protos.kv_geometry import GIB
 from kvserve.protos.step import ExecutorInfo, PlanError, SampledToken, StepPlan, StepResult
 
 
@@ -98,6 +100,9 @@ class FakeExecutorConfig:
     lora: tuple[str, ...] = ()
     """From the runner's --lora NAME=PATH: the adapters it reports (`ExecutorInfo.lora_names`), loading
     nothing (PATH need not exist); a sequence's tokens depend on its adapter's name (`adapters.lora_salt`)."""
+    kv_disk_dir: str | None = None
+    """From the runner's --kv-disk-dir: the disk tier, holding each block's token slots as the fake's KV."""
+    kv_disk_gb: float = defaults.KV_DISK_GB
     model_id: str | None = field(
         default=None, metadata=flag("model id reported to the scheduler; None: fake:<the tokenizer's model name>")
     )
@@ -155,6 +160,15 @@ class FakeExecutor:
             fault_violate_token_masks=config.fault_violate_token_masks,
         )
         self.steps = 0
+        self.disk: DiskBlockStore | None = None
+        """The prefix cache's disk tier (--kv-disk-dir): each block's token slots, as the real one's KV."""
+        self.disk_fingerprint = ""
+        if config.kv_disk_dir is not None:
+            self.disk_fingerprint = f"fake|{self.info_model_id()}|block_size={config.block_size}|strict={config.strict}"
+            self.disk = DiskBlockStore(Path(config.kv_disk_dir), int(config.kv_disk_gb * GIB), self.disk_fingerprint)
+
+    def info_model_id(self) -> str:
+        return self.config.model_id or f"fake:{self.vocab.name}"
 
     @property
     def seqs(self) -> dict[int, FakeSequence]:
@@ -166,7 +180,7 @@ class FakeExecutor:
     def info(self) -> ExecutorInfo:
         cfg = self.config
         return ExecutorInfo(
-            model_id=cfg.model_id or f"fake:{self.vocab.name}",
+            model_id=self.info_model_id(),
             num_blocks=cfg.num_blocks,
             block_size=cfg.block_size,
             num_cpu_blocks=cfg.num_cpu_blocks,
@@ -180,10 +194,13 @@ class FakeExecutor:
             attention_backend="none",
             draft_model_id="fake-draft" if cfg.draft_model else "",
             lora_names=list(self.lora_names),
+            kv_fingerprint=self.disk_fingerprint,
+            kv_disk_keys=self.disk.keys() if self.disk is not None else [],
         )
 
     def execute(self, plan: StepPlan) -> StepResult:
         started = time.perf_counter()
+        failed_loads = self._disk_ops(plan) if plan.store_blocks or plan.load_blocks else []
         for seq_id in plan.drop_seq_ids:
             self.sequences.drop(seq_id)
         for seq_id, num_blocks in plan.trims:
@@ -240,8 +257,25 @@ class FakeExecutor:
         if latency > elapsed:
             time.sleep(latency - elapsed)
         return StepResult(
-            step_id=plan.step_id, outputs=outputs, execute_time_s=time.perf_counter() - started, proposals=proposals
+            step_id=plan.step_id,
+            outputs=outputs,
+            execute_time_s=time.perf_counter() - started,
+            proposals=proposals,
+            failed_load_blocks=failed_loads,
         )
+
+    def _disk_ops(self, plan: StepPlan) -> list[int]:
+        """The plan's stores, then its loads; the blocks whose load failed."""
+        if self.disk is None:
+            raise PlanError(f"step {plan.step_id}: disk-tier block ops, but this executor has no --kv-disk-dir")
+        for block, key in plan.store_blocks:
+            self.disk.put(key, self.shadow.block_bytes(block))
+        failed = []
+        for block, key in plan.load_blocks:
+            payload = self.disk.get(key)
+            if payload is None or not self.shadow.load_block(block, payload):
+                failed.append(block)
+        return failed
 
     def _proposals(self, plan: StepPlan, outputs: list[SampledToken]) -> list[tuple[int, list[int]]]:
         if not self.config.draft_model:
@@ -284,6 +318,8 @@ class FakeExecutor:
 
     def close(self) -> None:
         self.sequences.clear()
+        if self.disk is not None:
+            self.disk.close()
 
     # --- inspection (tests) ------------------------------------------------------
 

@@ -10,6 +10,7 @@ that sits at the wrong offset, and the block moves get the stricter checks below
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
 from kvserve.protos.step import PlanError
@@ -104,6 +105,32 @@ class ShadowKV:
         contents = [source[src * bs : (src + 1) * bs] for src, _dst in pairs]
         for (_src, dst), content in zip(pairs, contents):
             target[dst * bs : (dst + 1) * bs] = content
+
+    # --- the disk tier: a block's slots as bytes --------------------------------------
+
+    def block_bytes(self, block: int) -> bytes:
+        """Device block `block`'s slots, as (token id, position) int64 pairs (position -1 outside strict mode)."""
+        self._check_range(block, False, "store_blocks")
+        bs = self.block_size
+        values = array("q")
+        for value in self.kv[block * bs : (block + 1) * bs]:
+            values.extend(value if isinstance(value, tuple) else (value, -1))
+        return values.tobytes()
+
+    def load_block(self, block: int, payload: bytes) -> bool:
+        """Fill device block `block` from `block_bytes`' payload; False (nothing written) when it does not fit."""
+        self._check_range(block, False, "load_blocks")
+        if self.block_refs[block]:
+            raise PlanError(f"load_blocks: block {block} belongs to {self.block_refs[block]} live sequence(s)")
+        values = array("q")
+        if len(payload) != 2 * self.block_size * values.itemsize:
+            return False
+        values.frombytes(payload)
+        pairs = zip(values[0::2], values[1::2], strict=True)
+        slots: list[Slot] = [(token, pos) if pos >= 0 else token for token, pos in pairs]
+        bs = self.block_size
+        self.kv[block * bs : (block + 1) * bs] = slots
+        return True
 
     # --- slots ----------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from kvserve.scheduler.core.invariants import InvariantError
 from kvserve.scheduler.core.kv_capacity import KvPlan, plan_kv
 from kvserve.scheduler.core.outputs import (
     BlockCounts,
+    DiskTierStats,
     DraftCounts,
     SampledLogprob,
     SchedulerStats,
@@ -25,6 +26,7 @@ __all__ = [
     "KV_RESERVATIONS",
     "PREEMPTION_MODES",
     "BlockCounts",
+    "DiskTierStats",
     "DraftCounts",
     "InvariantError",
     "KvPlan",

@@ -67,10 +67,11 @@ def _check_ref_counts(view: SchedulerView) -> None:
         table = seq.block_table
         _require(len(table) == len(set(table)), f"seq {seq.seq_id} holds a block twice: {table}")
         holders.update(table)
+    holders.update(view.loading)
     for block in range(pool.num_blocks):
         _require(
             pool.ref_counts[block] == holders[block],
-            f"block {block}: ref count {pool.ref_counts[block]} but {holders[block]} live block tables hold it",
+            f"block {block}: ref count {pool.ref_counts[block]} but {holders[block]} block tables and loads hold it",
         )
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from kvserve.protos.step import StepPlan
 from kvserve.scheduler.core import admission
 from kvserve.scheduler.core.block_pool import BlockPool, CpuBlockPool
+from kvserve.scheduler.core.disk_tier import DiskTier
 from kvserve.scheduler.core.prefix_tree import PrefixMatch, PrefixTree
 from kvserve.scheduler.core.request import Sequence
 
@@ -28,7 +29,7 @@ from kvserve.scheduler.core.request import Sequence
 class KvManager:
     """Which blocks each sequence uses: allocation, prefix reuse, tree inserts and swap, per plan."""
 
-    __slots__ = ("_pinned", "block_size", "caching", "cpu", "pool", "tree")
+    __slots__ = ("_pinned", "block_size", "caching", "cpu", "disk", "pool", "tree")
 
     def __init__(
         self, num_blocks: int, block_size: int, num_cpu_blocks: int, caching: bool, previous: KvManager | None = None
@@ -40,6 +41,8 @@ class KvManager:
         self.tree = PrefixTree(self.pool, block_size)
         self.cpu = CpuBlockPool(num_cpu_blocks)
         self._pinned: list[int] = []
+        self.disk: DiskTier | None = None
+        """The prefix cache's disk tier, when the executor has one (`Scheduler.set_disk_tier`)."""
         if previous is not None:
             self.tree.queried_tokens = previous.tree.queried_tokens
             self.tree.hit_tokens = previous.tree.hit_tokens
@@ -151,6 +154,8 @@ class KvManager:
             if child is None:  # same tokens already cached in another block: this chain stays private
                 seq.cache_frozen = True
                 break
+            if self.disk is not None and not seq.request.lora_name:
+                self.disk.note_cached(child)
             node = child
             seq.num_tree_blocks = index + 1
         seq.tree_node = node

@@ -77,6 +77,18 @@ class SequenceOutput:
 
 
 @dataclass(slots=True)
+class DiskTierStats:
+    """The prefix cache's disk tier (`disk_tier.DiskTier`), in total since the executor registered."""
+
+    blocks_on_disk: int = 0
+    loaded_blocks: int = 0
+    """Blocks read back from disk into the pool instead of recomputed."""
+    failed_loads: int = 0
+    """Loads whose file was missing or failed its checks (recomputed instead)."""
+    stored_blocks: int = 0
+
+
+@dataclass(slots=True)
 class SchedulerStats:
     num_waiting: int
     num_running: int
@@ -107,3 +119,5 @@ class SchedulerStats:
     draft_tokens_accepted: int = 0
     draft_verify_steps: int = 0
     """Sequence-steps that verified drafts; each yields one bonus token beyond the accepted drafts."""
+    disk: DiskTierStats | None = None
+    """The prefix cache's disk tier, when the executor has one."""

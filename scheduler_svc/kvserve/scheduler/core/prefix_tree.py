@@ -32,7 +32,7 @@ class PrefixNode:
     pool's LRU drives: lookups that reused this block, and when it was made or last reused.
     """
 
-    __slots__ = ("block", "children", "hits", "key", "last_used", "namespace", "parent")
+    __slots__ = ("block", "children", "disk_key", "hits", "key", "last_used", "namespace", "parent")
 
     def __init__(
         self, key: tuple[int, ...], block: int, parent: PrefixNode | None, namespace: str, now: float = 0.0
@@ -45,6 +45,8 @@ class PrefixNode:
         self.hits = 0
         self.last_used = now
         """`time.monotonic()` seconds."""
+        self.disk_key = 0
+        """The block's key in the disk tier (`disk_tier.DiskTier.key_of`), once computed; 0: not yet."""
 
     def ancestor(self, levels_up: int) -> PrefixNode:
         """The node `levels_up` blocks closer to the root."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from collections.abc import Sequence as SequenceOf
 
 import structlog
@@ -22,6 +22,7 @@ from kvserve.protos.step import StepPlan, StepResult
 from kvserve.protos.stop_rules import FinishReason, stop_token_ids
 from kvserve.scheduler.core import invariants
 from kvserve.scheduler.core.admission import check_fits
+from kvserve.scheduler.core.disk_tier import DiskTier
 from kvserve.scheduler.core.draft_proposer import DraftProposer, proposer_for
 from kvserve.scheduler.core.kv_manager import KvManager
 from kvserve.scheduler.core.outputs import SchedulerStats, SequenceOutput
@@ -179,6 +180,15 @@ class Scheduler:
         self._state.inflight = None
         return outputs
 
+    def set_disk_tier(self, fingerprint: str, keys: Iterable[int]) -> None:
+        """Use the executor's disk tier: `fingerprint` and `keys` are its `ExecutorInfo.kv_fingerprint` and
+        `kv_disk_keys` ("" turns the tier off). Call it after construction and after `reset_executor`."""
+        kv = self._state.kv
+        old = kv.disk
+        kv.disk = DiskTier(fingerprint, keys, kv.block_size) if fingerprint and kv.caching else None
+        if old is not None and kv.disk is not None:
+            kv.disk.carry_counters(old)
+
     def reset_executor(self, num_blocks: int | None = None) -> list[SequenceOutput]:
         """The executor was replaced and its KV is gone: requeue every sequence for recompute.
 
@@ -187,6 +197,8 @@ class Scheduler:
         """
         st = self._state
         st.inflight = None
+        if st.kv.disk is not None:
+            st.kv.disk.drop_loads()  # their references die with the old pool
         for seq in st.running + st.swapped:
             seq.request.blocks.freed += len(seq.block_table)  # references dropped with the old pool
             seq.cpu_table = []
@@ -205,7 +217,12 @@ class Scheduler:
         if num_blocks is not None:
             self.config.num_blocks = num_blocks
         cfg = self.config
+        old_disk = st.kv.disk
         st.kv = KvManager(cfg.num_blocks, cfg.block_size, cfg.num_cpu_blocks, cfg.enable_prefix_caching, previous=st.kv)
+        if old_disk is not None:  # the files outlive the executor's pool (a new executor reports its own)
+            self.set_disk_tier(old_disk.fingerprint, old_disk.on_disk)
+            assert st.kv.disk is not None
+            st.kv.disk.carry_counters(old_disk)
         outputs = []
         for request in list(st.requests.values()):
             try:

@@ -50,6 +50,8 @@ class SchedulerView:
     inflight_drafts: Mapping[int, int]
     """Draft tokens the plan in flight verifies, by sequence id (speculative decoding): their slots
     are allocated until the result rolls back the rejected ones."""
+    loading: tuple[int, ...] = ()
+    """Blocks the disk tier's loads in flight reference: the chains they extend and the blocks loading."""
 
 
 def view_of(state: SchedulerState) -> SchedulerView:
@@ -69,6 +71,7 @@ def view_of(state: SchedulerState) -> SchedulerView:
         tree=kv.tree,
         cpu=kv.cpu,
         pinned=kv.pinned,
+        loading=kv.disk.referenced_blocks() if kv.disk is not None else (),
         pending_drops=tuple(state.pending_drops),
         inflight_drafts=MappingProxyType(
             {s.seq.seq_id: len(s.drafts) for s in state.inflight.scheduled if s.drafts}
@@ -103,4 +106,5 @@ def stats_of(state: SchedulerState) -> SchedulerStats:
         draft_tokens_proposed=state.num_drafts_proposed,
         draft_tokens_accepted=state.num_drafts_accepted,
         draft_verify_steps=state.num_verify_steps,
+        disk=state.kv.disk.stats() if state.kv.disk is not None else None,
     )

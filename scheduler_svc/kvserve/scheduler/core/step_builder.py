@@ -82,6 +82,10 @@ def _draft_requests(scheduled: list[ScheduledSequence], k: int) -> list[tuple[in
     return requests
 
 
+_LOADING = -1
+"""`_admit`'s answer for a sequence that waits a step for its prefix to load from disk."""
+
+
 class StepBuilder:
     """`build()`: packs running, swapped and waiting sequences into one plan; preempts when blocks run out."""
 
@@ -97,6 +101,8 @@ class StepBuilder:
         plan = StepPlan(step_id=st.step_id, drop_seq_ids=st.pending_drops, trims=st.pending_trims)
         st.pending_drops = []
         st.pending_trims = []
+        if st.kv.disk is not None:
+            st.kv.disk.take_stores(plan)  # first: this plan may reuse a block the disk must get first
         scheduled: list[ScheduledSequence] = []
         budget, preempted = self._schedule_running(plan, scheduled)
         if not preempted:
@@ -255,6 +261,8 @@ class StepBuilder:
             if seq.index > 0 and not request.prompt_done:
                 continue  # waits to fork from completion 0 instead of computing the prompt again
             count = self._admit(seq, plan, scheduled, budget)
+            if count == _LOADING:
+                continue  # its prefix comes from disk this step; it is admitted with a hit on the next
             if count == 0:
                 break  # head-of-line: later arrivals must not overtake a request waiting for memory
             budget -= count
@@ -265,8 +273,17 @@ class StepBuilder:
             st.waiting = [s for s in st.waiting if s.status is not _RUNNING]
 
     def _admit(self, seq: Sequence, plan: StepPlan, scheduled: list[ScheduledSequence], budget: int) -> int:
-        """Start `seq` if the pool can hold all its known tokens; return tokens scheduled (0: no room)."""
+        """Start `seq` if the pool can hold all its known tokens; return tokens scheduled (0: no room,
+        `_LOADING`: it waits for its prefix's blocks to come from disk)."""
         kv = self.state.kv
+        disk = kv.disk
+        if (
+            disk is not None
+            and seq.index == 0
+            and not seq.request.lora_name
+            and disk.start_loads(kv.tree, kv.pool, seq.request.namespace, seq.token_ids, plan)
+        ):
+            return _LOADING
         match, forked = kv.find_prefix(seq, self.state.step_id)
         count = kv.admit(seq, match, forked, budget, plan)
         if count == 0:

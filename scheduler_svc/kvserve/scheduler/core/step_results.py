@@ -43,6 +43,8 @@ class ResultApplier:
         outputs: list[SequenceOutput] = []
         st.inflight = None
         st.num_steps += 1
+        if st.kv.disk is not None:
+            st.kv.disk.finish_loads(st.kv.tree, st.kv.pool, result.failed_load_blocks)
         now = st.clock()
         if inflight.num_drafts:
             by_seq: dict[int, list[SampledToken]] = {}

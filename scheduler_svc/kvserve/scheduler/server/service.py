@@ -150,7 +150,7 @@ def build_scheduler(config: ServerConfig, info: ExecutorInfo) -> Scheduler:
     """The server's scheduling policy, with the fields the executor's handshake sets
     (`server_config.HANDSHAKE_FIELDS`); `--max-model-len` only caps the executor's."""
     max_model_len = min(info.max_model_len, config.max_model_len or info.max_model_len)
-    return Scheduler(
+    scheduler = Scheduler(
         dataclasses.replace(
             config.scheduling,
             num_blocks=info.num_blocks,
@@ -160,6 +160,8 @@ def build_scheduler(config: ServerConfig, info: ExecutorInfo) -> Scheduler:
             eos_token_ids=tuple(info.eos_token_ids),
         )
     )
+    scheduler.set_disk_tier(info.kv_fingerprint, info.kv_disk_keys)
+    return scheduler
 
 
 def grammar_compiler(tokenizer: Tokenizer, info: ExecutorInfo) -> GrammarCompiler:

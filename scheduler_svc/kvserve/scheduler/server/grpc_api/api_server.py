@@ -27,7 +27,7 @@ from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from kvserve.protos.message_fields import copy_fields
 from kvserve.protos.sampling import InvalidFieldError
 from kvserve.protos.stop_rules import FinishReason
-from kvserve.scheduler.core import RequestRejected
+from kvserve.scheduler.core import DiskTierStats, RequestRejected
 from kvserve.scheduler.server.adapter_catalog import AdapterInUse, AdapterNotLoaded, RuntimeLoraOff
 from kvserve.scheduler.server.delivery.request_stream import CompletionChunk, FailureKind, RequestFailed
 from kvserve.scheduler.server.engine_status import ExecutorState
@@ -230,7 +230,12 @@ class KVServeServicer(api_pb2_grpc.KVServeServicer):
             )
         stats = self.model.engine.stats()
         s = stats.scheduler
+        disk = s.disk or DiskTierStats()
         return api_pb2.ServerStatsResponse(
+            kv_disk_blocks=disk.blocks_on_disk,
+            kv_disk_loaded_blocks=disk.loaded_blocks,
+            kv_disk_stored_blocks=disk.stored_blocks,
+            kv_disk_failed_loads=disk.failed_loads,
             num_blocks=s.num_blocks,
             blocks_free=s.blocks_free,
             blocks_cached=s.blocks_cached,

@@ -141,6 +141,22 @@ class ServerMetrics:
         self.prefix_cache_evictions = Counter(
             PREFIX + "prefix_cache_evictions", "Cached blocks taken back from the prefix tree.", registry=r
         )
+        self.kv_disk_blocks = Gauge(
+            PREFIX + "kv_disk_blocks", "KV blocks in the prefix cache's disk tier (--kv-disk-dir).", registry=r
+        )
+        self.kv_disk_loads = Counter(
+            PREFIX + "kv_disk_loaded_blocks",
+            "KV blocks read back from the disk tier instead of recomputed.",
+            registry=r,
+        )
+        self.kv_disk_stores = Counter(
+            PREFIX + "kv_disk_stored_blocks", "KV blocks written to the disk tier.", registry=r
+        )
+        self.kv_disk_failed_loads = Counter(
+            PREFIX + "kv_disk_failed_loads",
+            "Disk-tier loads whose file was missing or failed its checks (recomputed instead).",
+            registry=r,
+        )
         self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prompt tokens computed (prefill).", registry=r)
         self.generation_tokens = Counter(PREFIX + "generation_tokens", "Tokens generated.", registry=r)
         self.request_success = Counter(
@@ -204,6 +220,9 @@ class ServerMetrics:
             "drafts": 0,
             "accepted": 0,
             "verify_steps": 0,
+            "disk_loads": 0,
+            "disk_stores": 0,
+            "disk_failed": 0,
         }
         self._lock = threading.Lock()
         self._http_server: Any = None
@@ -234,6 +253,12 @@ class ServerMetrics:
             accepted = self._advance(self.spec_accepted_tokens, "accepted", stats.draft_tokens_accepted)
             if verified > 0:
                 self.spec_mean_accepted_length.observe(accepted / verified)
+            disk = stats.disk
+            if disk is not None:
+                self.kv_disk_blocks.set(disk.blocks_on_disk)
+                self._advance(self.kv_disk_loads, "disk_loads", disk.loaded_blocks)
+                self._advance(self.kv_disk_stores, "disk_stores", disk.stored_blocks)
+                self._advance(self.kv_disk_failed_loads, "disk_failed", disk.failed_loads)
         self.stats_logger.observe_step(stats, prompt_tokens, generation_tokens)
 
     def observe_first_token(self, ttft_s: float) -> None:

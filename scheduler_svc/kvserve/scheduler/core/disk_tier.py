@@ -1,0 +1,193 @@
+"""The prefix cache's disk tier as the scheduler keeps it: which blocks are on disk, the loads in
+flight and the stores to send.
+
+**Keys.** A block's key chains its parent's key and its tokens, from a seed of the executor's
+fingerprint (weights, dtype, weight format, layout, block size: `ExecutorInfo.kv_fingerprint`) and
+the prefix namespace (model, tenant, `cache_salt`). The same tokens under another model, tenant or
+salt get another key, so a file written for one is never a hit for the other; a file is named by
+its key, and the executor checks the fingerprint in its header too. Requests under a LoRA adapter
+stay off the disk: an adapter's name and id do not identify its weights across restarts.
+
+**Stores** are write-through: each full block the tree caches (`note_cached`) goes to disk in the
+next plan, before that plan may reuse the block, unless its key is already there. So the disk tier
+holds what the pool evicted, and survives an executor's or the whole server's restart.
+
+**Loads** run one step ahead of the request that needs them (`start_loads`): the blocks are read
+into freshly allocated device blocks, the request waits that step, and the blocks join the tree
+only once the result says they loaded (`finish_loads`). A missing or corrupt file then costs only
+its recomputation: nothing ever read the block. Until then the loader holds a reference on every
+block of the chain (the matched ones and the loading ones), so eviction cannot take them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from kvserve.protos.step import StepPlan
+from kvserve.scheduler.core.block_pool import BlockPool
+from kvserve.scheduler.core.outputs import DiskTierStats
+from kvserve.scheduler.core.prefix_tree import PrefixNode, PrefixTree
+
+_KEY_BYTES = 8
+
+
+def seed_key(fingerprint: str, namespace: str) -> int:
+    """The key a namespace's chains start from."""
+    digest = hashlib.blake2b(digest_size=_KEY_BYTES, person=b"kvserve-kv-root")
+    digest.update(fingerprint.encode("utf-8"))
+    digest.update(b"\0")
+    digest.update(namespace.encode("utf-8"))
+    return int.from_bytes(digest.digest(), "little")
+
+
+def chain_key(parent: int, tokens: tuple[int, ...] | list[int]) -> int:
+    """The key of a block holding `tokens` after the block keyed `parent`."""
+    digest = hashlib.blake2b(parent.to_bytes(_KEY_BYTES, "little"), digest_size=_KEY_BYTES)
+    digest.update(array("q", tokens).tobytes())
+    return int.from_bytes(digest.digest(), "little")
+
+
+@dataclass(slots=True)
+class LoadChain:
+    """One request's run of blocks being loaded, in chain order under `parent` (None: the root)."""
+
+    namespace: str
+    parent: PrefixNode | None
+    held: list[int]
+    """The matched blocks before the run, referenced until the loads are done."""
+    blocks: list[tuple[int, int, tuple[int, ...]]] = field(default_factory=list)
+    """(device block, key, tokens) of each block loading."""
+
+
+class DiskTier:
+    """The keys on disk, the stores the next plan sends, and the loads in flight."""
+
+    def __init__(self, fingerprint: str, keys: Iterable[int], block_size: int) -> None:
+        self.fingerprint = fingerprint
+        self.block_size = block_size
+        self.on_disk: set[int] = set(keys)
+        self._stores: list[tuple[int, int]] = []
+        self._chains: list[LoadChain] = []
+        self._loading: set[int] = set()
+        self._seeds: dict[str, int] = {}
+        self.loaded_blocks = 0
+        self.failed_loads = 0
+        self.stored_blocks = 0
+
+    def carry_counters(self, old: DiskTier) -> None:
+        """Keep `old`'s totals (this tier replaces it after an executor reset)."""
+        self.loaded_blocks, self.failed_loads, self.stored_blocks = (
+            old.loaded_blocks,
+            old.failed_loads,
+            old.stored_blocks,
+        )
+
+    def stats(self) -> DiskTierStats:
+        return DiskTierStats(len(self.on_disk), self.loaded_blocks, self.failed_loads, self.stored_blocks)
+
+    def root_key(self, namespace: str) -> int:
+        seed = self._seeds.get(namespace)
+        if seed is None:
+            seed = self._seeds[namespace] = seed_key(self.fingerprint, namespace)
+        return seed
+
+    def key_of(self, node: PrefixNode | None, namespace: str) -> int:
+        """The key of a tree node's block (its chain from the namespace's root)."""
+        if node is None or node.parent is None:
+            return self.root_key(namespace)
+        key = node.disk_key
+        if key == 0:
+            key = node.disk_key = chain_key(self.key_of(node.parent, namespace), node.key)
+        return key
+
+    # --- stores ------------------------------------------------------------------------------
+
+    def note_cached(self, node: PrefixNode) -> None:
+        """A full block just joined the tree: store it unless its key is on disk already."""
+        key = self.key_of(node, node.namespace)
+        if key not in self.on_disk:
+            self.on_disk.add(key)
+            self._stores.append((node.block, key))
+            self.stored_blocks += 1
+
+    def take_stores(self, plan: StepPlan) -> None:
+        """Put the stores noted since the last plan into `plan`."""
+        if self._stores:
+            plan.store_blocks, self._stores = self._stores, []
+
+    # --- loads -------------------------------------------------------------------------------
+
+    def start_loads(
+        self, tree: PrefixTree, pool: BlockPool, namespace: str, token_ids: list[int], plan: StepPlan
+    ) -> bool:
+        """Load the blocks of `token_ids` that follow its cached prefix and are on disk; True when the
+        sequence must wait a step for them (loads started now, or another request's in flight)."""
+        bs = self.block_size
+        limit = len(token_ids) - 1  # as admission: one token is always left to compute
+        match = tree.match(namespace, token_ids, limit, count=False)
+        start = len(match.full_blocks) * bs
+        key = self.key_of(match.node, namespace)
+        wanted: list[tuple[int, tuple[int, ...]]] = []
+        for pos in range(start, limit - bs + 1, bs):
+            tokens = tuple(token_ids[pos : pos + bs])
+            key = chain_key(key, tokens)
+            if key in self._loading:
+                return True  # the blocks come with another request's loads: match them next step
+            if key not in self.on_disk:
+                break
+            wanted.append((key, tokens))
+        if not wanted:
+            return False
+        held = list(match.full_blocks)
+        for block in held:
+            pool.ref(block)  # the chain stays attached while the loads run
+        count = min(len(wanted), pool.num_allocatable)
+        blocks = pool.allocate(count) if count else None
+        if blocks is None:
+            pool.release_table(held)
+            return False
+        chain = LoadChain(namespace, match.node, held)
+        for block, (key, tokens) in zip(blocks, wanted, strict=False):
+            chain.blocks.append((block, key, tokens))
+            plan.load_blocks.append((block, key))
+            self._loading.add(key)
+        self._chains.append(chain)
+        return True
+
+    def finish_loads(self, tree: PrefixTree, pool: BlockPool, failed: Iterable[int]) -> None:
+        """The plan's loads are done: the blocks that loaded join the tree as cached blocks, in chain
+        order; a failed one (and what follows it) goes back to the pool and its key off the disk."""
+        failed_blocks = set(failed)
+        for chain in self._chains:
+            parent = chain.parent
+            broken = False
+            for block, key, tokens in chain.blocks:
+                self._loading.discard(key)
+                if broken or block in failed_blocks:
+                    if not broken:
+                        self.on_disk.discard(key)
+                        self.failed_loads += 1
+                    broken = True
+                    continue
+                node = tree.insert(chain.namespace, parent, tokens, block)
+                if node is None:  # computed meanwhile into another block: keep that one
+                    parent = (parent or tree.root(chain.namespace)).children[tokens]
+                else:
+                    node.disk_key = key
+                    parent = node
+                    self.loaded_blocks += 1
+            # Tail first, as a block table is released: a chain's tail is evicted before its parents.
+            pool.release_table([*chain.held, *(block for block, _, _ in chain.blocks)])
+        self._chains.clear()
+
+    def referenced_blocks(self) -> tuple[int, ...]:
+        """Every block the loads in flight hold a reference on (for the invariant checks)."""
+        return tuple(b for chain in self._chains for b in (*chain.held, *(block for block, _, _ in chain.blocks)))
+
+    def drop_loads(self) -> None:
+        """The plan was void (the executor was lost): forget the loads without touching the old pool."""
+        self._chains.clear()
+        self._loading.clear()

@@ -1,0 +1,99 @@
+"""The prefix cache's disk tier through the whole server: `kvserve serve --kv-disk-dir DIR`.
+
+The fake executor stores each block's token slots as its KV (and in strict mode would catch a
+wrong one), so these tests check what is the service's: a prompt cached before a full restart, or
+before a kill -9 of the executor, is a hit afterwards with the same tokens; one tenant's blocks on
+disk are never another's hit; `/metrics` and `kvserve stats` count the tier.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from kvserve.protos.kvserve.v1 import api_pb2
+from kvserve.testing.server_launcher import ServeProcess, serving, wait_dead
+from kvserve.testing.waiting import wait_until
+from tests.clients.test_cli_commands import kvserve_argv
+from tests.http.http_clients import ALICE, BOB, FAKE_ARGS, sdk, token_file
+
+pytestmark = pytest.mark.timeout(180)
+
+PROMPT = "A shared system prompt that spans several blocks of the cache, for every request. " * 6
+
+
+def complete(server: ServeProcess, prompt: str = PROMPT, api_key: str = "unused") -> tuple[str, int]:
+    """A greedy completion's text and its cached prompt tokens."""
+    client = sdk(server, api_key=api_key)
+    reply = client.completions.create(model=client.models.list().data[0].id, prompt=prompt, max_tokens=8, temperature=0)
+    details = reply.usage.prompt_tokens_details if reply.usage else None
+    return reply.choices[0].text, (details.cached_tokens or 0) if details else 0
+
+
+def block_files(directory: Path) -> int:
+    return sum(1 for _ in directory.rglob("*.kvb"))
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path / "kv-disk"
+
+
+def test_a_prefix_cached_before_a_full_restart_is_a_hit_after_it_with_the_same_tokens(
+    disk: Path, tmp_path: Path
+) -> None:
+    args = [*FAKE_ARGS, "--kv-disk-dir", str(disk)]
+    with serving(args, tmp_path, name="cold", http=True) as cold:
+        cold_text, cold_cached = complete(cold)
+        assert cold_cached == 0
+        wait_until(lambda: block_files(disk) >= 6, 30, "the prompt's blocks on disk")
+    with serving(args, tmp_path, name="warm", http=True) as warm:
+        warm_text, warm_cached = complete(warm)
+        assert warm_text == cold_text and warm_cached >= 6 * 16
+        stats = warm.stats()
+        assert stats.kv_disk_loaded_blocks >= 6 and stats.kv_disk_failed_loads == 0
+        assert stats.kv_disk_blocks >= stats.kv_disk_loaded_blocks
+        metrics = httpx.get(f"{warm.http_url}/metrics", timeout=30).text
+        assert f"kvserve:kv_disk_loaded_blocks_total {float(stats.kv_disk_loaded_blocks)}" in metrics
+        where = ["--port", str(warm.port)]
+        shown = subprocess.run([*kvserve_argv(), "stats", *where], capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0 and "kv_disk_loaded_blocks" in shown.stdout, shown.stdout + shown.stderr
+
+
+def test_a_prefix_written_before_a_kill_9_of_the_executor_is_a_hit_on_the_next(disk: Path, tmp_path: Path) -> None:
+    args = [*FAKE_ARGS, "--kv-disk-dir", str(disk), "--executor-restart-timeout", "60"]
+    with serving(args, tmp_path, name="kill", http=True) as server:
+        text, _ = complete(server)
+        wait_until(lambda: block_files(disk) >= 6, 30, "the prompt's blocks on disk")
+        restarts = server.stats().executor_restarts
+        [pid] = server.executor_pids()[-1:]
+        os.kill(pid, signal.SIGKILL)
+        assert wait_dead(pid, 30)
+
+        def resynced() -> bool:
+            stats = server.stats()
+            return stats.executor_restarts > restarts and stats.executor_state == api_pb2.EXECUTOR_STATE_READY
+
+        wait_until(resynced, 90, "a new executor, synced")
+        again, cached = complete(server)
+        assert again == text and cached >= 6 * 16, "the new executor's pool is empty: the hit came from disk"
+        assert server.stats().kv_disk_loaded_blocks >= 6
+
+
+def test_one_tenants_blocks_on_disk_are_never_a_hit_for_another(disk: Path, tmp_path: Path) -> None:
+    args = [*FAKE_ARGS, "--kv-disk-dir", str(disk), "--auth-token-file", str(token_file(tmp_path))]
+    with serving(args, tmp_path, name="alice", http=True) as server:
+        complete(server, api_key=ALICE)
+        wait_until(lambda: block_files(disk) >= 6, 30, "alice's blocks on disk")
+    with serving(args, tmp_path, name="bob", http=True) as server:
+        assert complete(server, api_key=BOB)[1] == 0, "bob's namespace has other keys: nothing on disk is his"
+        assert complete(server, api_key=ALICE)[1] >= 6 * 16
+        with pytest.raises(openai.AuthenticationError):
+            complete(server, api_key="no-such-token-000000000")
