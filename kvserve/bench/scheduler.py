@@ -46,6 +46,13 @@ class SchedulerBenchConfig:
             choices=tuple(PREFIX_SHARING),
         ),
     )
+    disk_tier: bool = field(
+        default=False,
+        metadata=flag(
+            "with prefix sharing, as with --kv-disk-dir: every block that fills gets its disk key and a store "
+            "(the disk itself is not touched)"
+        ),
+    )
     json: bool = field(
         default=False,
         metadata=flag("print a JSON list of {running, prefix_sharing, us_per_step, us_per_seq, ...}"),
@@ -97,6 +104,7 @@ def build_scheduler(
     steps: int,
     block_size: int = defaults.BLOCK_SIZE,
     seed: int = 0,
+    disk_tier: bool = False,
 ) -> Scheduler:
     """A scheduler holding `running` requests that will decode for at least `steps` more steps."""
     max_tokens = steps + prompt_len  # room for the warm-up's decode steps too
@@ -110,6 +118,8 @@ def build_scheduler(
         enable_prefix_caching=prefix_sharing,
     )
     scheduler = Scheduler(config)
+    if disk_tier:
+        scheduler.set_disk_tier("kvserve bench scheduler", [])
     rng = random.Random(seed)
     shared = [rng.randrange(30_000) for _ in range(int(prompt_len * SHARED_PREFIX_FRACTION))] if prefix_sharing else []
     sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
@@ -134,10 +144,15 @@ def warm_up(scheduler: Scheduler, executor: FeedbackExecutor, running: int, max_
 
 
 def run_scheduler_bench(
-    running: int, prefix_sharing: bool, prompt_len: int = 300, steps: int = 200, seed: int = 0
+    running: int,
+    prefix_sharing: bool,
+    prompt_len: int = 300,
+    steps: int = 200,
+    seed: int = 0,
+    disk_tier: bool = False,
 ) -> SchedulerBenchResult:
     """Mean and median cost of schedule() + update() over `steps` steady decode steps."""
-    scheduler = build_scheduler(running, prefix_sharing, prompt_len, steps, seed=seed)
+    scheduler = build_scheduler(running, prefix_sharing, prompt_len, steps, seed=seed, disk_tier=disk_tier)
     executor = FeedbackExecutor()
     warm_up(scheduler, executor, running)
     gc.collect()  # start the timed region without garbage left over from the warm-up
@@ -185,11 +200,13 @@ def run(args: argparse.Namespace) -> int:
     results = []
     for running in config.running:
         for prefix_sharing in PREFIX_SHARING[config.prefix_sharing]:
-            result = run_scheduler_bench(running, prefix_sharing, config.prompt_len, config.steps)
+            disk = config.disk_tier and prefix_sharing
+            result = run_scheduler_bench(running, prefix_sharing, config.prompt_len, config.steps, disk_tier=disk)
             results.append(result)
             if not config.json:
                 print(
-                    f"running {running:5d}  prefix sharing {'on ' if prefix_sharing else 'off'}  "
+                    f"running {running:5d}  prefix sharing {'on ' if prefix_sharing else 'off'}"
+                    f"{' + disk tier' if disk else ''}  "
                     f"{result.us_per_step:8.1f} us/step (median {result.us_per_step_median:7.1f})  "
                     f"{result.us_per_seq:6.2f} us/seq  "
                     f"[schedule {result.us_schedule:.0f} us, update {result.us_update:.0f} us]",

@@ -16,6 +16,7 @@ BENCHES = (
     "kvserve.bench.viewers",
     "kvserve.bench.scale_out",
     "kvserve.bench.speculative",
+    "kvserve.bench.prefix_tiers",
 )
 
 
@@ -25,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "bench",
         help="run a benchmark (scheduler, executor, structured, quality, serve, baseline-hf, overload, viewers, "
-        "scale-out, speculative)",
+        "scale-out, speculative, prefix-tiers)",
         description="Benchmarks. Each reports ratios against a baseline measured in the same run.",
         formatter_class=HelpFormatter,
     )

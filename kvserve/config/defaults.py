@@ -172,3 +172,6 @@ MAX_LORA_RANK = 16
 KV_DISK_GB = 16.0
 """The prefix cache's disk tier (`--kv-disk-dir`): the most its directory holds before the least recently
 used blocks go. A default model block is 0.4-0.7 MB, so 16 GB keeps some 25,000-45,000 blocks."""
+KV_DISK_WRITE_QUEUE_BYTES = 512 * 2**20
+"""Blocks waiting for the disk tier's writer, at most (their copies are held in memory): a burst of stores
+(an 8,000-token prompt is 500 blocks) queues instead of being dropped while the disk catches up."""

@@ -75,6 +75,18 @@ def test_a_corrupt_block_is_recomputed_and_so_are_the_blocks_after_it(tmp_path: 
     assert stats.prefix_hit_tokens == 2 * BLOCK, "the blocks before the bad one are hits; it and the rest recompute"
 
 
+def test_the_last_requests_blocks_reach_the_disk_without_another_request(tmp_path: Path) -> None:
+    """Stores ride on the next plan; with none to come, the scheduler sends a plan of stores alone."""
+    h = harness(tmp_path)
+    h.add("r", PROMPT, max_tokens=3, namespace="ns")  # 24 tokens computed: the last step fills block 6
+    h.run()
+    last = h.plans[-1]
+    assert last.store_blocks and not (last.new_seqs or last.known_seqs), "a final plan of stores only"
+    assert not h.scheduler.has_unfinished()
+    h.executor.close()  # flushes the writer
+    assert sum(1 for _ in tmp_path.rglob("*.kvb")) == 6
+
+
 def test_another_namespace_never_loads_a_block_of_the_first(tmp_path: Path) -> None:
     cold = harness(tmp_path)
     run_once(cold)

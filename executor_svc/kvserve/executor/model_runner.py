@@ -22,6 +22,7 @@ from pathlib import Path
 import structlog
 import torch
 
+from kvserve.config import defaults
 from kvserve.executor.attention.cpu_backend import ensure_kernels
 from kvserve.executor.attention.registry import create_backend
 from kvserve.executor.config_error import ExecutorConfigError
@@ -342,7 +343,9 @@ class ModelRunner:
             raise ExecutorConfigError("--kv-disk-dir and --draft-model: the draft model's KV is not on disk yet")
         weights = weights_digest(weight_files(self.model_dir))
         fingerprint = kv_fingerprint(weights, self.cache, self.dtype_name, self.weights_mode, self.device)
-        store = DiskBlockStore(Path(config.kv_disk_dir), int(config.kv_disk_gb * GIB), fingerprint)
+        block_bytes = self.cache.geometry.bytes_per_block
+        queue = max(1, defaults.KV_DISK_WRITE_QUEUE_BYTES // block_bytes)
+        store = DiskBlockStore(Path(config.kv_disk_dir), int(config.kv_disk_gb * GIB), fingerprint, queue_blocks=queue)
         log.info(
             "kv disk tier",
             directory=config.kv_disk_dir,

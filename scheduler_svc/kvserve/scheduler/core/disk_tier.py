@@ -113,6 +113,11 @@ class DiskTier:
             self._stores.append((node.block, key))
             self.stored_blocks += 1
 
+    @property
+    def has_stores(self) -> bool:
+        """Stores noted and not yet sent: the last request's blocks must reach the disk too."""
+        return bool(self._stores)
+
     def take_stores(self, plan: StepPlan) -> None:
         """Put the stores noted since the last plan into `plan`."""
         if self._stores:
@@ -187,7 +192,11 @@ class DiskTier:
         """Every block the loads in flight hold a reference on (for the invariant checks)."""
         return tuple(b for chain in self._chains for b in (*chain.held, *(block for block, _, _ in chain.blocks)))
 
-    def drop_loads(self) -> None:
-        """The plan was void (the executor was lost): forget the loads without touching the old pool."""
+    def drop_in_flight(self) -> None:
+        """The executor was lost: forget the loads without touching the old pool, and the stores not sent
+        (their blocks died with it, so their keys are not on disk after all)."""
         self._chains.clear()
         self._loading.clear()
+        self.on_disk.difference_update(key for _, key in self._stores)
+        self.stored_blocks -= len(self._stores)
+        self._stores.clear()

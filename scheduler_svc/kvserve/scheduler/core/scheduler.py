@@ -127,7 +127,9 @@ class Scheduler:
         st.requests[request_id] = request
 
     def has_unfinished(self) -> bool:
-        return bool(self._state.requests)
+        """Requests in flight, or blocks the disk tier has yet to write (a plan of their own when idle)."""
+        disk = self._state.kv.disk
+        return bool(self._state.requests) or (disk is not None and disk.has_stores)
 
     # --- one step --------------------------------------------------------------------
 
@@ -198,7 +200,7 @@ class Scheduler:
         st = self._state
         st.inflight = None
         if st.kv.disk is not None:
-            st.kv.disk.drop_loads()  # their references die with the old pool
+            st.kv.disk.drop_in_flight()  # references and blocks that die with the old pool
         for seq in st.running + st.swapped:
             seq.request.blocks.freed += len(seq.block_table)  # references dropped with the old pool
             seq.cpu_table = []

@@ -1,0 +1,180 @@
+"""What the prefix cache's disk tier buys: TTFT after a full restart, and an oversized working set.
+
+    kvserve bench prefix-tiers [--prefix-tokens 1500 8000] [--runs 3] [--server-args ...]
+
+Three measurements, each against its baseline in the same run, on real `kvserve serve` processes:
+
+- **Warm restart.** For each prefix length, a server on an empty `--kv-disk-dir` computes a prompt
+  (prefix + a short question); it is stopped, and a new server on the same directory answers the
+  same prompt (warm: the prefix loads from disk) and one with a fresh prefix of the same length
+  (cold, on the same warm-started process). TTFT of each, median of `--runs` prompts.
+- **Oversized working set.** `--prefixes` prefixes of `--shared-tokens` tokens, four times what
+  `--small-kv-cache-gb` holds, asked for round-robin `--rounds` times: the wall time with the tier
+  and without it.
+- **The tier's own cost.** Decode-heavy requests (short unique prompts, `--decode-tokens` each, 8 at
+  once) with and without the tier, alternated: output tokens per second. Write-through stores run,
+  loads do not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvserve.config.flags import HelpFormatter, add_flags, config_from_args, flag
+from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
+from kvserve.testing.server_launcher import ServeProcess, serving
+
+QUESTION_TOKENS = 8
+"""Tokens after the shared prefix, different per request."""
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixTiersConfig:
+    """The flags of `kvserve bench prefix-tiers`."""
+
+    prefix_tokens: tuple[int, ...] = field(default=(1500, 8000), metadata=flag("shared prefix lengths", nargs="+"))
+    runs: int = field(default=3, metadata=flag("prompts timed per prefix length and case (median reported)"))
+    prefixes: int = field(default=10, metadata=flag("prefixes of the oversized working set"))
+    shared_tokens: int = field(default=1024, metadata=flag("tokens of each of the working set's prefixes"))
+    rounds: int = field(default=3, metadata=flag("passes over the working set"))
+    small_kv_cache_gb: float = field(default=0.05, metadata=flag("the KV pool of the working-set runs"))
+    decode_tokens: int = field(default=96, metadata=flag("output tokens of each request of the cost runs"))
+    server_args: tuple[str, ...] = field(
+        default=("--executor", "torch"),
+        metadata=flag("arguments of every `kvserve serve` (after the bench's own)", nargs="*"),
+    )
+
+
+def _prompt(rng: random.Random, length: int) -> list[int]:
+    return [rng.randrange(1000, 40000) for _ in range(length)]
+
+
+def _generate(server: ServeProcess, prompt: list[int], max_tokens: int) -> tuple[float, int]:
+    """(TTFT in seconds, output tokens) of one greedy request over gRPC."""
+    stub = api_pb2_grpc.KVServeStub(server.channel())
+    request = api_pb2.GenerateRequest(
+        token_ids=api_pb2.TokenIds(ids=prompt),
+        sampling=api_pb2.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+    )
+    started = time.perf_counter()
+    first, count = 0.0, 0
+    for response in stub.Generate(request, timeout=600):
+        if not first and response.token_ids:
+            first = time.perf_counter() - started
+        count += len(response.token_ids)
+    return first, count
+
+
+@contextmanager
+def _server(config: PrefixTiersConfig, log_dir: Path, name: str, extra: Sequence[str]) -> Iterator[ServeProcess]:
+    with serving([*extra, *config.server_args], log_dir, name=name, timeout_s=600) as server:
+        _generate(server, _prompt(random.Random(-1), 16), 2)  # load the kernels before timing anything
+        yield server
+
+
+def warm_restart(config: PrefixTiersConfig, log_dir: Path) -> list[dict[str, float]]:
+    rows = []
+    for length in config.prefix_tokens:
+        rng = random.Random(length)
+        prompts = [_prompt(rng, length + QUESTION_TOKENS) for _ in range(config.runs)]
+        fresh = [_prompt(rng, length + QUESTION_TOKENS) for _ in range(config.runs)]
+        disk = Path(tempfile.mkdtemp(prefix="kvserve-tiers-", dir=log_dir))
+        tier = ["--kv-disk-dir", str(disk)]
+        with _server(config, log_dir, f"cold-{length}", tier) as server:
+            first = [_generate(server, p, 1)[0] for p in prompts]
+        # Stopped: the executor wrote every queued block before it exited.
+        with _server(config, log_dir, f"warm-{length}", tier) as server:
+            warm = [_generate(server, p, 1)[0] for p in prompts]
+            cold = [_generate(server, p, 1)[0] for p in fresh]
+            loaded = server.stats().kv_disk_loaded_blocks
+        row = {
+            "prefix_tokens": length,
+            "ttft_first_server_s": statistics.median(first),
+            "ttft_cold_s": statistics.median(cold),
+            "ttft_warm_s": statistics.median(warm),
+            "loaded_blocks": loaded,
+        }
+        row["ratio"] = row["ttft_cold_s"] / row["ttft_warm_s"]
+        rows.append(row)
+        print(
+            f"prefix {length:>5}: TTFT cold {row['ttft_cold_s']:.3f} s, warm from disk {row['ttft_warm_s']:.3f} s "
+            f"({row['ratio']:.1f}x lower); {loaded} blocks loaded",
+            flush=True,
+        )
+    return rows
+
+
+def working_set(config: PrefixTiersConfig, log_dir: Path) -> dict[str, float]:
+    rng = random.Random(7)
+    prefixes = [_prompt(rng, config.shared_tokens) for _ in range(config.prefixes)]
+    requests = [[*prefix, *_prompt(rng, QUESTION_TOKENS)] for _ in range(config.rounds) for prefix in prefixes]
+    small = ["--kv-cache-gb", str(config.small_kv_cache_gb)]
+    times = {}
+    for case in ("without", "with"):
+        extra = [*small, "--kv-disk-dir", tempfile.mkdtemp(dir=log_dir)] if case == "with" else small
+        with _server(config, log_dir, f"set-{case}", extra) as server:
+            started = time.perf_counter()
+            for prompt in requests:
+                _generate(server, prompt, 4)
+            times[case] = time.perf_counter() - started
+            stats = server.stats()
+        hit = stats.prefix_hit_tokens / max(stats.prefix_queried_tokens, 1)
+        print(f"working set {case} the tier: {times[case]:.1f} s, prefix hit rate {hit:.2f}", flush=True)
+    ratio = times["without"] / times["with"]
+    print(f"working set: {ratio:.2f}x the throughput with the tier", flush=True)
+    return {"without_s": times["without"], "with_s": times["with"], "ratio": ratio}
+
+
+def tier_cost(config: PrefixTiersConfig, log_dir: Path) -> dict[str, float]:
+    rates: dict[str, list[float]] = {"without": [], "with": []}
+    for turn in range(2):
+        for case in ("without", "with") if turn == 0 else ("with", "without"):
+            extra = ["--kv-disk-dir", tempfile.mkdtemp(dir=log_dir)] if case == "with" else []
+            rng = random.Random(100 + turn)
+            prompts = [_prompt(rng, 64) for _ in range(16)]
+            with _server(config, log_dir, f"cost-{case}-{turn}", extra) as server, ThreadPoolExecutor(8) as pool:
+                started = time.perf_counter()
+                tokens = sum(c for _, c in pool.map(lambda p: _generate(server, p, config.decode_tokens), prompts))
+                rates[case].append(tokens / (time.perf_counter() - started))
+    without, with_tier = statistics.mean(rates["without"]), statistics.mean(rates["with"])
+    print(f"decode throughput: {without:.1f} tok/s without the tier, {with_tier:.1f} with it", flush=True)
+    return {"without_tok_s": without, "with_tok_s": with_tier, "cost": without / with_tier - 1}
+
+
+def run(config: PrefixTiersConfig) -> None:
+    with tempfile.TemporaryDirectory(prefix="kvserve-bench-tiers-") as root:
+        log_dir = Path(root)
+        warm_restart(config, log_dir)
+        working_set(config, log_dir)
+        cost = tier_cost(config, log_dir)
+        print(f"the tier's cost on a decode step: {cost['cost'] * 100:+.1f}%", flush=True)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "prefix-tiers",
+        help="TTFT after a restart with the disk tier, an oversized working set, and the tier's cost",
+        description=__doc__,
+        formatter_class=HelpFormatter,
+    )
+    add_flags(parser, PrefixTiersConfig)
+    parser.set_defaults(func=lambda args: run(config_from_args(PrefixTiersConfig, args)))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m kvserve.bench.prefix_tiers", formatter_class=HelpFormatter)
+    add_flags(parser, PrefixTiersConfig)
+    run(config_from_args(PrefixTiersConfig, parser.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()
