@@ -8,6 +8,7 @@ disk are never another's hit; `/metrics` and `kvserve stats` count the tier.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -62,6 +63,10 @@ def test_a_prefix_cached_before_a_full_restart_is_a_hit_after_it_with_the_same_t
         assert stats.kv_disk_blocks >= stats.kv_disk_loaded_blocks
         metrics = httpx.get(f"{warm.http_url}/metrics", timeout=30).text
         assert f"kvserve:kv_disk_loaded_blocks_total {float(stats.kv_disk_loaded_blocks)}" in metrics
+        with httpx.stream("GET", f"{warm.http_url}/ui/events", timeout=60) as events:
+            data = next(line for line in events.iter_lines() if line.startswith("data: "))
+        shown_on_page = json.loads(data[len("data: ") :])["disk"]
+        assert shown_on_page["blocks"] >= 6 and shown_on_page["loaded"] == stats.kv_disk_loaded_blocks
         where = ["--port", str(warm.port)]
         shown = subprocess.run([*kvserve_argv(), "stats", *where], capture_output=True, text=True, timeout=60)
         assert shown.returncode == 0 and "kv_disk_loaded_blocks" in shown.stdout, shown.stdout + shown.stderr

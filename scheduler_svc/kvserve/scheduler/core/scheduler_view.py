@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from kvserve.scheduler.core.block_pool import BlockPool, CpuBlockPool
-from kvserve.scheduler.core.outputs import SchedulerStats
+from kvserve.scheduler.core.outputs import DiskTierStats, SchedulerStats
 from kvserve.scheduler.core.prefix_tree import PrefixTree
 from kvserve.scheduler.core.request import Request, Sequence
 from kvserve.scheduler.core.scheduler_config import SchedulerConfig
@@ -52,6 +52,8 @@ class SchedulerView:
     are allocated until the result rolls back the rejected ones."""
     loading: tuple[int, ...] = ()
     """Blocks the disk tier's loads in flight reference: the chains they extend and the blocks loading."""
+    disk: DiskTierStats | None = None
+    """The prefix cache's disk tier, when the executor has one."""
 
 
 def view_of(state: SchedulerState) -> SchedulerView:
@@ -72,6 +74,7 @@ def view_of(state: SchedulerState) -> SchedulerView:
         cpu=kv.cpu,
         pinned=kv.pinned,
         loading=kv.disk.referenced_blocks() if kv.disk is not None else (),
+        disk=kv.disk.stats() if kv.disk is not None else None,
         pending_drops=tuple(state.pending_drops),
         inflight_drafts=MappingProxyType(
             {s.seq.seq_id: len(s.drafts) for s in state.inflight.scheduled if s.drafts}

@@ -77,6 +77,7 @@ def build_view(src: EngineSources, viewer: Viewer) -> dict[str, Any]:
         "viewer": {"tenant": viewer.tenant, "admin": viewer.admin},
         "pool": _pool(view, seqs, src.owners, viewer),
         "cpu": _cpu(view),
+        "disk": _disk(view),
         "tree": _tree(view, src, viewer),
         "queues": {"running": len(view.running), "waiting": len(view.waiting), "swapped": len(view.swapped)},
         "steps": [[round(s.time, 3), s.prefill_tokens, s.decode_rows] for s in src.history.steps],
@@ -151,6 +152,19 @@ def _pool(view: SchedulerView, seqs: Iterable[Sequence], owners: NamespaceOwners
         "refs": shared,
         "owners": named,
         "owners_omitted": omitted,
+    }
+
+
+def _disk(view: SchedulerView) -> dict[str, int] | None:
+    """The prefix cache's disk tier in totals (None without one): a pool-wide figure, like `num_blocks`."""
+    disk = view.disk
+    if disk is None:
+        return None
+    return {
+        "blocks": disk.blocks_on_disk,
+        "loaded": disk.loaded_blocks,
+        "stored": disk.stored_blocks,
+        "failed": disk.failed_loads,
     }
 
 

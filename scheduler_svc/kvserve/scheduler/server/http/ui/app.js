@@ -322,7 +322,7 @@ function renderPendingView() {
   }
   showEngineNotice('');
   $('engine').classList.remove('stale');
-  renderPool(view.pool);
+  renderPool(view.pool, view.disk);
   renderCpu(view.cpu);
   renderQueues(view.queues);
   renderStepsChart(view.steps ?? []);
@@ -355,7 +355,7 @@ function resizeGrid(grid, count) {
   grid.append(added);
 }
 
-function renderPool(pool) {
+function renderPool(pool, disk) {
   const states = Array.from(pool.cells, (char) => POOL_STATE_BY_CHAR[char] ?? 'unknown');
   const refs = new Map(pool.refs);
   const owners = ownersByCell(pool.owners, states.length);
@@ -363,7 +363,9 @@ function renderPool(pool) {
   updateCells($('pool-grid'), states.length, (i) => `cell ${states[i]}`, titleOf);
   renderLegend(states);
   const perCell = pool.blocks_per_cell > 1 ? ` · ${pool.blocks_per_cell} blocks per cell` : '';
-  setText($('pool-summary'), `${pool.num_blocks} blocks × ${pool.block_size} tokens${perCell}`);
+  // The disk tier (--kv-disk-dir) below the pool: what it holds and what it gave back instead of a prefill.
+  const onDisk = disk ? ` · disk tier ${disk.blocks} blocks, ${disk.loaded} loaded back` : '';
+  setText($('pool-summary'), `${pool.num_blocks} blocks × ${pool.block_size} tokens${perCell}${onDisk}`);
 }
 
 // For each cell, the ids of the requests whose runs cover it (undefined where none do).
