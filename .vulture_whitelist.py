@@ -81,6 +81,7 @@ _.store_kv_reference  # kernels/reference.py: the kernels' torch reference, test
 _.paged_attention_reference  # kernels/reference.py: tests/kernels/test_kernels*.py
 _.q8_linear_reference  # kernels/reference.py: tests/kernels/test_cpu_ops.py
 _.q4_1_linear_reference  # kernels/reference.py: tests/kernels/test_cpu_ops.py, tests/executor/test_gguf_q4_1.py
+_.lora_add_reference  # kernels/reference.py: tests/kernels/test_lora_add.py
 _.head_major  # kernels/cpu_ops.py: the head-major cache layout, tests/kernels/test_cpu_ops.py and others
 _.expected_completion  # executor/fake/tokens.py: what the fake executor must produce, tests/scheduler/*
 _.shadow_tokens  # executor/fake/executor.py: inspection, tests/link/test_fake_executor.py

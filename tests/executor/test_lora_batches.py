@@ -4,23 +4,29 @@ Four adapters of other ranks and targets and the base model share steps: every r
 logits it gets alone, bit for bit (batch invariance), the base rows those of an executor without
 adapters, and the adapters must change what they touch. With fewer slots than adapters
 (`--max-loras`), swapping them in and out, or running one past the slots from a step's own copy,
-gives the same bits. The delta itself (`lora_delta`) is checked row by row at the default model's
-shapes. The default model's native path and PEFT's own outputs: test_lora_native.py, test_lora_vs_peft.py.
+gives the same bits. The delta itself is checked row by row at the default model's shapes, on the
+C++ kernel's path and on the torch path, and from the slots' stacks against a step's own copy. The
+default model's native path and PEFT's own outputs: test_lora_native.py, test_lora_vs_peft.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
+from kvserve.executor.attention.cpu_backend import ensure_kernels
 from kvserve.executor.lora.adapter import LoraAdapter, LoraMatrix
-from kvserve.executor.lora.step_deltas import lora_step, rows_by_adapter
+from kvserve.executor.lora.adapter_spec import parse_adapter_specs
+from kvserve.executor.lora.peft_weights import load_peft_adapter
+from kvserve.executor.lora.slots import AdapterSlots, SlottedAdapter
+from kvserve.executor.lora.step_deltas import KernelLoraStep, lora_step, rows_by_adapter
 from kvserve.executor.model_config import load_model_config
 from kvserve.executor.model_runner import ModelRunner
 from kvserve.executor.runner_config import RunnerConfig
+from kvserve.kernels import cpu_ops
 from kvserve.protos.sampling import SamplingParams
 from kvserve.protos.step import NewSequence, PlanError, StepPlan
 from kvserve.testing.lora_adapters import write_lora_adapter
@@ -164,7 +170,7 @@ def test_an_executor_without_adapters_refuses_a_named_one(tiny) -> None:
     assert runner.info().lora_names == []
     greedy = SamplingParams(temperature=0.0)
     plan = StepPlan(1, new_seqs=[NewSequence(1, [1, 2], 2, 0, 2, [0], greedy, 0, lora_name="sql")])
-    with pytest.raises(PlanError, match=r"'sql' is not loaded in this executor; loaded: none \(no --lora given\)"):
+    with pytest.raises(PlanError, match=r"'sql' is not loaded in this executor; loaded: none$"):
         runner.execute(plan)
     runner.close()
 
@@ -173,40 +179,92 @@ def test_an_executor_without_adapters_refuses_a_named_one(tiny) -> None:
 SHAPES = [(576, 960, 3), (576, 576, 1), (576, 3072, 2), (1536, 576, 1)]
 
 
-def _deltas(x: torch.Tensor, adapter_of_row: list[int], adapters: list[LoraAdapter]) -> torch.Tensor:
+def _deltas(x: torch.Tensor, adapter_of_row: list[int], adapters: list[LoraAdapter], kernel: bool) -> torch.Tensor:
     """What `LoraStep.add` adds to a zero product for rows `x` under `adapter_of_row`."""
-    step = lora_step(rows_by_adapter(adapter_of_row), dict(enumerate(adapters)), "cpu")
+    step = lora_step(rows_by_adapter(adapter_of_row), dict(enumerate(adapters)), "cpu", kernel=kernel)
     out = torch.zeros(x.shape[0], adapters[0].layers[0]["qkv"].b_t.shape[1])
     step.add(0, "qkv", x, out)
     return out
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.fixture
+def threads() -> Iterator[Callable[[int], None]]:
+    """Sets torch's thread count, which the kernels' loops follow, for one test, and puts both back after."""
+    torch_threads, kernel_threads = torch.get_num_threads(), cpu_ops.set_num_threads(0)
+    yield torch.set_num_threads
+    torch.set_num_threads(torch_threads)
+    cpu_ops.set_num_threads(kernel_threads)
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "bmm"])
+@pytest.mark.parametrize("count", [1, 2])
 @pytest.mark.parametrize("rank", [8, 16])
-def test_a_rows_delta_has_the_same_bits_alone_and_in_any_batch(threads: int, rank: int) -> None:
+def test_a_rows_delta_has_the_same_bits_alone_and_in_any_batch(threads, count: int, rank: int, kernel: bool) -> None:
     """Each row alone against steps of 2 to 256 rows from several offsets, under one adapter or two
-    interleaved, the weights in a slot's view or in tensors of their own."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        gen = torch.Generator().manual_seed(rank)
-        for n_in, n_out, parts in SHAPES:
-            width = rank * parts
-            slots_a = torch.randn(3, 48, n_in, generator=gen)
-            slots_b = torch.randn(3, 48, n_out, generator=gen) * 0.1
-            in_slot = LoraMatrix(slots_a[1, :width], slots_b[1, :width])
-            own = LoraMatrix(in_slot.a.clone(), in_slot.b_t.clone())
-            other = LoraMatrix(slots_a[2, :width], slots_b[2, :width])
-            adapters = [LoraAdapter(n, rank, s, [{"qkv": m}]) for n, s, m in (("a", 2.0, own), ("b", 0.5, other))]
-            x = torch.randn(300, n_in, generator=gen)
-            single = torch.cat([_deltas(x[i : i + 1], [0], adapters) for i in range(300)])
-            slotted = [LoraAdapter("a", rank, 2.0, [{"qkv": in_slot}]), adapters[1]]
-            assert torch.equal(_deltas(x, [0] * 300, slotted), single)
-            for rows in (*range(2, 34), 64, 65, 128, 256):
-                for start in (0, 5, 300 - rows):
-                    got = _deltas(x[start : start + rows], [0] * rows, adapters)
-                    assert torch.equal(got, single[start : start + rows]), (n_in, n_out, width, rows, start)
-                    mixed = _deltas(x[start : start + rows], [i % 2 for i in range(rows)], adapters)
-                    assert torch.equal(mixed[::2], single[start : start + rows : 2]), (n_in, n_out, width, rows)
-    finally:
-        torch.set_num_threads(previous)
+    interleaved, the weights in a slot's view or in tensors of their own; the C++ kernel's path and
+    the torch path, at one thread and at two."""
+    ensure_kernels()
+    threads(count)
+    gen = torch.Generator().manual_seed(rank)
+    for n_in, n_out, parts in SHAPES:
+        width = rank * parts
+        slots_a = torch.randn(3, 48, n_in, generator=gen)
+        slots_b = torch.randn(3, 48, n_out, generator=gen) * 0.1
+        in_slot = LoraMatrix(slots_a[1, :width], slots_b[1, :width])
+        own = LoraMatrix(in_slot.a.clone(), in_slot.b_t.clone())
+        other = LoraMatrix(slots_a[2, :width], slots_b[2, :width])
+        adapters = [LoraAdapter(n, rank, s, [{"qkv": m}]) for n, s, m in (("a", 2.0, own), ("b", 0.5, other))]
+        x = torch.randn(300, n_in, generator=gen)
+        single = torch.cat([_deltas(x[i : i + 1], [0], adapters, kernel) for i in range(300)])
+        slotted = [LoraAdapter("a", rank, 2.0, [{"qkv": in_slot}]), adapters[1]]
+        assert torch.equal(_deltas(x, [0] * 300, slotted, kernel), single)
+        for rows in (*range(2, 34), 64, 65, 128, 256):
+            for start in (0, 5, 300 - rows):
+                got = _deltas(x[start : start + rows], [0] * rows, adapters, kernel)
+                assert torch.equal(got, single[start : start + rows]), (n_in, n_out, width, rows, start)
+                mixed = _deltas(x[start : start + rows], [i % 2 for i in range(rows)], adapters, kernel)
+                assert torch.equal(mixed[::2], single[start : start + rows : 2]), (n_in, n_out, width, rows)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_slot_stacks_and_a_steps_own_copy_give_every_row_its_bits_alone(tiny, threads, dtype) -> None:
+    """Three adapters in two slots: a step runs two from the slots' stacks (one kernel call for both)
+    and the third from a copy of its own, at every fused matrix of every layer, at two threads. Each
+    row gets the bits it gets alone from its adapter's host tensors, base rows keep theirs, and the
+    torch path (two roundings of float32 sums apart) agrees within float32's precision."""
+    ensure_kernels()
+    threads(2)
+    model_dir, entries = tiny
+    config = load_model_config(model_dir)
+    adapters = [load_peft_adapter(spec, config, 16) for spec in parse_adapter_specs(entries[:3])]
+    found = AdapterSlots(adapters, 2, "cpu").acquire([0, 1, 2])
+    assert [isinstance(found[i], SlottedAdapter) for i in range(3)] == [True, True, False]
+    adapter_of_row = [i % 4 - 1 for i in range(23)]  # the base model and each adapter, interleaved
+    gen = torch.Generator().manual_seed(9)
+    step = lora_step(rows_by_adapter(adapter_of_row), found, "cpu")
+    assert isinstance(step, KernelLoraStep)
+    torch_step = lora_step(rows_by_adapter(adapter_of_row), found, "cpu", kernel=False)
+    for layer in range(config.num_layers):
+        for fused, (n_in, n_out) in _fused_shapes(adapters, layer).items():
+            x = torch.randn(23, n_in, generator=gen).to(dtype)
+            out = torch.randn(23, n_out, generator=gen).to(dtype)
+            got, by_torch = out.clone(), out.clone()
+            step.add(layer, fused, x, got)
+            torch_step.add(layer, fused, x, by_torch)
+            for row, index in enumerate(adapter_of_row):
+                alone = out[row : row + 1].clone()
+                if index >= 0:
+                    own = {index: adapters[index].to("cpu")}
+                    lora_step({index: [0]}, own, "cpu").add(layer, fused, x[row : row + 1], alone)
+                assert torch.equal(got[row : row + 1], alone), (layer, fused, row)
+            tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+            torch.testing.assert_close(got, by_torch, rtol=tolerance, atol=tolerance)
+
+
+def _fused_shapes(adapters: list[LoraAdapter], layer: int) -> dict[str, tuple[int, int]]:
+    """(in, out) of each fused matrix of `layer` that one of `adapters` targets."""
+    return {
+        fused: (matrix.a.shape[1], matrix.b_t.shape[1])
+        for adapter in adapters
+        for fused, matrix in adapter.layers[layer].items()
+    }

@@ -19,7 +19,7 @@ import hashlib
 import os
 import platform
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -31,6 +31,7 @@ SOURCES = (
     "q8_linear.cpp",
     "q4_1_linear.cpp",
     "decoder_layer.cpp",
+    "lora_add.cpp",
     "work_pool.cpp",
 )
 HEADERS = ("vec8.h", "q8_activations.h", "interleaved_linear.h", "work_pool.h")
@@ -116,9 +117,16 @@ def _register_shapes() -> None:
         "q4_1_linear": quantized_linear,
         "rms_norm": norm,
         "decoder_layer": store,
+        "lora_add": store,
     }
     for name, shape in shapes.items():
         torch.library.register_fake(f"kvserve_cpu::{name}", shape)
+
+
+def is_loaded() -> bool:
+    """Whether this process has loaded the library (`load`): callers with a torch fallback, such as the
+    LoRA deltas, use the kernels where the executor chose them and never compile them mid-step."""
+    return _loaded is not None
 
 
 def head_major(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -208,6 +216,31 @@ def decoder_layer(
         x, norms[0], norms[1], eps, codes, scales, out_features, positions, cos, sin_signed, heads[0], heads[1],
         caches[0], caches[1], slot_mapping, block_tables, query_start_loc, seq_lens, scale,
     )  # fmt: skip
+
+
+def lora_add(
+    x: torch.Tensor,
+    row_slots: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    ranks: torch.Tensor | None,
+    columns: Sequence[int],
+    scaling: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    """`out` += the LoRA delta of every row under an adapter slot, for one fused product, in one call.
+
+    The semantics of `kvserve.kernels.reference.lora_add_reference`: row t under slot s = `row_slots[t]`
+    (int32 or int64; -1: left as it is) gets scaling[s] * ((x[t] @ A_s.T) @ B_s), computed in float32 and
+    added to float32(out[t]), rounded once to out's dtype. The slot's pair belongs to the product's
+    projections in turn, `ranks[s, p]` rows to projection p (int32 or int64 [slots, projections]; None: one
+    projection of every stacked row), and a projection reaches only its columns of out, [columns[p],
+    columns[p + 1]) (empty: every column); a projection with no rows leaves its columns as they are.
+    `a` [slots, widest, in] stacks the A rows; `b` [slots, floats] packs the B blocks
+    (`kvserve.executor.lora.adapter.LoraMatrix.packed_b`). `x` [rows, in] and `out` [rows, out] float32,
+    bfloat16 or float16 with contiguous rows; `a`, `b` and `scaling` [slots] contiguous float32. A row's
+    bits depend only on its own operands (`kernels/cpu/lora_add.cpp`)."""
+    torch.ops.kvserve_cpu.lora_add(x, row_slots, a, b, ranks, columns, scaling, out)
 
 
 def set_num_threads(threads: int) -> int:

@@ -7,6 +7,8 @@ kernel tests compare against. Shapes follow the paged cache layout used everywhe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 
@@ -106,3 +108,35 @@ def q4_1_linear_reference(
     sums = torch.einsum("rgi,ogi->rog", qx.double(), q.reshape(out_features, -1, 32))  # exact integers
     sx = dx.double() * qx.double().sum(-1)
     return (d[None] * dx.double()[:, None] * sums + m[None] * sx[:, None]).sum(-1).float()
+
+
+def lora_add_reference(
+    x: torch.Tensor,
+    row_slots: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    ranks: torch.Tensor | None,
+    columns: Sequence[int],
+    scaling: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    """`cpu_ops.lora_add`, one row and one projection at a time, in float64: row t under slot s =
+    `row_slots[t]` (-1: left as it is) gets, in the columns [columns[p], columns[p + 1]) of each projection p
+    with rows (ranks[s, p] of them, after the earlier projections' rows of `a`; its block of `b` after
+    theirs), scaling[s] * ((x[t] @ a_p.T) @ b_p), added to out[t] and rounded once to out's dtype.
+    `ranks` None: one projection of every stacked row; `columns` empty: every column."""
+    bounds = list(columns) or [0, out.shape[1]]
+    for t, slot in enumerate(row_slots.tolist()):
+        if slot < 0:
+            continue
+        counts = [a.shape[1]] if ranks is None else ranks[slot].tolist()
+        row = out[t].double()
+        first = offset = 0
+        for p, count in enumerate(counts):
+            width = bounds[p + 1] - bounds[p]
+            block = b[slot, offset : offset + count * width].reshape(count, width)
+            if count:  # no rows: the projection's columns keep their bits (even a zero's sign)
+                shrunk = x[t].double() @ a[slot, first : first + count].double().T
+                row[bounds[p] : bounds[p + 1]] += (shrunk @ block.double()) * float(scaling[slot])
+            first, offset = first + count, offset + count * width
+        out[t] = row.to(out.dtype)

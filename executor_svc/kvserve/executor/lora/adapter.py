@@ -6,7 +6,9 @@ matrix costs one delta whichever of its projections the adapter targets: the tar
 stacked ([sum of ranks, in]), and their B matrices transposed into the rows of one block-diagonal
 [sum of ranks, out] matrix whose columns are the fused output's. A projection the adapter does not
 target gets no rows, and the columns of its neighbour get exact zeros, which leave the base
-product's bits as they are.
+product's bits as they are. Each matrix also records its projections' ranks and columns: the CPU
+kernel (`kvserve.kernels.cpu_ops.lora_add`) multiplies each projection's rows by its own columns only,
+from B packed without the zero blocks (`LoraMatrix.packed_b`).
 """
 
 from __future__ import annotations
@@ -49,10 +51,28 @@ class LoraMatrix:
     """[width, in]: the targets' A matrices stacked, float32."""
     b_t: torch.Tensor
     """[width, out]: their B matrices transposed, block-diagonal over the fused output's columns, float32."""
+    ranks: tuple[int, ...] | None = None
+    """The rows of each projection of the fused matrix (`FUSED` order, 0: not targeted), as stacked; with
+    `columns`, where b_t's blocks lie, so the CPU kernel reads only them. None: one block of every row
+    and every column (a matrix made by hand, for a test)."""
+    columns: tuple[int, ...] | None = None
+    """The fused output's column boundaries, one more than `ranks` (projection p: [columns[p], columns[p + 1]))."""
 
     @property
     def width(self) -> int:
         return self.a.shape[0]
+
+    def packed_b(self, by_projection: bool = True) -> torch.Tensor:
+        """B as the CPU kernel reads it (`kvserve.kernels.cpu_ops.lora_add`), flat: with `by_projection`
+        (and a projection layout), each projection's rows against its own columns only, row-major, one
+        block after another, no zero block; else b_t whole."""
+        if not by_projection or self.ranks is None or self.columns is None:
+            return self.b_t.reshape(-1)
+        blocks, first = [], 0
+        for p, rank in enumerate(self.ranks):
+            blocks.append(self.b_t[first : first + rank, self.columns[p] : self.columns[p + 1]].reshape(-1))
+            first += rank
+        return torch.cat(blocks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,12 +90,13 @@ class LoraAdapter:
 
     def to(self, device: str | torch.device, pin: bool = False) -> LoraAdapter:
         """The same adapter on `device` (itself where it is there already); `pin`: in page-locked host
-        memory, so a copy to a CUDA device can run without a staging copy."""
+        memory, so a copy to a CUDA device can run without a staging copy. Always a plain `LoraAdapter`:
+        a copy of a slot's adapter (`kvserve.executor.lora.slots.SlottedAdapter`) is in no slot."""
         layers = [
-            {name: LoraMatrix(_place(m.a, device, pin), _place(m.b_t, device, pin)) for name, m in layer.items()}
+            {name: replace(m, a=_place(m.a, device, pin), b_t=_place(m.b_t, device, pin)) for name, m in layer.items()}
             for layer in self.layers
         ]
-        return replace(self, layers=layers)
+        return LoraAdapter(self.name, self.rank, self.scaling, layers)
 
 
 def _place(tensor: torch.Tensor, device: str | torch.device, pin: bool) -> torch.Tensor:
@@ -103,5 +124,9 @@ def pack_layer(pairs: dict[str, tuple[torch.Tensor, torch.Tensor]], config: Mode
                 row += b.shape[1]
             column += columns
         a = torch.cat([pairs[p][0] for p in present]).float().contiguous()
-        packed[fused] = LoraMatrix(a, b_t)
+        ranks = tuple(pairs[p][0].shape[0] if p in pairs else 0 for p in projections)
+        bounds = [0]
+        for projection in projections:
+            bounds.append(bounds[-1] + shapes[projection][1])
+        packed[fused] = LoraMatrix(a, b_t, ranks, tuple(bounds))
     return packed
