@@ -33,6 +33,7 @@ from kvserve.config.flags import HelpFormatter, add_flags, config_from_args, fla
 from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from kvserve.testing.server_launcher import ServeProcess, serving
 
+PARTS = ("restart", "working-set", "cost")
 QUESTION_TOKENS = 8
 """Tokens after the shared prefix, different per request."""
 
@@ -48,6 +49,8 @@ class PrefixTiersConfig:
     rounds: int = field(default=3, metadata=flag("passes over the working set"))
     small_kv_cache_gb: float = field(default=0.05, metadata=flag("the KV pool of the working-set runs"))
     decode_tokens: int = field(default=96, metadata=flag("output tokens of each request of the cost runs"))
+    parts: tuple[str, ...] = field(default=PARTS, metadata=flag("which measurements to run", nargs="+", choices=PARTS))
+    cost_turns: int = field(default=3, metadata=flag("alternations of the cost runs (without, with)"))
     server_args: tuple[str, ...] = field(
         default=("--executor", "torch"),
         metadata=flag("arguments of every `kvserve serve` (after the bench's own)", nargs="*"),
@@ -136,8 +139,8 @@ def working_set(config: PrefixTiersConfig, log_dir: Path) -> dict[str, float]:
 
 def tier_cost(config: PrefixTiersConfig, log_dir: Path) -> dict[str, float]:
     rates: dict[str, list[float]] = {"without": [], "with": []}
-    for turn in range(2):
-        for case in ("without", "with") if turn == 0 else ("with", "without"):
+    for turn in range(config.cost_turns):
+        for case in ("without", "with") if turn % 2 == 0 else ("with", "without"):
             extra = ["--kv-disk-dir", tempfile.mkdtemp(dir=log_dir)] if case == "with" else []
             rng = random.Random(100 + turn)
             prompts = [_prompt(rng, 64) for _ in range(16)]
@@ -145,18 +148,25 @@ def tier_cost(config: PrefixTiersConfig, log_dir: Path) -> dict[str, float]:
                 started = time.perf_counter()
                 tokens = sum(c for _, c in pool.map(lambda p: _generate(server, p, config.decode_tokens), prompts))
                 rates[case].append(tokens / (time.perf_counter() - started))
-    without, with_tier = statistics.mean(rates["without"]), statistics.mean(rates["with"])
-    print(f"decode throughput: {without:.1f} tok/s without the tier, {with_tier:.1f} with it", flush=True)
+    without, with_tier = statistics.median(rates["without"]), statistics.median(rates["with"])
+    print(
+        f"decode throughput (median of {config.cost_turns}): {without:.1f} tok/s without the tier, "
+        f"{with_tier:.1f} with it (runs: {rates})",
+        flush=True,
+    )
     return {"without_tok_s": without, "with_tok_s": with_tier, "cost": without / with_tier - 1}
 
 
 def run(config: PrefixTiersConfig) -> None:
     with tempfile.TemporaryDirectory(prefix="kvserve-bench-tiers-") as root:
         log_dir = Path(root)
-        warm_restart(config, log_dir)
-        working_set(config, log_dir)
-        cost = tier_cost(config, log_dir)
-        print(f"the tier's cost on a decode step: {cost['cost'] * 100:+.1f}%", flush=True)
+        if "restart" in config.parts:
+            warm_restart(config, log_dir)
+        if "working-set" in config.parts:
+            working_set(config, log_dir)
+        if "cost" in config.parts:
+            cost = tier_cost(config, log_dir)
+            print(f"the tier's cost on decode throughput: {cost['cost'] * 100:+.1f}%", flush=True)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
