@@ -200,11 +200,12 @@ class FakeExecutor:
 
     def execute(self, plan: StepPlan) -> StepResult:
         started = time.perf_counter()
-        failed_loads = self._disk_ops(plan) if plan.store_blocks or plan.load_blocks else []
         for seq_id in plan.drop_seq_ids:
             self.sequences.drop(seq_id)
         for seq_id, num_blocks in plan.trims:
             self.sequences.trim(seq_id, num_blocks)
+        # After the drops (they write no KV, and free blocks a load may fill), before any block move.
+        failed_loads = self._disk_ops(plan) if plan.store_blocks or plan.load_blocks else []
         self.shadow.swap_out(plan.swap_out)
         self.shadow.swap_in(plan.swap_in)
         self.shadow.copy(plan.copies)
