@@ -2,7 +2,8 @@
 # Issue 12's CPU table in one run, on one machine, on the same SmolLM2 Q4_1 GGUF:
 #   1. llama.cpp's llama-batched-bench: decode at B=1/8/32/64 and prefill, pp 128 / tg 64;
 #   2. `kvserve bench executor` for each --dtype/--weights, the same shapes (128-token contexts,
-#      prefill of 8 x 128 tokens), the median step of each;
+#      prefill of 8 x 128 tokens), the median step of each; the first is the default (`auto`/`auto`),
+#      whose figures the goal verdicts judge;
 #   3. `kvserve bench serve --workload mixed` over HTTP for each configuration, the first one also
 #      against llama-server (--target) and HF transformers generate (--baselines hf);
 #   4. a single stream: `bench serve --concurrency 1`, kvserve's default configuration against
@@ -33,7 +34,7 @@ echo "[1/4] llama-batched-bench (pp 128, tg 64, B = 1 8 32 64)"
     "$bin/llama-batched-bench" -m "$gguf" -c 16384 -b 2048 -ub 512 -npp 128 -ntg 64 -npl 1,8,32,64 \
     -t "$threads" --output-format jsonl 2>"$out/llama-batched.log" | grep '^{' > "$out/llama-batched.jsonl"
 
-configs=(float32/dequantized float32/native)
+configs=(auto/auto float32/dequantized float32/native)
 # bfloat16 only where the CPU multiplies it natively: elsewhere every bf16 op is emulated (a decode
 # step at batch 8 measured 4x slower than fp32) and its executor bench alone runs past 15 minutes.
 if grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then configs+=(bfloat16/dequantized); fi
