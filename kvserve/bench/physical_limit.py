@@ -32,20 +32,28 @@ COPY_MIB = 512
 """Far past any cache this project's CPUs have, so the copy streams from memory."""
 
 
-def copy_bandwidth(device: str, mib: int = COPY_MIB, repeats: int = 5) -> float:
-    """Best-of-`repeats` bytes/s of copying `mib` MiB (read + written, as STREAM counts a copy)."""
+def copy_bandwidth(device: str, mib: int = COPY_MIB, repeats: int = 5, threads: int | None = None) -> float:
+    """Best-of-`repeats` bytes/s of copying `mib` MiB (read + written, as STREAM counts a copy), on the CPU
+    with `threads` of torch's threads (the executor's compute threads: on the native path torch itself
+    keeps one thread and the kernels get the rest, and one thread's copy measured half the bandwidth)."""
     import torch
 
-    src = torch.ones(mib * 2**20 // 4, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    best = float("inf")
-    for _ in range(repeats):
-        _sync(device)
-        started = time.perf_counter()
+    kept = torch.get_num_threads()
+    if threads and device == "cpu":
+        torch.set_num_threads(threads)
+    try:
+        src = torch.ones(mib * 2**20 // 4, device=device)
+        dst = torch.empty_like(src)
         dst.copy_(src)
-        _sync(device)
-        best = min(best, time.perf_counter() - started)
+        best = float("inf")
+        for _ in range(repeats):
+            _sync(device)
+            started = time.perf_counter()
+            dst.copy_(src)
+            _sync(device)
+            best = min(best, time.perf_counter() - started)
+    finally:
+        torch.set_num_threads(kept)
     return 2 * src.numel() * src.element_size() / best
 
 
@@ -84,12 +92,12 @@ class MemoryLimit:
 
 def memory_limit(runner: ModelRunner, context: int) -> MemoryLimit:
     """The bytes a decode step of `runner` reads (rank 0's weights × ranks, a sequence's KV of
-    `context` tokens) and the copy bandwidth, measured now."""
+    `context` tokens) and the copy bandwidth, measured now with the threads its kernels use."""
     geometry = runner.geometry
     kv_per_token = geometry.bytes_per_block // geometry.block_size  # the cache's own formula
     ranks = runner.layout.size
     return MemoryLimit(
-        copy_bandwidth=copy_bandwidth(runner.device),
+        copy_bandwidth=copy_bandwidth(runner.device, threads=runner.num_threads or None),
         weight_bytes=ranks * weight_bytes_per_step(runner.model.weights),
         kv_bytes_per_seq=ranks * kv_per_token * context,
     )

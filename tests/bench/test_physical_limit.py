@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvserve.bench.physical_limit import gguf_bytes_per_step, limit_tokens_per_s, stored_bytes
+from kvserve.bench.physical_limit import copy_bandwidth, gguf_bytes_per_step, limit_tokens_per_s, stored_bytes
 from kvserve.executor.weights.q8_0 import quantize
 from kvserve.executor.weights.row_invariance import RowFixedLinear
 
@@ -37,3 +37,26 @@ def test_llama_cpp_reads_every_tensor_its_tied_embedding_as_the_head() -> None:
     weights, kv = gguf_bytes_per_step(path, context=128)
     assert weights == sum(tensors.values())  # the embedding read whole once, by the head
     assert kv == 128 * 2 * 30 * 3 * 64 * 2  # f16 K and V, 30 layers of 3 KV heads of 64
+
+
+def test_the_copy_runs_on_the_threads_asked_for_and_leaves_torchs_as_they_were(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The native path leaves torch one thread and gives the kernels the rest: its bandwidth must be
+    measured with the kernels' threads, not torch's one (issue 49: 12.9 against 23-25 GB/s)."""
+    seen: list[int] = []
+    real_copy = torch.Tensor.copy_
+
+    def recording_copy(self: torch.Tensor, src: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        seen.append(torch.get_num_threads())
+        return real_copy(self, src, *args, **kwargs)
+
+    kept = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        monkeypatch.setattr(torch.Tensor, "copy_", recording_copy)
+        assert copy_bandwidth("cpu", mib=4, repeats=2, threads=2) > 0
+        assert seen and set(seen) == {2}
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(kept)
