@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kvserve.scheduler.core.disk_tier import chain_key, seed_key
+from kvserve.protos.kv_events import block_hash
+from kvserve.scheduler.core.disk_tier import disk_scope
 from kvserve.scheduler.core.scheduler_config import SchedulerConfig
 from tests.scheduler.harness import Harness
 
@@ -61,9 +62,9 @@ def test_blocks_are_written_through_and_a_restart_loads_them_with_the_same_token
 def test_a_corrupt_block_is_recomputed_and_so_are_the_blocks_after_it(tmp_path: Path) -> None:
     cold = harness(tmp_path)
     cold_tokens = run_once(cold)
-    key = seed_key(cold.executor.disk_fingerprint, "ns")
+    key, scope = None, disk_scope(cold.executor.disk_fingerprint, "ns")
     for index in range(3):
-        key = chain_key(key, PROMPT[index * BLOCK : (index + 1) * BLOCK])
+        key = block_hash(key, scope, PROMPT[index * BLOCK : (index + 1) * BLOCK])
     warm = restart(cold, tmp_path)
     [third] = [path for path in tmp_path.rglob("*.kvb") if f"{key:016x}" in path.name]
     data = bytearray(third.read_bytes())

@@ -1,12 +1,13 @@
 """The prefix cache's disk tier as the scheduler keeps it: which blocks are on disk, the loads in
 flight and the stores to send.
 
-**Keys.** A block's key chains its parent's key and its tokens, from a seed of the executor's
-fingerprint (weights, dtype, weight format, layout, block size: `ExecutorInfo.kv_fingerprint`) and
-the prefix namespace (model, tenant, `cache_salt`). The same tokens under another model, tenant or
-salt get another key, so a file written for one is never a hit for the other; a file is named by
-its key, and the executor checks the fingerprint in its header too. Requests under a LoRA adapter
-stay off the disk: an adapter's name and id do not identify its weights across restarts.
+**Keys.** A block's key chains its parent's key and its tokens (the KV events' `block_hash`), from a
+seed of the executor's fingerprint (weights, dtype, weight format, layout, block size:
+`ExecutorInfo.kv_fingerprint`) and the prefix namespace (model, tenant, `cache_salt`). The same
+tokens under another model, tenant or salt get another key, so a file written for one is never a
+hit for the other; a file is named by its key, and the executor checks the fingerprint in its
+header too. Requests under a LoRA adapter stay off the disk: an adapter's name and id do not
+identify its weights across restarts.
 
 **Stores** are write-through: each full block the tree caches (`note_cached`) goes to disk in the
 next plan, before that plan may reuse the block, unless its key is already there. So the disk tier
@@ -21,33 +22,19 @@ block of the chain (the matched ones and the loading ones), so eviction cannot t
 
 from __future__ import annotations
 
-import hashlib
-from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from kvserve.protos.kv_events import block_hash
 from kvserve.protos.step import StepPlan
 from kvserve.scheduler.core.block_pool import BlockPool
 from kvserve.scheduler.core.outputs import DiskTierStats
 from kvserve.scheduler.core.prefix_tree import PrefixNode, PrefixTree
 
-_KEY_BYTES = 8
 
-
-def seed_key(fingerprint: str, namespace: str) -> int:
-    """The key a namespace's chains start from."""
-    digest = hashlib.blake2b(digest_size=_KEY_BYTES, person=b"kvserve-kv-root")
-    digest.update(fingerprint.encode("utf-8"))
-    digest.update(b"\0")
-    digest.update(namespace.encode("utf-8"))
-    return int.from_bytes(digest.digest(), "little")
-
-
-def chain_key(parent: int, tokens: tuple[int, ...] | list[int]) -> int:
-    """The key of a block holding `tokens` after the block keyed `parent`."""
-    digest = hashlib.blake2b(parent.to_bytes(_KEY_BYTES, "little"), digest_size=_KEY_BYTES)
-    digest.update(array("q", tokens).tobytes())
-    return int.from_bytes(digest.digest(), "little")
+def disk_scope(fingerprint: str, namespace: str) -> str:
+    """What a namespace's first block key is seeded with: the executor's fingerprint and the namespace."""
+    return f"{fingerprint}\0{namespace}"
 
 
 @dataclass(slots=True)
@@ -72,7 +59,6 @@ class DiskTier:
         self._stores: list[tuple[int, int]] = []
         self._chains: list[LoadChain] = []
         self._loading: set[int] = set()
-        self._seeds: dict[str, int] = {}
         self.loaded_blocks = 0
         self.failed_loads = 0
         self.stored_blocks = 0
@@ -88,26 +74,23 @@ class DiskTier:
     def stats(self) -> DiskTierStats:
         return DiskTierStats(len(self.on_disk), self.loaded_blocks, self.failed_loads, self.stored_blocks)
 
-    def root_key(self, namespace: str) -> int:
-        seed = self._seeds.get(namespace)
-        if seed is None:
-            seed = self._seeds[namespace] = seed_key(self.fingerprint, namespace)
-        return seed
+    def scope(self, namespace: str) -> str:
+        return disk_scope(self.fingerprint, namespace)
 
-    def key_of(self, node: PrefixNode | None, namespace: str) -> int:
-        """The key of a tree node's block (its chain from the namespace's root)."""
+    def key_of(self, node: PrefixNode | None) -> int | None:
+        """The key of a tree node's block (its chain from the namespace's root); None for the root."""
         if node is None or node.parent is None:
-            return self.root_key(namespace)
-        key = node.disk_key
-        if key == 0:
-            key = node.disk_key = chain_key(self.key_of(node.parent, namespace), node.key)
-        return key
+            return None
+        if node.disk_key == 0:
+            node.disk_key = block_hash(self.key_of(node.parent), self.scope(node.namespace), node.key)
+        return node.disk_key
 
     # --- stores ------------------------------------------------------------------------------
 
     def note_cached(self, node: PrefixNode) -> None:
         """A full block just joined the tree: store it unless its key is on disk already."""
-        key = self.key_of(node, node.namespace)
+        key = self.key_of(node)
+        assert key is not None  # a cached block is never a root
         if key not in self.on_disk:
             self.on_disk.add(key)
             self._stores.append((node.block, key))
@@ -134,11 +117,12 @@ class DiskTier:
         limit = len(token_ids) - 1  # as admission: one token is always left to compute
         match = tree.match(namespace, token_ids, limit, count=False)
         start = len(match.full_blocks) * bs
-        key = self.key_of(match.node, namespace)
+        key = self.key_of(match.node)
+        scope = self.scope(namespace)
         wanted: list[tuple[int, tuple[int, ...]]] = []
         for pos in range(start, limit - bs + 1, bs):
             tokens = tuple(token_ids[pos : pos + bs])
-            key = chain_key(key, tokens)
+            key = block_hash(key, scope, tokens)
             if key in self._loading:
                 return True  # the blocks come with another request's loads: match them next step
             if key not in self.on_disk:
