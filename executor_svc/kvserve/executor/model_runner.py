@@ -30,7 +30,8 @@ from kvserve.executor.cpu_features import has_avx512, has_native_bf16
 from kvserve.executor.decode_graph_capture import capture_decode_graphs
 from kvserve.executor.kv_cache_budget import blocks_for_bytes, device_kv_budget_bytes, kv_bytes_per_block
 from kvserve.executor.kv_tier.disk_store import DiskBlockStore
-from kvserve.executor.kv_tier.paged_tier import PagedDiskTier, kv_fingerprint, weights_digest
+from kvserve.executor.kv_tier.paged_tier import PagedBlocks, kv_fingerprint, weights_digest
+from kvserve.executor.kv_tier.plan_blocks import run_disk_ops
 from kvserve.executor.lora.adapter_set import TENSOR_PARALLEL_REFUSAL, load_adapter_set
 from kvserve.executor.lora.adapter_spec import AdapterSpec
 from kvserve.executor.lora.step_deltas import LoraStep
@@ -64,7 +65,7 @@ from kvserve.executor.weights.loader import load_weights, weight_files
 from kvserve.executor.weights.q4_1_linear import Q4_1Linear
 from kvserve.kernels import cpu_ops
 from kvserve.protos.kv_geometry import GIB
-from kvserve.protos.step import ExecutorInfo, PlanError, StepPlan, StepResult
+from kvserve.protos.step import ExecutorInfo, StepPlan, StepResult
 
 log = structlog.get_logger(__name__)
 
@@ -188,7 +189,10 @@ class ModelRunner:
             else None
         )
         self.model_id = self._model_id()
-        self.disk = self._disk_tier() if config.kv_disk_dir is not None else None
+        self.kv_fingerprint = ""
+        """What this cache's bits depend on (`paged_tier.kv_fingerprint`), with a disk tier; else ""."""
+        self.disk = self._disk_store() if config.kv_disk_dir is not None else None
+        self.disk_blocks = PagedBlocks(self.cache)
         release_freed_heap()
         log.info(
             "model runner ready",
@@ -227,18 +231,14 @@ class ModelRunner:
             num_threads=self.num_threads,
             draft_model_id=self.draft.model_id if self.draft is not None else "",
             lora_names=list(self.loras.names),
-            kv_fingerprint=self.disk.fingerprint if self.disk is not None else "",
-            kv_disk_keys=self.disk.store.keys() if self.disk is not None else [],
+            kv_fingerprint=self.kv_fingerprint,
+            kv_disk_keys=self.disk.keys() if self.disk is not None else [],
         )
 
     def execute(self, plan: StepPlan) -> StepResult:
         started = time.perf_counter()
         self.loras.check_plan(plan.new_seqs)
-        failed_loads: list[int] = []
-        if plan.store_blocks or plan.load_blocks:
-            if self.disk is None:
-                raise PlanError(f"step {plan.step_id}: disk-tier block ops, but this executor has no --kv-disk-dir")
-            failed_loads = self.disk.run(plan.store_blocks, plan.load_blocks)
+        failed_loads = run_disk_ops(plan, self.disk, self.disk_blocks)
         self.seqs.drop(plan.drop_seq_ids)
         self.seqs.trim(plan.trims)
         self.cache.swap_out(plan.swap_out)
@@ -333,7 +333,7 @@ class ModelRunner:
 
     # --- start-up ----------------------------------------------------------------
 
-    def _disk_tier(self) -> PagedDiskTier:
+    def _disk_store(self) -> DiskBlockStore:
         """The prefix cache's disk tier (--kv-disk-dir), keyed by what this cache's bits depend on."""
         config = self.config
         assert config.kv_disk_dir is not None
@@ -342,10 +342,12 @@ class ModelRunner:
         if self.draft is not None:
             raise ExecutorConfigError("--kv-disk-dir and --draft-model: the draft model's KV is not on disk yet")
         weights = weights_digest(weight_files(self.model_dir))
-        fingerprint = kv_fingerprint(weights, self.cache, self.dtype_name, self.weights_mode, self.device)
+        self.kv_fingerprint = kv_fingerprint(weights, self.cache, self.dtype_name, self.weights_mode, self.device)
         block_bytes = self.cache.geometry.bytes_per_block
         queue = max(1, defaults.KV_DISK_WRITE_QUEUE_BYTES // block_bytes)
-        store = DiskBlockStore(Path(config.kv_disk_dir), int(config.kv_disk_gb * GIB), fingerprint, queue_blocks=queue)
+        store = DiskBlockStore(
+            Path(config.kv_disk_dir), int(config.kv_disk_gb * GIB), self.kv_fingerprint, queue_blocks=queue
+        )
         log.info(
             "kv disk tier",
             directory=config.kv_disk_dir,
@@ -353,7 +355,7 @@ class ModelRunner:
             capacity_gb=config.kv_disk_gb,
             writable=store.writable,
         )
-        return PagedDiskTier(self.cache, store, fingerprint)
+        return store
 
     def _resolve_dtype(self) -> tuple[str, str]:
         """The dtype, and why `auto` chose it: the fastest that passes the quality bar on this device

@@ -53,6 +53,7 @@ from kvserve.executor.fake.shadow_kv import ShadowKV
 from kvserve.executor.fake.tokens import DEFAULT_CONTEXT_WINDOW, fake_logprob, top_logprobs
 from kvserve.executor.fake.vocabulary import default_model_dir, load_vocabulary, plain_vocabulary
 from kvserve.executor.kv_tier.disk_store import DiskBlockStore
+from kvserve.executor.kv_tier.plan_blocks import run_disk_ops
 from kvserve.protos.kv_geometry import GIB
 from kvserve.protos.step import ExecutorInfo, PlanError, SampledToken, StepPlan, StepResult
 
@@ -205,7 +206,7 @@ class FakeExecutor:
         for seq_id, num_blocks in plan.trims:
             self.sequences.trim(seq_id, num_blocks)
         # After the drops (they write no KV, and free blocks a load may fill), before any block move.
-        failed_loads = self._disk_ops(plan) if plan.store_blocks or plan.load_blocks else []
+        failed_loads = run_disk_ops(plan, self.disk, self.shadow)
         self.shadow.swap_out(plan.swap_out)
         self.shadow.swap_in(plan.swap_in)
         self.shadow.copy(plan.copies)
@@ -264,19 +265,6 @@ class FakeExecutor:
             proposals=proposals,
             failed_load_blocks=failed_loads,
         )
-
-    def _disk_ops(self, plan: StepPlan) -> list[int]:
-        """The plan's stores, then its loads; the blocks whose load failed."""
-        if self.disk is None:
-            raise PlanError(f"step {plan.step_id}: disk-tier block ops, but this executor has no --kv-disk-dir")
-        for block, key in plan.store_blocks:
-            self.disk.put(key, self.shadow.block_bytes(block))
-        failed = []
-        for block, key in plan.load_blocks:
-            payload = self.disk.get(key)
-            if payload is None or not self.shadow.load_block(block, payload):
-                failed.append(block)
-        return failed
 
     def _proposals(self, plan: StepPlan, outputs: list[SampledToken]) -> list[tuple[int, list[int]]]:
         if not self.config.draft_model:

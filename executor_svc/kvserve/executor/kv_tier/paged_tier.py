@@ -1,4 +1,4 @@
-"""The real executor's disk tier: a plan's stores and loads between the paged KV cache and the disk store.
+"""The real executor's disk tier: what a block's KV depends on, and the paged cache's blocks as bytes.
 
 A block's bytes are its K and V in every layer, exactly as the cache holds them (the attention
 backend's layout, the KV dtype), so a loaded block holds the very bits its computation wrote: with
@@ -23,7 +23,6 @@ import torch
 
 from kvserve.executor.cpu_features import cpu_flags
 from kvserve.executor.disk_cache import cache_dir
-from kvserve.executor.kv_tier.disk_store import DiskBlockStore
 from kvserve.executor.model.kv_cache import PagedKVCache
 
 log = structlog.get_logger(__name__)
@@ -78,32 +77,20 @@ def kv_fingerprint(weights: str, cache: PagedKVCache, dtype: str, weights_mode: 
     )
 
 
-class PagedDiskTier:
-    """Moves whole blocks of `cache` to and from `store`."""
+class PagedBlocks:
+    """The paged cache's blocks as the disk tier stores them (`plan_blocks.BlockBytes`): K and V of every layer."""
 
-    def __init__(self, cache: PagedKVCache, store: DiskBlockStore, fingerprint: str) -> None:
-        self.cache = cache
-        self.store = store
-        self.fingerprint = fingerprint
+    def __init__(self, cache: PagedKVCache) -> None:
+        self.tensor = cache.tensor
         self._block_shape = cache.tensor[:, :, 0].shape
         self._block_bytes = cache.tensor[:, :, 0].numel() * cache.tensor.element_size()
 
-    def run(self, stores: list[tuple[int, int]], loads: list[tuple[int, int]]) -> list[int]:
-        """A plan's stores (first: the plan may reuse those blocks), then its loads; the blocks whose load
-        failed (a missing or bad file: the store counts and logs it)."""
-        tensor = self.cache.tensor
-        for block, key in stores:
-            data = tensor[:, :, block].contiguous().view(torch.uint8).cpu()
-            self.store.put(key, data.numpy().tobytes())
-        failed = []
-        for block, key in loads:
-            payload = self.store.get(key)
-            if payload is None or len(payload) != self._block_bytes:
-                failed.append(block)
-                continue
-            raw = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-            tensor[:, :, block].copy_(raw.view(tensor.dtype).view(self._block_shape))
-        return failed
+    def block_bytes(self, block: int) -> bytes:
+        return self.tensor[:, :, block].contiguous().view(torch.uint8).cpu().numpy().tobytes()
 
-    def close(self) -> None:
-        self.store.close()
+    def load_block(self, block: int, payload: bytes) -> bool:
+        if len(payload) != self._block_bytes:
+            return False
+        raw = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        self.tensor[:, :, block].copy_(raw.view(self.tensor.dtype).view(self._block_shape))
+        return True
