@@ -73,6 +73,7 @@ _.metric_total  # kvserve/testing/replica_launcher.py: tests/services/test_route
 _.replica_pids  # kvserve/testing/replica_launcher.py: tests/reliability/test_data_parallel_serve.py
 _.checked_configs  # kvserve/testing/scheduler_config.py: tests/scheduler/*
 _.wait_health  # kvserve/testing/server_launcher.py: tests/reliability/*
+_.kill_executor  # kvserve/testing/server_launcher.py: the disk tier's and runtime LoRA's kill -9 tests
 _.SHARDABLE  # kvserve/testing/tiny_checkpoints.py: tests/executor/test_tensor_parallel_layout.py, tests/reliability/
 _.CASES  # kvserve/testing/tiny_checkpoints.py: tests/executor/test_tiny_models.py
 _.tiny_checkpoint  # kvserve/testing/tiny_checkpoints.py: tests/executor/test_tiny_models.py, test_speculation_cuda.py

@@ -30,6 +30,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kvserve.child_python import python_module
 from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from kvserve.testing.ports import free_ports
+from kvserve.testing.waiting import wait_until
 
 DEFAULT_STARTUP_TIMEOUT_S = 180.0
 """A real-model server converts and loads weights before it serves."""
@@ -171,6 +172,22 @@ class ServeProcess:
             if idle or time.monotonic() > deadline:
                 return stats
             time.sleep(0.1)
+
+    def kill_executor(self, timeout_s: float, dead_within_s: float = 30.0) -> None:
+        """SIGKILL the current executor (dead within `dead_within_s`), then wait until the next one has
+        registered and the scheduler re-synced with it (a restart counted, READY); WaitTimedOut after
+        `timeout_s`."""
+        restarts = self.stats().executor_restarts
+        pid = self.executor_pids()[-1]
+        os.kill(pid, signal.SIGKILL)
+        if not wait_dead(pid, dead_within_s):
+            raise TimeoutError(f"executor pid {pid} still alive {dead_within_s:g} s after SIGKILL")
+
+        def resynced() -> bool:
+            stats = self.stats()
+            return stats.executor_restarts > restarts and stats.executor_state == api_pb2.EXECUTOR_STATE_READY
+
+        wait_until(resynced, timeout_s, "a new executor, synced")
 
     def wait_health(self, status: int, timeout_s: float) -> float:
         """Seconds until health reports `status`; TimeoutError after `timeout_s`."""

@@ -9,8 +9,6 @@ disk are never another's hit; `/metrics` and `kvserve stats` count the tier.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,8 +17,7 @@ import httpx
 import openai
 import pytest
 
-from kvserve.protos.kvserve.v1 import api_pb2
-from kvserve.testing.server_launcher import ServeProcess, serving, wait_dead
+from kvserve.testing.server_launcher import ServeProcess, serving
 from kvserve.testing.waiting import wait_until
 from tests.clients.test_cli_commands import kvserve_argv
 from tests.http.http_clients import ALICE, BOB, FAKE_ARGS, sdk, token_file
@@ -77,16 +74,7 @@ def test_a_prefix_written_before_a_kill_9_of_the_executor_is_a_hit_on_the_next(d
     with serving(args, tmp_path, name="kill", http=True) as server:
         text, _ = complete(server)
         wait_until(lambda: block_files(disk) >= 6, 30, "the prompt's blocks on disk")
-        restarts = server.stats().executor_restarts
-        [pid] = server.executor_pids()[-1:]
-        os.kill(pid, signal.SIGKILL)
-        assert wait_dead(pid, 30)
-
-        def resynced() -> bool:
-            stats = server.stats()
-            return stats.executor_restarts > restarts and stats.executor_state == api_pb2.EXECUTOR_STATE_READY
-
-        wait_until(resynced, 90, "a new executor, synced")
+        server.kill_executor(90)
         again, cached = complete(server)
         assert again == text and cached >= 6 * 16, "the new executor's pool is empty: the hit came from disk"
         assert server.stats().kv_disk_loaded_blocks >= 6

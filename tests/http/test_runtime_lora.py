@@ -14,8 +14,6 @@ fake executor (which loads nothing) covers what is the scheduler's alone: off wi
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -29,7 +27,7 @@ from kvserve.clients import AsyncClient, Client, KVServeError
 from kvserve.executor.model_config import ModelConfig, load_model_config
 from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from kvserve.testing.lora_adapters import write_lora_adapter
-from kvserve.testing.server_launcher import ServeProcess, serving, wait_dead
+from kvserve.testing.server_launcher import ServeProcess, serving
 from kvserve.testing.tiny_checkpoints import TINY, with_tokenizer, write_tiny_checkpoint
 from kvserve.testing.waiting import wait_until
 from tests.http.http_clients import ALICE, BOB, FAKE_ARGS, async_sdk, sdk
@@ -222,16 +220,7 @@ def test_a_runtime_adapter_comes_back_after_a_kill_9_of_the_executor(
     load(client, "kept", adapters / "other")
     unload(client, "first")
     before = tokens(client, "kept", PROMPTS[2])
-    restarts = server.stats().executor_restarts
-    [pid] = server.executor_pids()[-1:]
-    os.kill(pid, signal.SIGKILL)
-    assert wait_dead(pid, 30)
-
-    def resynced() -> bool:
-        stats = server.stats()
-        return stats.executor_restarts > restarts and stats.executor_state == api_pb2.EXECUTOR_STATE_READY
-
-    wait_until(resynced, 150, "a new executor, synced")
+    server.kill_executor(150)
     assert list(stub(server).ModelInfo(api_pb2.ModelInfoRequest()).lora_names) == ["kept"]
     assert tokens(client, "kept", PROMPTS[2]) == before
     with pytest.raises(openai.NotFoundError):

@@ -9,15 +9,12 @@ and third must have read their prefix from disk (cached tokens, disk loads count
 
 from __future__ import annotations
 
-import os
-import signal
 from pathlib import Path
 
 import openai
 import pytest
 
-from kvserve.protos.kvserve.v1 import api_pb2
-from kvserve.testing.server_launcher import ServeProcess, serving, wait_dead
+from kvserve.testing.server_launcher import ServeProcess, serving
 from kvserve.testing.waiting import wait_until
 from tests.shared_servers import REAL_MODEL_ARGS
 
@@ -59,16 +56,7 @@ def test_a_prefix_from_disk_gives_the_tokens_of_computing_it(tmp_path: Path) -> 
         from_disk, cached = run_all(warm)
         assert from_disk == computed
         assert cached > 0 and warm.stats().kv_disk_loaded_blocks >= 1, "the prefix came from disk"
-        restarts = warm.stats().executor_restarts
-        [pid] = warm.executor_pids()[-1:]
-        os.kill(pid, signal.SIGKILL)
-        assert wait_dead(pid, 30)
-
-        def resynced() -> bool:
-            stats = warm.stats()
-            return stats.executor_restarts > restarts and stats.executor_state == api_pb2.EXECUTOR_STATE_READY
-
-        wait_until(resynced, 300, "a new executor, synced")
+        warm.kill_executor(300)
         loaded_before = warm.stats().kv_disk_loaded_blocks
         after_kill, cached = run_all(warm)
         assert after_kill == computed
