@@ -51,3 +51,14 @@ def run_alone(runner: ModelRunner, jobs: Sequence[Job], new_tokens: int) -> dict
         driver.run()
     log.detach()
     return log.rows
+
+
+def run_mixed(runner: ModelRunner, jobs: Sequence[Job], new_tokens: int, chunk: int | None = None) -> LogitLog:
+    """Every job in the same steps (prompts in chunks of `chunk` tokens, or whole), detached once done."""
+    log = LogitLog(runner)
+    driver = PlanDriver(runner)
+    for seq_id, prompt, adapter in jobs:
+        driver.add(seq_id, prompt, new_tokens, lora_name=adapter, chunk_size=chunk)
+    driver.run()
+    log.detach()
+    return log

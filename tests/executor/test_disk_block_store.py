@@ -558,8 +558,8 @@ def test_directories_are_0700_and_files_0600(tmp_path: Path, umask: int) -> None
         assert stat.S_IMODE(file.stat().st_mode) == 0o600, file
 
 
-def test_put_never_blocks_a_full_queue_drops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The writer is held inside its first write; the queue (2) fills; every put after returns at once."""
+def hold_the_writer(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Every block write waits for `release` once it has begun (`entered`): the writer held in a write."""
     entered, release = threading.Event(), threading.Event()
     real_write = block_file.write_block
 
@@ -569,6 +569,12 @@ def test_put_never_blocks_a_full_queue_drops(tmp_path: Path, monkeypatch: pytest
         return real_write(*args)
 
     monkeypatch.setattr(block_file, "write_block", held_write)
+    return entered, release
+
+
+def test_put_never_blocks_a_full_queue_drops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer is held inside its first write; the queue (2) fills; every put after returns at once."""
+    entered, release = hold_the_writer(monkeypatch)
     with DiskBlockStore(tmp_path / "kv", 1 << 30, FP, queue_blocks=2) as store:
         store.put(1, payload(1))
         assert entered.wait(WAIT_S)
@@ -593,15 +599,7 @@ def test_a_block_still_queued_for_its_write_is_read_from_the_queue(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The pool may evict a block and want it back before the writer reached it: `get` finds it queued."""
-    entered, release = threading.Event(), threading.Event()
-    real_write = block_file.write_block
-
-    def held_write(*args: Any) -> int:
-        entered.set()
-        assert release.wait(WAIT_S)
-        return real_write(*args)
-
-    monkeypatch.setattr(block_file, "write_block", held_write)
+    entered, release = hold_the_writer(monkeypatch)
     with DiskBlockStore(tmp_path / "kv", 1 << 30, FP) as store:
         store.put(1, payload(1))
         store.put(2, payload(2))

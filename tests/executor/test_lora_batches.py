@@ -32,7 +32,7 @@ from kvserve.protos.step import NewSequence, PlanError, StepPlan
 from kvserve.testing.lora_adapters import write_lora_adapter
 from kvserve.testing.plan_driver import PlanDriver
 from kvserve.testing.tiny_checkpoints import PROMPTS, TINY, write_tiny_checkpoint
-from tests.executor.lora_logits import LogitLog, run_alone
+from tests.executor.lora_logits import LogitLog, run_alone, run_mixed
 
 NEW_TOKENS = 6
 B_STD = 0.05
@@ -111,12 +111,7 @@ def test_adapters_change_the_logits_of_their_rows_only(tiny, alone) -> None:
 
 @pytest.mark.parametrize("chunk", [None, 7], ids=["whole-prompts", "chunks-of-7"])
 def test_a_mixed_step_gives_every_row_its_logits_alone(runner, alone, chunk) -> None:
-    log = LogitLog(runner)
-    driver = PlanDriver(runner)
-    for seq_id, prompt, adapter in JOBS:
-        driver.add(seq_id, prompt, NEW_TOKENS, lora_name=adapter, chunk_size=chunk)
-    driver.run()
-    log.detach()
+    log = run_mixed(runner, JOBS, NEW_TOKENS, chunk)
     assert log.mixed_steps >= NEW_TOKENS - 1  # steps holding the base model and several adapters
     assert log.rows.keys() == alone.keys()
     for key, logits in log.rows.items():

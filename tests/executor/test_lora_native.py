@@ -18,8 +18,7 @@ from kvserve.executor.model_runner import ModelRunner
 from kvserve.executor.runner_config import RunnerConfig
 from kvserve.scheduler.server.intake.tokenizer import Tokenizer
 from kvserve.testing.lora_adapters import write_lora_adapter
-from kvserve.testing.plan_driver import PlanDriver
-from tests.executor.lora_logits import Job, LogitLog, run_alone
+from tests.executor.lora_logits import Job, run_alone, run_mixed
 
 pytestmark = pytest.mark.slow
 
@@ -76,12 +75,7 @@ def test_adapters_change_their_rows_on_the_native_path(jobs, alone) -> None:
 
 @pytest.mark.parametrize("chunk", [None, 5], ids=["whole-prompts", "chunks-of-5"])
 def test_a_mixed_native_step_gives_every_row_its_logits_alone(runner, jobs, alone, chunk) -> None:
-    log = LogitLog(runner)
-    driver = PlanDriver(runner)
-    for seq_id, prompt, adapter in jobs:
-        driver.add(seq_id, prompt, NEW_TOKENS, lora_name=adapter, chunk_size=chunk)
-    driver.run()
-    log.detach()
+    log = run_mixed(runner, jobs, NEW_TOKENS, chunk)
     assert log.mixed_steps >= NEW_TOKENS - 1
     assert log.rows.keys() == alone.keys()
     for key, logits in log.rows.items():
