@@ -14,6 +14,8 @@ import httpx
 import openai
 import pytest
 
+from kvserve.scheduler.server.http.readiness import PROBE_TENANT
+from kvserve.testing.replica_launcher import metric_total
 from kvserve.testing.server_launcher import ServeProcess
 from kvserve.testing.waiting import wait_until
 from tests.http.http_clients import FAKE_ARGS, sdk, wait_for_status
@@ -38,6 +40,10 @@ def finished_event(server: ServeProcess, user: str, timeout_s: float = 60.0) -> 
 def test_ready_follows_the_executor_and_health_stays_up(http_serve_factory) -> None:
     server = http_serve_factory(FAKE_ARGS)
     wait_for_status(f"{server.http_url}/ready", 200, 60)
+    probes = [e for e in server.log_events("request_finished") if e["request_id"].startswith(f"{PROBE_TENANT}/")]
+    assert probes, "an idle server's /ready ran a probe request"
+    # A probe is not a client's request: a router's health checks must not add served requests.
+    assert metric_total(server.http_url, "kvserve:request_success_total") == 0
     victim = server.executor_pids()[-1]
     os.kill(victim, signal.SIGKILL)
     not_ready = wait_for_status(f"{server.http_url}/ready", 503, 60)
@@ -47,6 +53,7 @@ def test_ready_follows_the_executor_and_health_stays_up(http_serve_factory) -> N
     assert server.executor_pids()[-1] != victim
     answer = httpx.post(f"{server.http_url}/v1/completions", json={"prompt": "back", "max_tokens": 2}, timeout=60)
     assert answer.status_code == 200, answer.text
+    assert metric_total(server.http_url, "kvserve:request_success_total") == 1
 
 
 def test_stream_disconnect_aborts_and_returns_its_blocks(http_server: ServeProcess) -> None:

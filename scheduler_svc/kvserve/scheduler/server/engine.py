@@ -110,9 +110,16 @@ class Engine:
     # --- API side -------------------------------------------------------------------
 
     def submit(
-        self, request: ValidatedRequest, namespace: str, constraint: MatcherFactory | None = None
+        self,
+        request: ValidatedRequest,
+        namespace: str,
+        constraint: MatcherFactory | None = None,
+        *,
+        internal: bool = False,
     ) -> RequestStream:
-        """Queue a parsed request, with its compiled structured-output `constraint` if any.
+        """Queue a parsed request, with its compiled structured-output `constraint` if any. An `internal`
+        request is the server's own (the readiness probe): it stays out of the request metrics, which
+        count what clients were served.
 
         Raise InvalidFieldError (id in flight), RequestRejected (can never fit, from the
         scheduler, which alone knows its capacity) or RequestFailed (busy or down)."""
@@ -139,12 +146,13 @@ class Engine:
             constraint=constraint,
             lora_name=request.lora_name,
         )
-        if self._metrics is not None and request.lora_name:
-            self._metrics.inc_lora_requests(request.lora_name)
+        metrics = None if internal else self._metrics
+        if metrics is not None and request.lora_name:
+            metrics.inc_lora_requests(request.lora_name)
         context = list(request.prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:])
         stream = RequestStream(request.request_id, self._config.stream_buffer_chunks)
         self._requests[request.request_id] = ActiveRequest.create(
-            request, stream, self._tokenizer, context, arrival, self._clock, self._metrics
+            request, stream, self._tokenizer, context, arrival, self._clock, metrics
         )
         self._queue.enter(num_prompt)
         self._wakeup.set()

@@ -4,7 +4,9 @@ An executor can be registered and still unable to step (hung, or lost a moment a
 not yet declared so), so readiness asks for evidence: a step completed within
 `READY_RECENT_STEP_S`, else a one-token request of our own that completes within
 `READY_PROBE_TIMEOUT_S`. Under load the steps are the evidence; an idle server pays one
-tiny step per probe, and concurrent checks share one probe.
+tiny step per probe, and concurrent checks share one probe. A probe is not a client's request, so
+it stays out of the request metrics (a router checking every second would otherwise add a served
+request to `/metrics` each second the replica idles).
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ class ReadinessCheck:
             stream = model.engine.submit(
                 dataclasses.replace(validated, request_id=scoped_id),
                 prefix_namespace(model.info.model_id, PROBE_TENANT),
+                internal=True,
             )
         except RequestFailed as exc:
             return f"probe refused: {exc.message}"
