@@ -169,6 +169,10 @@ MAX_LORAS = 4
 MAX_LORA_RANK = 16
 """The largest LoRA rank an adapter may have (`--max-lora-rank`), as vLLM's default."""
 
+KV_HOST_GB = 0.0
+"""The prefix cache's host-memory tier (`--kv-host-gb`): off by default. On a CPU the pool is host memory
+already, so the tier only helps a working set of prefixes larger than the pool; on CUDA it is where the
+device's evictions land first."""
 KV_DISK_GB = 16.0
 """The prefix cache's disk tier (`--kv-disk-dir`): the most its directory holds before the least recently
 used blocks go. A default model block is 0.4-0.7 MB, so 16 GB keeps some 25,000-45,000 blocks."""

@@ -29,10 +29,20 @@ PROMPT = "A shared system prompt that spans several blocks of the cache, for eve
 
 def complete(server: ServeProcess, prompt: str = PROMPT, api_key: str = "unused") -> tuple[str, int]:
     """A greedy completion's text and its cached prompt tokens."""
+    text, cached, _ = complete_with_tiers(server, prompt, api_key)
+    return text, cached
+
+
+def complete_with_tiers(
+    server: ServeProcess, prompt: str = PROMPT, api_key: str = "unused"
+) -> tuple[str, int, dict[str, int]]:
+    """A greedy completion's text, its cached prompt tokens, and kvserve's split of them by tier."""
     client = sdk(server, api_key=api_key)
     reply = client.completions.create(model=client.models.list().data[0].id, prompt=prompt, max_tokens=8, temperature=0)
     details = reply.usage.prompt_tokens_details if reply.usage else None
-    return reply.choices[0].text, (details.cached_tokens or 0) if details else 0
+    if details is None:
+        return reply.choices[0].text, 0, {}
+    return reply.choices[0].text, details.cached_tokens or 0, dict(details.model_extra or {})
 
 
 def block_files(directory: Path) -> int:
@@ -53,13 +63,16 @@ def test_a_prefix_cached_before_a_full_restart_is_a_hit_after_it_with_the_same_t
         assert cold_cached == 0
         wait_until(lambda: block_files(disk) >= 6, 30, "the prompt's blocks on disk")
     with serving(args, tmp_path, name="warm", http=True) as warm:
-        warm_text, warm_cached = complete(warm)
+        warm_text, warm_cached, by_tier = complete_with_tiers(warm)
         assert warm_text == cold_text and warm_cached >= 6 * 16
         stats = warm.stats()
         assert stats.kv_disk_loaded_blocks >= 6 and stats.kv_disk_failed_loads == 0
         assert stats.kv_disk_blocks >= stats.kv_disk_loaded_blocks
+        assert by_tier == {"host_cached_tokens": 0, "disk_cached_tokens": stats.kv_disk_loaded_blocks * 16}, by_tier
         metrics = httpx.get(f"{warm.http_url}/metrics", timeout=30).text
         assert f"kvserve:kv_disk_loaded_blocks_total {float(stats.kv_disk_loaded_blocks)}" in metrics
+        loaded_bytes = stats.kv_disk_loaded_blocks * 16 * 16  # the fake's block: 16 slots of two int64s
+        assert f'kvserve:kv_tier_loaded_bytes_total{{medium="DISK"}} {float(loaded_bytes)}' in metrics
         with httpx.stream("GET", f"{warm.http_url}/ui/events", timeout=60) as events:
             data = next(line for line in events.iter_lines() if line.startswith("data: "))
         shown_on_page = json.loads(data[len("data: ") :])["disk"]

@@ -22,10 +22,12 @@ def strict_executor(
     draft: bool = False,
     loras: tuple[str, ...] = (),
     kv_disk_dir: str | None = None,
+    kv_host_gb: float = 0.0,
 ) -> FakeExecutor:
     """A strict fake executor over a plain vocabulary: checks every plan, needs no model files.
     `draft`: it is also a (fake) draft model, for `--speculative draft`; `loras`: the LoRA adapters'
-    names it knows (`--lora NAME=PATH`, PATHs made up); `kv_disk_dir`: its disk tier (`--kv-disk-dir`)."""
+    names it knows (`--lora NAME=PATH`, PATHs made up); `kv_disk_dir` and `kv_host_gb`: its tiers below the
+    pool (`--kv-disk-dir`, `--kv-host-gb`)."""
     return FakeExecutor(
         FakeExecutorConfig(
             num_blocks=num_blocks,
@@ -36,6 +38,7 @@ def strict_executor(
             draft_model="fake" if draft else None,
             lora=tuple(f"{name}=/adapters/{name}" for name in loras),
             kv_disk_dir=kv_disk_dir,
+            kv_host_gb=kv_host_gb,
         )
     )
 
@@ -70,6 +73,8 @@ class Harness:
     """The LoRA adapters the executor knows."""
     kv_disk_dir: str | None = None
     """The executor's disk tier, which the scheduler then uses (as the service sets it up)."""
+    kv_host_gb: float = 0.0
+    """The executor's host-memory tier."""
 
     def __post_init__(self) -> None:
         self.scheduler = Scheduler(self.config, clock=self.clock)
@@ -81,9 +86,10 @@ class Harness:
             draft=self.config.speculative == "draft",
             loras=self.loras,
             kv_disk_dir=self.kv_disk_dir,
+            kv_host_gb=self.kv_host_gb,
         )
         info = self.executor.info()
-        self.scheduler.set_disk_tier(info.kv_fingerprint, info.kv_disk_keys)
+        self.scheduler.set_disk_tier(info.kv_fingerprint, info.kv_disk_keys, info.kv_tiers, info.kv_block_bytes)
 
     def add(self, request_id: str, prompt: list[int], **sampling_and_options) -> None:
         options = {

@@ -1,9 +1,12 @@
-"""The prefix cache's disk tier, scheduler and fake executor together (the fake stores each block's
-token slots as its KV, and in strict mode checks every loaded slot holds the token it should).
+"""The prefix cache's tiers below the pool (disk, host memory), scheduler and fake executor together
+(the fake stores each block's token slots as its KV, and in strict mode checks every loaded slot
+holds the token it should).
 
 Full blocks are written through as they are cached; a later scheduler over the same directory (a
 warm restart) loads a prompt's blocks one step ahead of admitting it, with the same tokens as
-computing them; a corrupt file costs only its recomputation; another namespace never hits.
+computing them; a corrupt file costs only its recomputation; another namespace never hits. Host
+memory serves a block the pool evicted before the disk does, and the keys it lets go of are never
+planned as loads again.
 """
 
 from __future__ import annotations
@@ -116,6 +119,61 @@ def test_requests_sharing_a_prefix_on_disk_load_it_once(tmp_path: Path, concurre
     assert all(warm.tokens(f"r{i}") == cold_tokens for i in range(concurrent))
 
 
+SLOT_BYTES = 16
+"""The fake's KV per token slot: a (token id, position) pair of int64s."""
+
+
+def evict_prompt(h: Harness) -> None:
+    """Requests of other prompts, enough to push PROMPT's blocks out of a 16-block pool."""
+    for i in range(3):
+        run_once(h, f"other{i}", [200 + 40 * i + j for j in range(22)])
+
+
+def test_a_prefix_the_pool_evicted_comes_back_from_host_memory_with_the_same_tokens() -> None:
+    reference = run_once(Harness(SchedulerConfig(**CONFIG)))  # type: ignore[arg-type]
+    h = Harness(SchedulerConfig(**(CONFIG | dict(num_blocks=16))), kv_host_gb=1e-3)  # type: ignore[arg-type]
+    assert h.executor.info().kv_tiers == ["CPU"]
+    assert run_once(h) == reference
+    evict_prompt(h)
+    before = len(h.plans)
+    assert run_once(h, "again") == reference
+    loads = [pair for plan in h.plans[before:] for pair in plan.load_blocks]
+    assert len(loads) == 5, "the prompt's five full blocks come back from host memory"
+    stats = h.scheduler.stats().disk
+    assert stats is not None and (stats.host_loaded_blocks, stats.loaded_blocks, stats.failed_loads) == (5, 0, 0)
+    last = h.completions[("again", 0)].outputs[-1]
+    assert (last.num_cached_tokens, last.num_host_cached_tokens, last.num_disk_cached_tokens) == (20, 20, 0)
+
+
+def test_keys_host_memory_lets_go_of_are_never_loaded_again() -> None:
+    h = Harness(SchedulerConfig(**(CONFIG | dict(num_blocks=16))), kv_host_gb=3 * BLOCK * SLOT_BYTES / 2**30)  # type: ignore[arg-type]
+    reference = run_once(h)
+    evict_prompt(h)
+    held = h.scheduler.stats().disk
+    assert held is not None and held.blocks_on_disk <= 3, "host memory holds three blocks; the scheduler knows it"
+    assert run_once(h, "again") == reference
+    stats = h.scheduler.stats().disk
+    assert stats is not None and stats.failed_loads == 0, "no load was planned for a block host memory let go of"
+
+
+def test_host_memory_serves_before_the_disk_and_a_restart_loads_from_the_disk(tmp_path: Path) -> None:
+    config = SchedulerConfig(**(CONFIG | dict(num_blocks=16)))  # type: ignore[arg-type]
+    h = Harness(config, kv_disk_dir=str(tmp_path), kv_host_gb=1e-3)
+    assert h.executor.info().kv_tiers == ["CPU", "DISK"]
+    reference = run_once(h)
+    evict_prompt(h)
+    assert run_once(h, "host") == reference
+    h.executor.close()
+    warm = Harness(config, kv_disk_dir=str(tmp_path), kv_host_gb=1e-3)
+    assert run_once(warm, "disk") == reference
+    host = h.completions[("host", 0)].outputs[-1]
+    disk = warm.completions[("disk", 0)].outputs[-1]
+    assert (host.num_host_cached_tokens, host.num_disk_cached_tokens) == (20, 0)
+    assert (disk.num_host_cached_tokens, disk.num_disk_cached_tokens) == (0, 20)
+    warm_stats = warm.scheduler.stats().disk
+    assert warm_stats is not None and (warm_stats.loaded_blocks, warm_stats.host_loaded_blocks) == (5, 0)
+
+
 def _hit_rate(h: Harness, prefixes: list[list[int]], rounds: int) -> float:
     """Prefix hit rate of `rounds` passes over requests that each start with one of `prefixes`."""
     for turn in range(rounds):
@@ -126,13 +184,18 @@ def _hit_rate(h: Harness, prefixes: list[list[int]], rounds: int) -> float:
     return stats.prefix_hit_tokens / stats.prefix_queried_tokens
 
 
-def test_prefixes_four_times_the_pool_keep_their_hit_rate_with_the_disk_tier(tmp_path: Path) -> None:
+@pytest.mark.parametrize("tier", ["disk", "host"])
+def test_prefixes_four_times_the_pool_keep_their_hit_rate_with_a_tier(tmp_path: Path, tier: str) -> None:
     """The issue's bar: at least 90% of the hit rate of a pool large enough for every prefix."""
     pool_blocks, prefix_blocks, num_prefixes = 32, 8, 16  # 128 blocks of prefixes: four pools' worth
     prefixes = [[100 * i + j for j in range(prefix_blocks * BLOCK)] for i in range(num_prefixes)]
     big = Harness(SchedulerConfig(num_blocks=8 * pool_blocks, block_size=BLOCK, max_model_len=128))
     small = Harness(SchedulerConfig(num_blocks=pool_blocks, block_size=BLOCK, max_model_len=128))
-    tiered = harness(tmp_path, num_blocks=pool_blocks)
+    if tier == "disk":
+        tiered = harness(tmp_path, num_blocks=pool_blocks)
+    else:
+        config = SchedulerConfig(num_blocks=pool_blocks, block_size=BLOCK, max_model_len=128)
+        tiered = Harness(config, kv_host_gb=8 * pool_blocks * BLOCK * SLOT_BYTES / 2**30)
     rates = {name: _hit_rate(h, prefixes, rounds=4) for name, h in (("big", big), ("small", small), ("tier", tiered))}
     assert rates["small"] < 0.1, f"LRU over a pool a quarter of the working set keeps next to nothing: {rates}"
     assert rates["tier"] >= 0.9 * rates["big"], rates

@@ -48,7 +48,7 @@ _FAKE = "fake executor (--executor fake)"
 _TENSOR_PARALLEL = fields(TensorParallelConfig)[0].metadata["group"]  # the section its fields name
 SECTIONS = (_RUNNER, _FAKE, _TENSOR_PARALLEL)
 """The --help sections of the model's flags, in order (beside the link's and the top-level --executor)."""
-SHARED_WITH_FAKE = ("block_size", "max_model_len", "draft_model", "lora", "kv_disk_dir", "kv_disk_gb")
+SHARED_WITH_FAKE = ("block_size", "max_model_len", "draft_model", "lora", "kv_host_gb", "kv_disk_dir", "kv_disk_gb")
 """FakeExecutorConfig fields read from the runner's flags of the same name."""
 NOT_FLAGS = ("curve_keys", "parent_pid")
 """LinkWorkerConfig fields this process sets itself (from the CURVE key files, from the environment)."""

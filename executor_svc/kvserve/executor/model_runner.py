@@ -30,8 +30,9 @@ from kvserve.executor.cpu_features import has_avx512, has_native_bf16
 from kvserve.executor.decode_graph_capture import capture_decode_graphs
 from kvserve.executor.kv_cache_budget import blocks_for_bytes, device_kv_budget_bytes, kv_bytes_per_block
 from kvserve.executor.kv_tier.disk_store import DiskBlockStore
+from kvserve.executor.kv_tier.host_store import HostBlockStore
 from kvserve.executor.kv_tier.paged_tier import PagedBlocks, kv_fingerprint, weights_digest
-from kvserve.executor.kv_tier.plan_blocks import run_disk_ops
+from kvserve.executor.kv_tier.plan_blocks import BlockTiers, run_tier_ops
 from kvserve.executor.lora.adapter_set import TENSOR_PARALLEL_REFUSAL, load_adapter_set
 from kvserve.executor.lora.adapter_spec import AdapterSpec
 from kvserve.executor.lora.step_deltas import LoraStep
@@ -190,9 +191,9 @@ class ModelRunner:
         )
         self.model_id = self._model_id()
         self.kv_fingerprint = ""
-        """What this cache's bits depend on (`paged_tier.kv_fingerprint`), with a disk tier; else ""."""
-        self.disk = self._disk_store() if config.kv_disk_dir is not None else None
-        self.disk_blocks = PagedBlocks(self.cache)
+        """What this cache's bits depend on (`paged_tier.kv_fingerprint`), with tiers below the pool; else ""."""
+        self.tiers = self._block_tiers() if config.kv_disk_dir is not None or config.kv_host_gb > 0 else None
+        self.tier_blocks = PagedBlocks(self.cache)
         release_freed_heap()
         log.info(
             "model runner ready",
@@ -232,13 +233,15 @@ class ModelRunner:
             draft_model_id=self.draft.model_id if self.draft is not None else "",
             lora_names=list(self.loras.names),
             kv_fingerprint=self.kv_fingerprint,
-            kv_disk_keys=self.disk.keys() if self.disk is not None else [],
+            kv_disk_keys=self.tiers.keys() if self.tiers is not None else [],
+            kv_block_bytes=self.cache.geometry.bytes_per_block,
+            kv_tiers=self.tiers.media() if self.tiers is not None else [],
         )
 
     def execute(self, plan: StepPlan) -> StepResult:
         started = time.perf_counter()
         self.loras.check_plan(plan.new_seqs)
-        failed_loads = run_disk_ops(plan, self.disk, self.disk_blocks)
+        tier_ops = run_tier_ops(plan, self.tiers, self.tier_blocks)
         self.seqs.drop(plan.drop_seq_ids)
         self.seqs.trim(plan.trims)
         self.cache.swap_out(plan.swap_out)
@@ -287,7 +290,9 @@ class ModelRunner:
             outputs=outputs,
             execute_time_s=time.perf_counter() - started,
             proposals=proposals,
-            failed_load_blocks=failed_loads,
+            failed_load_blocks=tier_ops.failed,
+            disk_load_blocks=tier_ops.from_disk,
+            dropped_keys=tier_ops.dropped,
         )
 
     def reset(self) -> None:
@@ -319,9 +324,9 @@ class ModelRunner:
 
     def close(self) -> None:
         self.seqs.clear()
-        if self.disk is not None:
-            self.disk.close()  # the writes queued so far reach the disk
-            self.disk = None
+        if self.tiers is not None:
+            self.tiers.close()  # the writes queued so far reach the disk
+            self.tiers = None
         if self.group is not None:
             self.group.destroy()
             self.group = None
@@ -333,29 +338,37 @@ class ModelRunner:
 
     # --- start-up ----------------------------------------------------------------
 
-    def _disk_store(self) -> DiskBlockStore:
-        """The prefix cache's disk tier (--kv-disk-dir), keyed by what this cache's bits depend on."""
+    def _block_tiers(self) -> BlockTiers:
+        """The prefix cache's tiers below the pool (--kv-host-gb, --kv-disk-dir), keyed by what this
+        cache's bits depend on."""
         config = self.config
-        assert config.kv_disk_dir is not None
         if self.group is not None:
-            raise ExecutorConfigError("--kv-disk-dir runs on one executor: not with tensor parallelism yet")
+            raise ExecutorConfigError(
+                "--kv-host-gb and --kv-disk-dir run on one executor: not with tensor parallelism yet"
+            )
         if self.draft is not None:
-            raise ExecutorConfigError("--kv-disk-dir and --draft-model: the draft model's KV is not on disk yet")
+            raise ExecutorConfigError(
+                "--kv-host-gb and --kv-disk-dir with --draft-model: the draft model's KV is not in the tiers yet"
+            )
         weights = weights_digest(weight_files(self.model_dir))
         self.kv_fingerprint = kv_fingerprint(weights, self.cache, self.dtype_name, self.weights_mode, self.device)
-        block_bytes = self.cache.geometry.bytes_per_block
-        queue = max(1, defaults.KV_DISK_WRITE_QUEUE_BYTES // block_bytes)
-        store = DiskBlockStore(
-            Path(config.kv_disk_dir), int(config.kv_disk_gb * GIB), self.kv_fingerprint, queue_blocks=queue
-        )
+        host = HostBlockStore(int(config.kv_host_gb * GIB)) if config.kv_host_gb > 0 else None
+        disk = None
+        if config.kv_disk_dir is not None:
+            block_bytes = self.cache.geometry.bytes_per_block
+            queue = max(1, defaults.KV_DISK_WRITE_QUEUE_BYTES // block_bytes)
+            disk = DiskBlockStore(
+                Path(config.kv_disk_dir), int(config.kv_disk_gb * GIB), self.kv_fingerprint, queue_blocks=queue
+            )
         log.info(
-            "kv disk tier",
+            "kv tiers below the pool",
+            host_gb=config.kv_host_gb or None,
             directory=config.kv_disk_dir,
-            blocks=len(store.keys()),
-            capacity_gb=config.kv_disk_gb,
-            writable=store.writable,
+            disk_blocks=len(disk.keys()) if disk is not None else None,
+            disk_capacity_gb=config.kv_disk_gb if disk is not None else None,
+            disk_writable=disk.writable if disk is not None else None,
         )
-        return store
+        return BlockTiers(host, disk)
 
     def _resolve_dtype(self) -> tuple[str, str]:
         """The dtype, and why `auto` chose it: the fastest that passes the quality bar on this device

@@ -160,6 +160,13 @@ class RunnerConfig:
         default=defaults.MAX_LORA_RANK,
         metadata=flag("the largest LoRA rank an adapter may have (refused at load beyond)"),
     )
+    kv_host_gb: float = field(
+        default=defaults.KV_HOST_GB,
+        metadata=flag(
+            "host memory for the prefix cache's host tier: blocks the pool evicts are held there and read back "
+            "instead of recomputed (0: off)"
+        ),
+    )
     kv_disk_dir: str | None = field(
         default=None,
         metadata=flag(

@@ -30,6 +30,10 @@ import msgspec
 
 MEDIUM_GPU = "GPU"
 """vLLM's name for device KV blocks (kvserve's CPU executor's blocks are its device blocks too)."""
+MEDIUM_CPU = "CPU"
+"""vLLM's name for blocks offloaded to host memory (kvserve's `--kv-host-gb` tier)."""
+MEDIUM_DISK = "DISK"
+"""Blocks in kvserve's `--kv-disk-dir` tier."""
 END_SEQ = -1
 """The `seq` that ends a replay."""
 _SEED_DOMAIN = b"kvserve.kv-events.v1\x00"

@@ -112,11 +112,12 @@ class StepPlan:
     t % 32 of word t // 32 is set; tokens past a row's bits are not. The scheduler's grammar matcher
     fills them (vLLM v1 also computes the bitmask in its scheduler); the executor only applies them."""
     store_blocks: list[tuple[int, int]] = field(default_factory=list)
-    """(device_block, key): write the block's KV to the disk tier under `key`, before anything else
-    of this step (the block may be reused by this very plan)."""
+    """(device_block, key): write the block's KV to the tiers below the pool under `key`, before
+    anything else of this step (the block may be reused by this very plan)."""
     load_blocks: list[tuple[int, int]] = field(default_factory=list)
-    """(device_block, key): read the disk tier's block `key` into the device block, after the stores
-    and before the block ops; one that fails is listed in `StepResult.failed_load_blocks`."""
+    """(device_block, key): read block `key` from the tiers below the pool (host memory first) into the
+    device block, after the stores and before the block ops; one that fails is listed in
+    `StepResult.failed_load_blocks`."""
 
     @property
     def mask_row_bytes(self) -> int:
@@ -168,6 +169,10 @@ class StepResult:
     """(seq_id, draft tokens) the plan's `draft_requests` asked for, proposed after this step's tokens."""
     failed_load_blocks: list[int] = field(default_factory=list)
     """The plan's `load_blocks` whose file was missing or failed its checks: they hold no KV."""
+    disk_load_blocks: list[int] = field(default_factory=list)
+    """The plan's `load_blocks` read from the disk; the others loaded came from host memory."""
+    dropped_keys: list[int] = field(default_factory=list)
+    """Keys no tier below the pool holds any more (evicted for room): loads of them would miss."""
 
 
 @dataclass(slots=True)
@@ -198,7 +203,11 @@ class ExecutorInfo:
     lora_names: list[str] = field(default_factory=list)
     """The LoRA adapters a request may name (`--lora NAME=PATH`), in the order given."""
     kv_fingerprint: str = ""
-    """The disk tier (`--kv-disk-dir`): what a block's KV depends on besides its tokens, which seeds
-    every block key; "" without a disk tier."""
+    """The tiers below the pool (`--kv-host-gb`, `--kv-disk-dir`): what a block's KV depends on besides
+    its tokens, which seeds every block key; "" without tiers."""
     kv_disk_keys: list[int] = field(default_factory=list)
     """The keys of the blocks on disk at the handshake (a warm restart's prefix cache)."""
+    kv_block_bytes: int = 0
+    """The bytes one block takes in a tier (its K and V in every layer)."""
+    kv_tiers: list[str] = field(default_factory=list)
+    """The tiers this executor has, by vLLM's KV-event medium names (`kv_events.MEDIUM_CPU`, `MEDIUM_DISK`)."""

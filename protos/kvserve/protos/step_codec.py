@@ -44,7 +44,7 @@ __all__ = [
 T = TypeVar("T")
 
 
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 """Sent in every Handshake; bump it when a change to executor_link.proto breaks old peers."""
 
 _seq_id = attrgetter("seq_id")
@@ -211,6 +211,8 @@ def encode_result(result: StepResult, out: pb.StepResult | None = None) -> pb.St
         msg.proposal_counts.extend([len(tokens) for _, tokens in result.proposals])
         msg.proposal_token_ids.extend(chain.from_iterable(tokens for _, tokens in result.proposals))
     msg.failed_load_blocks.extend(result.failed_load_blocks)
+    msg.disk_load_blocks.extend(result.disk_load_blocks)
+    msg.dropped_keys.extend(result.dropped_keys)
     return msg
 
 
@@ -246,6 +248,8 @@ def decode_result(msg: pb.StepResult) -> StepResult:
         execute_time_s=msg.execute_time_s,
         proposals=proposals,
         failed_load_blocks=list(msg.failed_load_blocks),
+        disk_load_blocks=list(msg.disk_load_blocks),
+        dropped_keys=list(msg.dropped_keys),
     )
 
 

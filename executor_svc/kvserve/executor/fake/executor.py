@@ -53,7 +53,8 @@ from kvserve.executor.fake.shadow_kv import ShadowKV
 from kvserve.executor.fake.tokens import DEFAULT_CONTEXT_WINDOW, fake_logprob, top_logprobs
 from kvserve.executor.fake.vocabulary import default_model_dir, load_vocabulary, plain_vocabulary
 from kvserve.executor.kv_tier.disk_store import DiskBlockStore
-from kvserve.executor.kv_tier.plan_blocks import run_disk_ops
+from kvserve.executor.kv_tier.host_store import HostBlockStore
+from kvserve.executor.kv_tier.plan_blocks import BlockTiers, run_tier_ops
 from kvserve.protos.kv_geometry import GIB
 from kvserve.protos.step import ExecutorInfo, PlanError, SampledToken, StepPlan, StepResult
 
@@ -101,6 +102,8 @@ class FakeExecutorConfig:
     lora: tuple[str, ...] = ()
     """From the runner's --lora NAME=PATH: the adapters it reports (`ExecutorInfo.lora_names`), loading
     nothing (PATH need not exist); a sequence's tokens depend on its adapter's name (`adapters.lora_salt`)."""
+    kv_host_gb: float = defaults.KV_HOST_GB
+    """From the runner's --kv-host-gb: the host-memory tier, holding each block's token slots as the fake's KV."""
     kv_disk_dir: str | None = None
     """From the runner's --kv-disk-dir: the disk tier, holding each block's token slots as the fake's KV."""
     kv_disk_gb: float = defaults.KV_DISK_GB
@@ -161,12 +164,17 @@ class FakeExecutor:
             fault_violate_token_masks=config.fault_violate_token_masks,
         )
         self.steps = 0
-        self.disk: DiskBlockStore | None = None
-        """The prefix cache's disk tier (--kv-disk-dir): each block's token slots, as the real one's KV."""
+        self.tiers: BlockTiers | None = None
+        """The prefix cache's tiers below the pool (--kv-host-gb, --kv-disk-dir): each block's token slots,
+        as the real one's KV."""
         self.disk_fingerprint = ""
-        if config.kv_disk_dir is not None:
+        if config.kv_disk_dir is not None or config.kv_host_gb > 0:
             self.disk_fingerprint = f"fake|{self.info_model_id()}|block_size={config.block_size}|strict={config.strict}"
-            self.disk = DiskBlockStore(Path(config.kv_disk_dir), int(config.kv_disk_gb * GIB), self.disk_fingerprint)
+            host = HostBlockStore(int(config.kv_host_gb * GIB)) if config.kv_host_gb > 0 else None
+            disk = None
+            if config.kv_disk_dir is not None:
+                disk = DiskBlockStore(Path(config.kv_disk_dir), int(config.kv_disk_gb * GIB), self.disk_fingerprint)
+            self.tiers = BlockTiers(host, disk)
 
     def info_model_id(self) -> str:
         return self.config.model_id or f"fake:{self.vocab.name}"
@@ -196,7 +204,9 @@ class FakeExecutor:
             draft_model_id="fake-draft" if cfg.draft_model else "",
             lora_names=list(self.lora_names),
             kv_fingerprint=self.disk_fingerprint,
-            kv_disk_keys=self.disk.keys() if self.disk is not None else [],
+            kv_disk_keys=self.tiers.keys() if self.tiers is not None else [],
+            kv_block_bytes=self.shadow.block_payload_bytes,
+            kv_tiers=self.tiers.media() if self.tiers is not None else [],
         )
 
     def execute(self, plan: StepPlan) -> StepResult:
@@ -206,7 +216,7 @@ class FakeExecutor:
         for seq_id, num_blocks in plan.trims:
             self.sequences.trim(seq_id, num_blocks)
         # After the drops (they write no KV, and free blocks a load may fill), before any block move.
-        failed_loads = run_disk_ops(plan, self.disk, self.shadow)
+        tier_ops = run_tier_ops(plan, self.tiers, self.shadow)
         self.shadow.swap_out(plan.swap_out)
         self.shadow.swap_in(plan.swap_in)
         self.shadow.copy(plan.copies)
@@ -263,7 +273,9 @@ class FakeExecutor:
             outputs=outputs,
             execute_time_s=time.perf_counter() - started,
             proposals=proposals,
-            failed_load_blocks=failed_loads,
+            failed_load_blocks=tier_ops.failed,
+            disk_load_blocks=tier_ops.from_disk,
+            dropped_keys=tier_ops.dropped,
         )
 
     def _proposals(self, plan: StepPlan, outputs: list[SampledToken]) -> list[tuple[int, list[int]]]:
@@ -307,8 +319,8 @@ class FakeExecutor:
 
     def close(self) -> None:
         self.sequences.clear()
-        if self.disk is not None:
-            self.disk.close()
+        if self.tiers is not None:
+            self.tiers.close()
 
     # --- inspection (tests) ------------------------------------------------------
 

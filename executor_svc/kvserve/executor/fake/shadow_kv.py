@@ -108,6 +108,11 @@ class ShadowKV:
 
     # --- the disk tier: a block's slots as bytes --------------------------------------
 
+    @property
+    def block_payload_bytes(self) -> int:
+        """The bytes `block_bytes` returns: two int64s per slot."""
+        return self.block_size * 16
+
     def block_bytes(self, block: int) -> bytes:
         """Device block `block`'s slots, as (token id, position) int64 pairs (position -1 outside strict mode)."""
         self._check_range(block, False, "store_blocks")

@@ -76,6 +76,8 @@ class DiskBlockStore:
         self._lock = threading.Lock()
         self._index = BlockIndex()
         self._logged: set[str] = set()
+        self._evicted: list[int] = []
+        """Keys evicted for room since `take_evicted` (the scheduler stops planning their loads)."""
         self._lock_fd: int | None = None
         self._writer: BlockWriter | None = None
         self._open(Path(directory))
@@ -119,6 +121,19 @@ class DiskBlockStore:
         """Every block stored now, least recently used first (the executor's handshake lists them)."""
         with self._lock:
             return self._index.keys()
+
+    def holds(self, key: int) -> bool:
+        """Whether block `key` is stored or queued for its write (no file is read: it may still fail its checks)."""
+        if self._writer is not None and self._writer.queued(key) is not None:
+            return True
+        with self._lock:
+            return key in self._index
+
+    def take_evicted(self) -> list[int]:
+        """The keys evicted for room since the last call."""
+        with self._lock:
+            evicted, self._evicted = self._evicted, []
+        return evicted
 
     def put(self, key: int, payload: bytes) -> None:
         """Queue block `key` for the writer thread; never blocks, never does I/O, never raises on I/O.
@@ -235,6 +250,7 @@ class DiskBlockStore:
         (lock held); the caller deletes their files, outside the lock."""
         victims = self._index.take_lru(size, self.capacity_bytes)
         self.stats.evictions += len(victims)
+        self._evicted.extend(victims)
         self._mirror()
         return victims
 

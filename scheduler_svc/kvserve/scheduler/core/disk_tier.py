@@ -1,5 +1,11 @@
-"""The prefix cache's disk tier as the scheduler keeps it: which blocks are on disk, the loads in
-flight and the stores to send.
+"""The prefix cache's tiers below the pool as the scheduler keeps them: which blocks they hold, the
+loads in flight and the stores to send.
+
+**Tiers.** The executor has host memory (`--kv-host-gb`), a disk directory (`--kv-disk-dir`) or
+both (`ExecutorInfo.kv_tiers`); the scheduler plans the same stores and loads for any of them. Host
+memory is read first, and each load's result says which tier served it (`StepResult.disk_load_blocks`),
+which the request's usage and the counters split by. The keys a tier lets go of come back in
+`StepResult.dropped_keys`, so no load is planned that would miss.
 
 **Keys.** A block's key chains its parent's key and its tokens (the KV events' `block_hash`), from a
 seed of the executor's fingerprint (weights, dtype, weight format, layout, block size:
@@ -25,11 +31,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from kvserve.protos.kv_events import block_hash
+from kvserve.protos.kv_events import MEDIUM_DISK, block_hash
 from kvserve.protos.step import StepPlan
 from kvserve.scheduler.core.block_pool import BlockPool
 from kvserve.scheduler.core.outputs import DiskTierStats
 from kvserve.scheduler.core.prefix_tree import PrefixNode, PrefixTree
+from kvserve.scheduler.core.request import Request
 
 
 def disk_scope(fingerprint: str, namespace: str) -> str:
@@ -42,6 +49,8 @@ class LoadChain:
     """One request's run of blocks being loaded, in chain order under `parent` (None: the root)."""
 
     namespace: str
+    request: Request
+    """The request the loads are for: its usage counts the tokens loaded, by tier."""
     parent: PrefixNode | None
     held: list[int]
     """The matched blocks before the run, referenced until the loads are done."""
@@ -50,29 +59,54 @@ class LoadChain:
 
 
 class DiskTier:
-    """The keys on disk, the stores the next plan sends, and the loads in flight."""
+    """The keys the tiers below the pool hold, the stores the next plan sends, and the loads in flight."""
 
-    def __init__(self, fingerprint: str, keys: Iterable[int], block_size: int) -> None:
+    def __init__(
+        self,
+        fingerprint: str,
+        keys: Iterable[int],
+        block_size: int,
+        media: Iterable[str] = (MEDIUM_DISK,),
+        block_bytes: int = 0,
+    ) -> None:
         self.fingerprint = fingerprint
         self.block_size = block_size
+        self.media = tuple(media)
+        self.block_bytes = block_bytes
         self.on_disk: set[int] = set(keys)
+        """The keys some tier below the pool holds (the disk's at the handshake, then every store)."""
         self._stores: list[tuple[int, int]] = []
         self._chains: list[LoadChain] = []
         self._loading: set[int] = set()
         self.loaded_blocks = 0
+        """Loaded from disk."""
+        self.host_loaded_blocks = 0
         self.failed_loads = 0
         self.stored_blocks = 0
 
     def carry_counters(self, old: DiskTier) -> None:
         """Keep `old`'s totals (this tier replaces it after an executor reset)."""
-        self.loaded_blocks, self.failed_loads, self.stored_blocks = (
+        self.loaded_blocks, self.host_loaded_blocks, self.failed_loads, self.stored_blocks = (
             old.loaded_blocks,
+            old.host_loaded_blocks,
             old.failed_loads,
             old.stored_blocks,
         )
 
     def stats(self) -> DiskTierStats:
-        return DiskTierStats(len(self.on_disk), self.loaded_blocks, self.failed_loads, self.stored_blocks)
+        return DiskTierStats(
+            len(self.on_disk),
+            self.loaded_blocks,
+            self.failed_loads,
+            self.stored_blocks,
+            self.host_loaded_blocks,
+            self.block_bytes,
+            self.media,
+        )
+
+    def drop_keys(self, keys: Iterable[int]) -> None:
+        """Keys no tier holds any more (`StepResult.dropped_keys`): no load of them is planned again."""
+        self.on_disk.difference_update(keys)
 
     def scope(self, namespace: str) -> str:
         return disk_scope(self.fingerprint, namespace)
@@ -109,11 +143,12 @@ class DiskTier:
     # --- loads -------------------------------------------------------------------------------
 
     def start_loads(
-        self, tree: PrefixTree, pool: BlockPool, namespace: str, token_ids: list[int], plan: StepPlan
+        self, tree: PrefixTree, pool: BlockPool, request: Request, token_ids: list[int], plan: StepPlan
     ) -> bool:
-        """Load the blocks of `token_ids` that follow its cached prefix and are on disk; True when the
+        """Load the blocks of `token_ids` that follow its cached prefix and a tier holds; True when the
         sequence must wait a step for them (loads started now, or another request's in flight)."""
         bs = self.block_size
+        namespace = request.namespace
         limit = len(token_ids) - 1  # as admission: one token is always left to compute
         match = tree.match(namespace, token_ids, limit, count=False)
         start = len(match.full_blocks) * bs
@@ -138,7 +173,7 @@ class DiskTier:
         if blocks is None:
             pool.release_table(held)
             return False
-        chain = LoadChain(namespace, match.node, held)
+        chain = LoadChain(namespace, request, match.node, held)
         for block, (key, tokens) in zip(blocks, wanted, strict=False):
             chain.blocks.append((block, key, tokens))
             plan.load_blocks.append((block, key))
@@ -146,10 +181,14 @@ class DiskTier:
         self._chains.append(chain)
         return True
 
-    def finish_loads(self, tree: PrefixTree, pool: BlockPool, failed: Iterable[int]) -> None:
+    def finish_loads(
+        self, tree: PrefixTree, pool: BlockPool, failed: Iterable[int], from_disk: Iterable[int] = ()
+    ) -> None:
         """The plan's loads are done: the blocks that loaded join the tree as cached blocks, in chain
-        order; a failed one (and what follows it) goes back to the pool and its key off the disk."""
+        order; a failed one (and what follows it) goes back to the pool and its key out of the tiers.
+        `from_disk`: the blocks the disk served (host memory served the others)."""
         failed_blocks = set(failed)
+        disk_blocks = set(from_disk)
         for chain in self._chains:
             parent = chain.parent
             broken = False
@@ -167,7 +206,12 @@ class DiskTier:
                 else:
                     node.disk_key = key
                     parent = node
-                    self.loaded_blocks += 1
+                    if block in disk_blocks:
+                        self.loaded_blocks += 1
+                        chain.request.num_disk_cached_tokens += len(tokens)
+                    else:
+                        self.host_loaded_blocks += 1
+                        chain.request.num_host_cached_tokens += len(tokens)
             # Tail first, as a block table is released: a chain's tail is evicted before its parents.
             pool.release_table([*chain.held, *(block for block, _, _ in chain.blocks)])
         self._chains.clear()

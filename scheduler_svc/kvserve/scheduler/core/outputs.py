@@ -68,6 +68,10 @@ class SequenceOutput:
     ttft_s: float | None
     """Arrival to first output token."""
     blocks: BlockCounts | None = None
+    num_host_cached_tokens: int = 0
+    """Of `num_cached_tokens`, those loaded for this request from host memory."""
+    num_disk_cached_tokens: int = 0
+    """Of `num_cached_tokens`, those loaded for this request from disk."""
     """The request's own `BlockCounts`, the same object in each of its outputs (no copy per step):
     complete once every sequence of the request has finished, as with its last final output."""
     drafts: DraftCounts | None = None
@@ -78,14 +82,21 @@ class SequenceOutput:
 
 @dataclass(slots=True)
 class DiskTierStats:
-    """The prefix cache's disk tier (`disk_tier.DiskTier`), in total since the executor registered."""
+    """The prefix cache's tiers below the pool (`disk_tier.DiskTier`), in total since the executor registered."""
 
     blocks_on_disk: int = 0
+    """Blocks the tiers below the pool hold (disk, and host memory)."""
     loaded_blocks: int = 0
     """Blocks read back from disk into the pool instead of recomputed."""
     failed_loads: int = 0
-    """Loads whose file was missing or failed its checks (recomputed instead)."""
+    """Loads whose block was missing or failed its checks (recomputed instead)."""
     stored_blocks: int = 0
+    host_loaded_blocks: int = 0
+    """Blocks read back from host memory (`--kv-host-gb`) instead of recomputed."""
+    block_bytes: int = 0
+    """The bytes of one block in a tier: loads and stores times this are the bytes moved."""
+    media: tuple[str, ...] = ()
+    """The tiers, by vLLM's KV-event medium names ("CPU": host memory, "DISK")."""
 
 
 @dataclass(slots=True)

@@ -94,6 +94,10 @@ class Request:
     """min(max_tokens, max_model_len - prompt length): where the length limit strikes."""
     num_cached_tokens: int = 0
     """Prompt tokens served from the prefix cache when the request was first admitted."""
+    num_host_cached_tokens: int = 0
+    """Of those, tokens whose blocks were loaded for it from host memory (`--kv-host-gb`)."""
+    num_disk_cached_tokens: int = 0
+    """Of those, tokens whose blocks were loaded for it from disk (`--kv-disk-dir`)."""
     queue_time_s: float | None = None
     """Arrival to first scheduled; None until then."""
     ttft_s: float | None = None

@@ -17,6 +17,7 @@ from collections.abc import Sequence as SequenceOf
 
 import structlog
 
+from kvserve.protos.kv_events import MEDIUM_DISK
 from kvserve.protos.sampling import InvalidFieldError, SamplingParams
 from kvserve.protos.step import StepPlan, StepResult
 from kvserve.protos.stop_rules import FinishReason, stop_token_ids
@@ -182,12 +183,15 @@ class Scheduler:
         self._state.inflight = None
         return outputs
 
-    def set_disk_tier(self, fingerprint: str, keys: Iterable[int]) -> None:
-        """Use the executor's disk tier: `fingerprint` and `keys` are its `ExecutorInfo.kv_fingerprint` and
-        `kv_disk_keys` ("" turns the tier off). Call it after construction and after `reset_executor`."""
+    def set_disk_tier(
+        self, fingerprint: str, keys: Iterable[int], media: Iterable[str] = (MEDIUM_DISK,), block_bytes: int = 0
+    ) -> None:
+        """Use the executor's tiers below the pool: `fingerprint`, `keys`, `media` and `block_bytes` are its
+        `ExecutorInfo.kv_fingerprint`, `kv_disk_keys`, `kv_tiers` and `kv_block_bytes` ("" turns the tiers
+        off). Call it after construction and after `reset_executor`."""
         kv = self._state.kv
         old = kv.disk
-        kv.disk = DiskTier(fingerprint, keys, kv.block_size) if fingerprint and kv.caching else None
+        kv.disk = DiskTier(fingerprint, keys, kv.block_size, media, block_bytes) if fingerprint and kv.caching else None
         if old is not None and kv.disk is not None:
             kv.disk.carry_counters(old)
 
@@ -222,7 +226,7 @@ class Scheduler:
         old_disk = st.kv.disk
         st.kv = KvManager(cfg.num_blocks, cfg.block_size, cfg.num_cpu_blocks, cfg.enable_prefix_caching, previous=st.kv)
         if old_disk is not None:  # the files outlive the executor's pool (a new executor reports its own)
-            self.set_disk_tier(old_disk.fingerprint, old_disk.on_disk)
+            self.set_disk_tier(old_disk.fingerprint, old_disk.on_disk, old_disk.media, old_disk.block_bytes)
             assert st.kv.disk is not None
             st.kv.disk.carry_counters(old_disk)
         outputs = []

@@ -274,14 +274,14 @@ class StepBuilder:
 
     def _admit(self, seq: Sequence, plan: StepPlan, scheduled: list[ScheduledSequence], budget: int) -> int:
         """Start `seq` if the pool can hold all its known tokens; return tokens scheduled (0: no room,
-        `_LOADING`: it waits for its prefix's blocks to come from disk)."""
+        `_LOADING`: it waits for its prefix's blocks to come from the tiers below the pool)."""
         kv = self.state.kv
         disk = kv.disk
         if (
             disk is not None
             and seq.index == 0
             and not seq.request.lora_name
-            and disk.start_loads(kv.tree, kv.pool, seq.request.namespace, seq.token_ids, plan)
+            and disk.start_loads(kv.tree, kv.pool, seq.request, seq.token_ids, plan)
         ):
             return _LOADING
         match, forked = kv.find_prefix(seq, self.state.step_id)
@@ -291,6 +291,11 @@ class StepBuilder:
         request = seq.request
         if request.queue_time_s is None:
             request.num_cached_tokens = seq.num_computed
+            # Loaded for it, then matched: a block evicted again before admission was recomputed.
+            request.num_disk_cached_tokens = min(request.num_disk_cached_tokens, seq.num_computed)
+            request.num_host_cached_tokens = min(
+                request.num_host_cached_tokens, seq.num_computed - request.num_disk_cached_tokens
+            )
         self._start_running(seq, count, plan, scheduled)
         return count
 

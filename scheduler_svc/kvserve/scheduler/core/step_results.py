@@ -44,7 +44,9 @@ class ResultApplier:
         st.inflight = None
         st.num_steps += 1
         if st.kv.disk is not None:
-            st.kv.disk.finish_loads(st.kv.tree, st.kv.pool, result.failed_load_blocks)
+            disk = st.kv.disk
+            disk.finish_loads(st.kv.tree, st.kv.pool, result.failed_load_blocks, result.disk_load_blocks)
+            disk.drop_keys(result.dropped_keys)
         now = st.clock()
         if inflight.num_drafts:
             by_seq: dict[int, list[SampledToken]] = {}
@@ -131,6 +133,8 @@ class ResultApplier:
                     queue_time_s=request.queue_time_s,
                     ttft_s=request.ttft_s,
                     blocks=request.blocks,
+                    num_host_cached_tokens=request.num_host_cached_tokens,
+                    num_disk_cached_tokens=request.num_disk_cached_tokens,
                     drafts=request.drafts if st.proposer is not None else None,
                     error=error,
                 )
@@ -204,6 +208,8 @@ class ResultApplier:
             queue_time_s=request.queue_time_s,
             ttft_s=request.ttft_s,
             blocks=request.blocks,
+            num_host_cached_tokens=request.num_host_cached_tokens,
+            num_disk_cached_tokens=request.num_disk_cached_tokens,
         )
 
     def finish(self, seq: Sequence, reason: FinishReason, *, remove: bool = True) -> None:

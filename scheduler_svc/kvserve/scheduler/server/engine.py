@@ -416,7 +416,8 @@ class Engine:
         """A new executor holds nothing: recompute every sequence from the scheduler's state."""
         # Requests that no longer fit a smaller new pool come back as final ERROR outputs.
         self._deliver(self._scheduler.reset_executor(info.num_blocks))
-        self._scheduler.set_disk_tier(info.kv_fingerprint, info.kv_disk_keys)  # what is on its disk now
+        # What is on its disk now (its host memory starts empty).
+        self._scheduler.set_disk_tier(info.kv_fingerprint, info.kv_disk_keys, info.kv_tiers, info.kv_block_bytes)
         self._synced_generation = self._link.generation
         self._unavailable_reason = None
         if self._kv_events is not None:

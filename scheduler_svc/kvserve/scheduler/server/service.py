@@ -160,7 +160,7 @@ def build_scheduler(config: ServerConfig, info: ExecutorInfo) -> Scheduler:
             eos_token_ids=tuple(info.eos_token_ids),
         )
     )
-    scheduler.set_disk_tier(info.kv_fingerprint, info.kv_disk_keys)
+    scheduler.set_disk_tier(info.kv_fingerprint, info.kv_disk_keys, info.kv_tiers, info.kv_block_bytes)
     return scheduler
 
 

@@ -208,7 +208,7 @@ class TokenLogprobs(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ..., top: _Optional[_Iterable[_Union[Logprob, _Mapping]]] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens", "queue_time_s", "ttft_s", "e2e_s", "speculative")
+    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens", "queue_time_s", "ttft_s", "e2e_s", "speculative", "host_cached_tokens", "disk_cached_tokens")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -216,6 +216,8 @@ class Usage(_message.Message):
     TTFT_S_FIELD_NUMBER: _ClassVar[int]
     E2E_S_FIELD_NUMBER: _ClassVar[int]
     SPECULATIVE_FIELD_NUMBER: _ClassVar[int]
+    HOST_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DISK_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
@@ -223,7 +225,9 @@ class Usage(_message.Message):
     ttft_s: float
     e2e_s: float
     speculative: SpeculativeUsage
-    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., queue_time_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., e2e_s: _Optional[float] = ..., speculative: _Optional[_Union[SpeculativeUsage, _Mapping]] = ...) -> None: ...
+    host_cached_tokens: int
+    disk_cached_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., queue_time_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., e2e_s: _Optional[float] = ..., speculative: _Optional[_Union[SpeculativeUsage, _Mapping]] = ..., host_cached_tokens: _Optional[int] = ..., disk_cached_tokens: _Optional[int] = ...) -> None: ...
 
 class SpeculativeUsage(_message.Message):
     __slots__ = ("proposed_tokens", "accepted_tokens", "verify_steps")

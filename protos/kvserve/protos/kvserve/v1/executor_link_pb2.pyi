@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ExecutorInfo(_message.Message):
-    __slots__ = ("model_id", "num_blocks", "block_size", "num_cpu_blocks", "vocab_size", "max_model_len", "eos_token_ids", "tokenizer_path", "executor_kind", "device", "dtype", "attention_backend", "num_threads", "draft_model_id", "lora_names", "kv_fingerprint", "kv_disk_keys")
+    __slots__ = ("model_id", "num_blocks", "block_size", "num_cpu_blocks", "vocab_size", "max_model_len", "eos_token_ids", "tokenizer_path", "executor_kind", "device", "dtype", "attention_backend", "num_threads", "draft_model_id", "lora_names", "kv_fingerprint", "kv_disk_keys", "kv_block_bytes", "kv_tiers")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -25,6 +25,8 @@ class ExecutorInfo(_message.Message):
     LORA_NAMES_FIELD_NUMBER: _ClassVar[int]
     KV_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     KV_DISK_KEYS_FIELD_NUMBER: _ClassVar[int]
+    KV_BLOCK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_TIERS_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     num_blocks: int
     block_size: int
@@ -42,7 +44,9 @@ class ExecutorInfo(_message.Message):
     lora_names: _containers.RepeatedScalarFieldContainer[str]
     kv_fingerprint: str
     kv_disk_keys: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, model_id: _Optional[str] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tokenizer_path: _Optional[str] = ..., executor_kind: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., attention_backend: _Optional[str] = ..., num_threads: _Optional[int] = ..., draft_model_id: _Optional[str] = ..., lora_names: _Optional[_Iterable[str]] = ..., kv_fingerprint: _Optional[str] = ..., kv_disk_keys: _Optional[_Iterable[int]] = ...) -> None: ...
+    kv_block_bytes: int
+    kv_tiers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model_id: _Optional[str] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., tokenizer_path: _Optional[str] = ..., executor_kind: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., attention_backend: _Optional[str] = ..., num_threads: _Optional[int] = ..., draft_model_id: _Optional[str] = ..., lora_names: _Optional[_Iterable[str]] = ..., kv_fingerprint: _Optional[str] = ..., kv_disk_keys: _Optional[_Iterable[int]] = ..., kv_block_bytes: _Optional[int] = ..., kv_tiers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Handshake(_message.Message):
     __slots__ = ("protocol_version", "session_id", "pid", "info")
@@ -198,7 +202,7 @@ class StepPlan(_message.Message):
     def __init__(self, step_id: _Optional[int] = ..., new_seqs: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., known_seqs: _Optional[_Union[KnownSequences, _Mapping]] = ..., copies: _Optional[_Union[BlockPairs, _Mapping]] = ..., swap_out: _Optional[_Union[BlockPairs, _Mapping]] = ..., swap_in: _Optional[_Union[BlockPairs, _Mapping]] = ..., drop_seq_ids: _Optional[_Iterable[int]] = ..., mask_seq_ids: _Optional[_Iterable[int]] = ..., token_masks: _Optional[bytes] = ..., trim_seq_ids: _Optional[_Iterable[int]] = ..., trim_block_counts: _Optional[_Iterable[int]] = ..., draft_request_seq_ids: _Optional[_Iterable[int]] = ..., draft_request_counts: _Optional[_Iterable[int]] = ..., store_blocks: _Optional[_Iterable[int]] = ..., store_keys: _Optional[_Iterable[int]] = ..., load_blocks: _Optional[_Iterable[int]] = ..., load_keys: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StepResult(_message.Message):
-    __slots__ = ("step_id", "execute_time_s", "seq_ids", "token_ids", "has_logprob", "logprobs", "top_counts", "top_token_ids", "top_logprobs", "proposal_seq_ids", "proposal_counts", "proposal_token_ids", "failed_load_blocks")
+    __slots__ = ("step_id", "execute_time_s", "seq_ids", "token_ids", "has_logprob", "logprobs", "top_counts", "top_token_ids", "top_logprobs", "proposal_seq_ids", "proposal_counts", "proposal_token_ids", "failed_load_blocks", "disk_load_blocks", "dropped_keys")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     EXECUTE_TIME_S_FIELD_NUMBER: _ClassVar[int]
     SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -212,6 +216,8 @@ class StepResult(_message.Message):
     PROPOSAL_COUNTS_FIELD_NUMBER: _ClassVar[int]
     PROPOSAL_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FAILED_LOAD_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    DISK_LOAD_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_KEYS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     execute_time_s: float
     seq_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -225,7 +231,9 @@ class StepResult(_message.Message):
     proposal_counts: _containers.RepeatedScalarFieldContainer[int]
     proposal_token_ids: _containers.RepeatedScalarFieldContainer[int]
     failed_load_blocks: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, step_id: _Optional[int] = ..., execute_time_s: _Optional[float] = ..., seq_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., has_logprob: _Optional[_Iterable[bool]] = ..., logprobs: _Optional[_Iterable[float]] = ..., top_counts: _Optional[_Iterable[int]] = ..., top_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ..., proposal_seq_ids: _Optional[_Iterable[int]] = ..., proposal_counts: _Optional[_Iterable[int]] = ..., proposal_token_ids: _Optional[_Iterable[int]] = ..., failed_load_blocks: _Optional[_Iterable[int]] = ...) -> None: ...
+    disk_load_blocks: _containers.RepeatedScalarFieldContainer[int]
+    dropped_keys: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, step_id: _Optional[int] = ..., execute_time_s: _Optional[float] = ..., seq_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., has_logprob: _Optional[_Iterable[bool]] = ..., logprobs: _Optional[_Iterable[float]] = ..., top_counts: _Optional[_Iterable[int]] = ..., top_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ..., proposal_seq_ids: _Optional[_Iterable[int]] = ..., proposal_counts: _Optional[_Iterable[int]] = ..., proposal_token_ids: _Optional[_Iterable[int]] = ..., failed_load_blocks: _Optional[_Iterable[int]] = ..., disk_load_blocks: _Optional[_Iterable[int]] = ..., dropped_keys: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("sent_at",)

@@ -162,6 +162,8 @@ class ActiveRequest:
                 ttft_s=output.ttft_s or 0.0,
                 e2e_s=self.clock() - self.arrival,
                 drafts=output.drafts,
+                host_cached_tokens=output.num_host_cached_tokens,
+                disk_cached_tokens=output.num_disk_cached_tokens,
             )
             self.usage[output.index] = usage
         if self.metrics is not None and token_ids:

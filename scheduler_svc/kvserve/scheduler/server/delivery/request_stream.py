@@ -46,6 +46,10 @@ class Usage:
     e2e_s: float
     drafts: DraftCounts | None = None
     """The request's speculative-decoding counts (shared by its n completions); None: speculation off."""
+    host_cached_tokens: int = 0
+    """Of `cached_tokens`, those loaded for this request from host memory (`--kv-host-gb`)."""
+    disk_cached_tokens: int = 0
+    """Of `cached_tokens`, those loaded for this request from disk (`--kv-disk-dir`)."""
 
 
 @dataclass(slots=True)

@@ -93,7 +93,7 @@ def _message(choice: ChoiceState) -> dict[str, Any]:
 
 def usage_object(choices: list[ChoiceState], n: int) -> dict[str, Any]:
     """Totals over choices; the prompt of each of the request's prompts counts once, whatever n is."""
-    prompt_tokens = cached = completion_tokens = 0
+    prompt_tokens = cached = completion_tokens = host_cached = disk_cached = 0
     speculative: dict[str, int] | None = None
     for choice in choices:
         if choice.usage is None:
@@ -102,6 +102,8 @@ def usage_object(choices: list[ChoiceState], n: int) -> dict[str, Any]:
         if choice.index % n == 0:  # the first choice of its prompt
             prompt_tokens += choice.usage.prompt_tokens
             cached += choice.usage.cached_tokens
+            host_cached += choice.usage.host_cached_tokens
+            disk_cached += choice.usage.disk_cached_tokens
             drafts = choice.usage.drafts  # one request's counts, shared by its n choices
             if drafts is not None:
                 speculative = speculative or dict.fromkeys(("proposed_tokens", "accepted_tokens", "verify_steps"), 0)
@@ -114,6 +116,8 @@ def usage_object(choices: list[ChoiceState], n: int) -> dict[str, Any]:
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached},
     }
+    if host_cached or disk_cached:  # kvserve extension fields: how much of cached_tokens came from below the pool
+        usage["prompt_tokens_details"].update(host_cached_tokens=host_cached, disk_cached_tokens=disk_cached)
     if speculative is not None:
         usage["speculative"] = speculative  # a kvserve extension field
     return usage

@@ -25,6 +25,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import start_http_server as _prometheus_http_server
 
+from kvserve.protos.kv_events import MEDIUM_CPU, MEDIUM_DISK
 from kvserve.scheduler.core import SchedulerStats
 from kvserve.scheduler.server.observability.stats_logger import STATS_LOG_INTERVAL_S, StatsLogger
 
@@ -142,7 +143,9 @@ class ServerMetrics:
             PREFIX + "prefix_cache_evictions", "Cached blocks taken back from the prefix tree.", registry=r
         )
         self.kv_disk_blocks = Gauge(
-            PREFIX + "kv_disk_blocks", "KV blocks in the prefix cache's disk tier (--kv-disk-dir).", registry=r
+            PREFIX + "kv_disk_blocks",
+            "KV blocks the tiers below the pool hold (--kv-host-gb, --kv-disk-dir).",
+            registry=r,
         )
         self.kv_disk_loads = Counter(
             PREFIX + "kv_disk_loaded_blocks",
@@ -156,6 +159,20 @@ class ServerMetrics:
             PREFIX + "kv_disk_failed_loads",
             "Disk-tier loads whose file was missing or failed its checks (recomputed instead).",
             registry=r,
+        )
+        self.kv_host_loads = Counter(
+            PREFIX + "kv_host_loaded_blocks",
+            "KV blocks read back from the host-memory tier (--kv-host-gb) instead of recomputed.",
+            registry=r,
+        )
+        self.kv_tier_loaded_bytes = Counter(
+            PREFIX + "kv_tier_loaded_bytes",
+            "Bytes of KV read back into the pool from a tier below it, by vLLM's medium name (CPU, DISK).",
+            ["medium"],
+            registry=r,
+        )
+        self.kv_tier_stored_bytes = Counter(
+            PREFIX + "kv_tier_stored_bytes", "Bytes of KV written to the tiers below the pool.", registry=r
         )
         self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prompt tokens computed (prefill).", registry=r)
         self.generation_tokens = Counter(PREFIX + "generation_tokens", "Tokens generated.", registry=r)
@@ -256,9 +273,14 @@ class ServerMetrics:
             disk = stats.disk
             if disk is not None:
                 self.kv_disk_blocks.set(disk.blocks_on_disk)
-                self._advance(self.kv_disk_loads, "disk_loads", disk.loaded_blocks)
-                self._advance(self.kv_disk_stores, "disk_stores", disk.stored_blocks)
+                size = disk.block_bytes
+                disk_loads = self._advance(self.kv_disk_loads, "disk_loads", disk.loaded_blocks)
+                stores = self._advance(self.kv_disk_stores, "disk_stores", disk.stored_blocks)
                 self._advance(self.kv_disk_failed_loads, "disk_failed", disk.failed_loads)
+                host_loads = self._advance(self.kv_host_loads, "host_loads", disk.host_loaded_blocks)
+                self.kv_tier_loaded_bytes.labels(medium=MEDIUM_DISK).inc(disk_loads * size)
+                self.kv_tier_loaded_bytes.labels(medium=MEDIUM_CPU).inc(host_loads * size)
+                self.kv_tier_stored_bytes.inc(stores * size)
         self.stats_logger.observe_step(stats, prompt_tokens, generation_tokens)
 
     def observe_first_token(self, ttft_s: float) -> None:
@@ -303,7 +325,7 @@ class ServerMetrics:
 
     def _advance(self, counter: Counter, key: str, total: int) -> int:
         """Move a counter by the growth of a cumulative total (returned); a total that went down restarted at 0."""
-        last = self._seen[key]
+        last = self._seen.get(key, 0)
         delta = total - last if total >= last else total
         if delta > 0:
             counter.inc(delta)
