@@ -21,7 +21,16 @@ _STATS_LAYOUT: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("KV blocks", ("num_blocks", "blocks_free", "blocks_cached", "blocks_referenced", "kv_usage")),
     ("requests", ("requests_waiting", "requests_running", "requests_swapped", "num_preemptions", "num_swap_outs")),
     ("prefix cache", ("prefix_queried_tokens", "prefix_hit_tokens", "num_evicted_blocks")),
-    ("disk tier", ("kv_disk_blocks", "kv_disk_loaded_blocks", "kv_disk_stored_blocks", "kv_disk_failed_loads")),
+    (
+        "tiers below the pool",
+        (
+            "kv_disk_blocks",
+            "kv_disk_loaded_blocks",
+            "kv_host_loaded_blocks",
+            "kv_disk_stored_blocks",
+            "kv_disk_failed_loads",
+        ),
+    ),
     ("speculative decoding", ("draft_tokens_proposed", "draft_tokens_accepted", "draft_verify_steps")),
     ("executor", ("executor_state", "executor_restarts", "steps")),
 )

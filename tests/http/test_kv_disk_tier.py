@@ -77,6 +77,7 @@ def test_a_prefix_cached_before_a_full_restart_is_a_hit_after_it_with_the_same_t
             data = next(line for line in events.iter_lines() if line.startswith("data: "))
         shown_on_page = json.loads(data[len("data: ") :])["disk"]
         assert shown_on_page["blocks"] >= 6 and shown_on_page["loaded"] == stats.kv_disk_loaded_blocks
+        assert (shown_on_page["tiers"], shown_on_page["host_loaded"]) == ("DISK", 0)
         where = ["--port", str(warm.port)]
         shown = subprocess.run([*kvserve_argv(), "stats", *where], capture_output=True, text=True, timeout=60)
         assert shown.returncode == 0 and "kv_disk_loaded_blocks" in shown.stdout, shown.stdout + shown.stderr

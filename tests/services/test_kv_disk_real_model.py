@@ -82,4 +82,5 @@ def test_a_prefix_from_host_memory_gives_the_tokens_of_computing_it(tmp_path: Pa
         metrics = httpx.get(f"{server.http_url}/metrics", timeout=30).text
         host_loads = metric_total(server.http_url, "kvserve:kv_host_loaded_blocks_total")
         assert cached > 0 and host_loads >= len(QUESTIONS) * len(SAMPLINGS), metrics[-2000:]
+        assert server.stats().kv_host_loaded_blocks == host_loads, "`kvserve stats` counts them too"
         assert "Traceback" not in server.log_text()

@@ -164,3 +164,28 @@ def test_a_taken_port_is_a_config_error_naming_it(taken: str) -> None:
             KvEventPublisher(f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{replay_port}")
     finally:
         holder.close(linger=0)
+
+
+def test_blocks_below_the_pool_are_announced_under_their_medium_and_removed_when_the_tier_lets_go() -> None:
+    """With a host-memory tier of three blocks, a 3-block prompt's blocks are stored under `GPU` and again
+    under `CPU` with the same hashes; a second prompt's stores push the first's out of host memory, which
+    a `BlockRemoved` under `CPU` says, while the pool (`GPU`) still holds them."""
+    config = SchedulerConfig(num_blocks=32, block_size=4, max_model_len=64)
+    h = Harness(config, kv_host_gb=3 * 4 * 16 / 2**30)  # three blocks of the fake's 16-byte slots
+    recorder = KvEventRecorder(4)
+    h.scheduler.set_prefix_listener(recorder)
+    h.add("first", list(range(1, 14)), max_tokens=1, namespace="ns")
+    h.run()
+    events = msgpack.unpackb(ENCODER.encode(KVEventBatch(ts=1.0, events=recorder.take())))[1]
+    stored = {e["medium"]: e["block_hashes"] for e in events if e["type"] == "BlockStored"}
+    assert set(stored) == {"GPU", "CPU"} and len(stored["GPU"]) == 3 and stored["CPU"] == stored["GPU"], events
+    h.add("second", list(range(30, 43)), max_tokens=1, namespace="ns")
+    h.run()
+    h.add("third", [50], max_tokens=1, namespace="ns")  # a step after the evictions reports them
+    h.run()
+    events = msgpack.unpackb(ENCODER.encode(KVEventBatch(ts=2.0, events=recorder.take())))[1]
+    removed = [hash_ for e in events if e["type"] == "BlockRemoved" for hash_ in e["block_hashes"]]
+    assert set(stored["CPU"]) <= set(removed) and all(
+        e["medium"] == "CPU" for e in events if e["type"] == "BlockRemoved"
+    ), events
+    assert set(stored["GPU"]) <= recorder.cached_hashes(), "the pool still holds them"

@@ -31,11 +31,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from kvserve.protos.kv_events import MEDIUM_DISK, block_hash
+from kvserve.protos.kv_events import MEDIUM_CPU, MEDIUM_DISK, block_hash
 from kvserve.protos.step import StepPlan
 from kvserve.scheduler.core.block_pool import BlockPool
 from kvserve.scheduler.core.outputs import DiskTierStats
-from kvserve.scheduler.core.prefix_tree import PrefixNode, PrefixTree
+from kvserve.scheduler.core.prefix_tree import PrefixNode, PrefixTree, PrefixTreeListener
 from kvserve.scheduler.core.request import Request
 
 
@@ -75,6 +75,11 @@ class DiskTier:
         self.block_bytes = block_bytes
         self.on_disk: set[int] = set(keys)
         """The keys some tier below the pool holds (the disk's at the handshake, then every store)."""
+        self.medium = MEDIUM_DISK if MEDIUM_DISK in self.media else MEDIUM_CPU
+        """The medium the KV events name for the tiers' blocks: the disk's when there is one (every block
+        is written through to it), else host memory's."""
+        self.listener: PrefixTreeListener | None = None
+        """Told of the blocks the tiers gain and lose (the tree's listener: KV events)."""
         self._stores: list[tuple[int, int]] = []
         self._chains: list[LoadChain] = []
         self._loading: set[int] = set()
@@ -106,7 +111,10 @@ class DiskTier:
 
     def drop_keys(self, keys: Iterable[int]) -> None:
         """Keys no tier holds any more (`StepResult.dropped_keys`): no load of them is planned again."""
-        self.on_disk.difference_update(keys)
+        gone = [key for key in keys if key in self.on_disk]
+        self.on_disk.difference_update(gone)
+        if gone and self.listener is not None:
+            self.listener.dropped_below(gone, self.medium)
 
     def scope(self, namespace: str) -> str:
         return disk_scope(self.fingerprint, namespace)
@@ -129,6 +137,8 @@ class DiskTier:
             self.on_disk.add(key)
             self._stores.append((node.block, key))
             self.stored_blocks += 1
+            if self.listener is not None:
+                self.listener.stored_below(node, key, self.medium)
 
     @property
     def has_stores(self) -> bool:
@@ -196,7 +206,7 @@ class DiskTier:
                 self._loading.discard(key)
                 if broken or block in failed_blocks:
                     if not broken:
-                        self.on_disk.discard(key)
+                        self.drop_keys((key,))
                         self.failed_loads += 1
                     broken = True
                     continue
@@ -225,6 +235,6 @@ class DiskTier:
         (their blocks died with it, so their keys are not on disk after all)."""
         self._chains.clear()
         self._loading.clear()
-        self.on_disk.difference_update(key for _, key in self._stores)
+        self.drop_keys([key for _, key in self._stores])
         self.stored_blocks -= len(self._stores)
         self._stores.clear()

@@ -82,6 +82,12 @@ class PrefixTreeListener(Protocol):
     def cleared(self) -> None:
         """Everything is gone: the executor's KV was lost."""
 
+    def stored_below(self, node: PrefixNode, key: int, medium: str) -> None:
+        """`node`'s block was also stored in the tiers below the pool (`medium`) under `key`."""
+
+    def dropped_below(self, keys: list[int], medium: str) -> None:
+        """The tiers below the pool no longer hold `keys`."""
+
 
 class PrefixTree:
     """Block trie (one node per KV block, one root per namespace) with a token-granular last-block match.

@@ -192,8 +192,10 @@ class Scheduler:
         kv = self._state.kv
         old = kv.disk
         kv.disk = DiskTier(fingerprint, keys, kv.block_size, media, block_bytes) if fingerprint and kv.caching else None
-        if old is not None and kv.disk is not None:
-            kv.disk.carry_counters(old)
+        if kv.disk is not None:
+            kv.disk.listener = kv.tree.listener
+            if old is not None:
+                kv.disk.carry_counters(old)
 
     def reset_executor(self, num_blocks: int | None = None) -> list[SequenceOutput]:
         """The executor was replaced and its KV is gone: requeue every sequence for recompute.
@@ -244,6 +246,8 @@ class Scheduler:
     def set_prefix_listener(self, listener: PrefixTreeListener | None) -> None:
         """Hear every change to the prefix tree from now on, across executor resets too."""
         self._state.kv.tree.listener = listener
+        if self._state.kv.disk is not None:
+            self._state.kv.disk.listener = listener
 
     def view(self) -> SchedulerView:
         """A snapshot of the queues and requests, with the live pool and tree (O(sequences + requests))."""

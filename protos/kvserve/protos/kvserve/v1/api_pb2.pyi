@@ -344,7 +344,7 @@ class ServerStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServerStatsResponse(_message.Message):
-    __slots__ = ("num_blocks", "blocks_free", "blocks_cached", "blocks_referenced", "kv_usage", "requests_waiting", "requests_running", "requests_swapped", "prefix_queried_tokens", "prefix_hit_tokens", "num_preemptions", "executor_state", "executor_restarts", "steps", "num_swap_outs", "num_evicted_blocks", "draft_tokens_proposed", "draft_tokens_accepted", "draft_verify_steps", "kv_disk_blocks", "kv_disk_loaded_blocks", "kv_disk_stored_blocks", "kv_disk_failed_loads")
+    __slots__ = ("num_blocks", "blocks_free", "blocks_cached", "blocks_referenced", "kv_usage", "requests_waiting", "requests_running", "requests_swapped", "prefix_queried_tokens", "prefix_hit_tokens", "num_preemptions", "executor_state", "executor_restarts", "steps", "num_swap_outs", "num_evicted_blocks", "draft_tokens_proposed", "draft_tokens_accepted", "draft_verify_steps", "kv_disk_blocks", "kv_disk_loaded_blocks", "kv_disk_stored_blocks", "kv_disk_failed_loads", "kv_host_loaded_blocks")
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FREE_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_CACHED_FIELD_NUMBER: _ClassVar[int]
@@ -368,6 +368,7 @@ class ServerStatsResponse(_message.Message):
     KV_DISK_LOADED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     KV_DISK_STORED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     KV_DISK_FAILED_LOADS_FIELD_NUMBER: _ClassVar[int]
+    KV_HOST_LOADED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     num_blocks: int
     blocks_free: int
     blocks_cached: int
@@ -391,4 +392,5 @@ class ServerStatsResponse(_message.Message):
     kv_disk_loaded_blocks: int
     kv_disk_stored_blocks: int
     kv_disk_failed_loads: int
-    def __init__(self, num_blocks: _Optional[int] = ..., blocks_free: _Optional[int] = ..., blocks_cached: _Optional[int] = ..., blocks_referenced: _Optional[int] = ..., kv_usage: _Optional[float] = ..., requests_waiting: _Optional[int] = ..., requests_running: _Optional[int] = ..., requests_swapped: _Optional[int] = ..., prefix_queried_tokens: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., executor_state: _Optional[_Union[ExecutorState, str]] = ..., executor_restarts: _Optional[int] = ..., steps: _Optional[int] = ..., num_swap_outs: _Optional[int] = ..., num_evicted_blocks: _Optional[int] = ..., draft_tokens_proposed: _Optional[int] = ..., draft_tokens_accepted: _Optional[int] = ..., draft_verify_steps: _Optional[int] = ..., kv_disk_blocks: _Optional[int] = ..., kv_disk_loaded_blocks: _Optional[int] = ..., kv_disk_stored_blocks: _Optional[int] = ..., kv_disk_failed_loads: _Optional[int] = ...) -> None: ...
+    kv_host_loaded_blocks: int
+    def __init__(self, num_blocks: _Optional[int] = ..., blocks_free: _Optional[int] = ..., blocks_cached: _Optional[int] = ..., blocks_referenced: _Optional[int] = ..., kv_usage: _Optional[float] = ..., requests_waiting: _Optional[int] = ..., requests_running: _Optional[int] = ..., requests_swapped: _Optional[int] = ..., prefix_queried_tokens: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., executor_state: _Optional[_Union[ExecutorState, str]] = ..., executor_restarts: _Optional[int] = ..., steps: _Optional[int] = ..., num_swap_outs: _Optional[int] = ..., num_evicted_blocks: _Optional[int] = ..., draft_tokens_proposed: _Optional[int] = ..., draft_tokens_accepted: _Optional[int] = ..., draft_verify_steps: _Optional[int] = ..., kv_disk_blocks: _Optional[int] = ..., kv_disk_loaded_blocks: _Optional[int] = ..., kv_disk_stored_blocks: _Optional[int] = ..., kv_disk_failed_loads: _Optional[int] = ..., kv_host_loaded_blocks: _Optional[int] = ...) -> None: ...

@@ -155,8 +155,8 @@ def _pool(view: SchedulerView, seqs: Iterable[Sequence], owners: NamespaceOwners
     }
 
 
-def _disk(view: SchedulerView) -> dict[str, int] | None:
-    """The prefix cache's disk tier in totals (None without one): a pool-wide figure, like `num_blocks`."""
+def _disk(view: SchedulerView) -> dict[str, int | str] | None:
+    """The prefix cache's tiers below the pool in totals (None without): a pool-wide figure, like `num_blocks`."""
     disk = view.disk
     if disk is None:
         return None
@@ -165,6 +165,8 @@ def _disk(view: SchedulerView) -> dict[str, int] | None:
         "loaded": disk.loaded_blocks,
         "stored": disk.stored_blocks,
         "failed": disk.failed_loads,
+        "host_loaded": disk.host_loaded_blocks,
+        "tiers": "+".join(disk.media),
     }
 
 

@@ -236,6 +236,7 @@ class KVServeServicer(api_pb2_grpc.KVServeServicer):
             kv_disk_loaded_blocks=disk.loaded_blocks,
             kv_disk_stored_blocks=disk.stored_blocks,
             kv_disk_failed_loads=disk.failed_loads,
+            kv_host_loaded_blocks=disk.host_loaded_blocks,
             num_blocks=s.num_blocks,
             blocks_free=s.blocks_free,
             blocks_cached=s.blocks_cached,

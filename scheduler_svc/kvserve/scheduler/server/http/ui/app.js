@@ -363,8 +363,12 @@ function renderPool(pool, disk) {
   updateCells($('pool-grid'), states.length, (i) => `cell ${states[i]}`, titleOf);
   renderLegend(states);
   const perCell = pool.blocks_per_cell > 1 ? ` · ${pool.blocks_per_cell} blocks per cell` : '';
-  // The disk tier (--kv-disk-dir) below the pool: what it holds and what it gave back instead of a prefill.
-  const onDisk = disk ? ` · disk tier ${disk.blocks} blocks, ${disk.loaded} loaded back` : '';
+  // The tiers below the pool (--kv-host-gb, --kv-disk-dir): what they hold and gave back instead of a prefill.
+  const onDisk = disk
+    ? ` · ${disk.tiers === 'DISK' ? 'disk tier' : disk.tiers === 'CPU' ? 'host tier' : 'host and disk tiers'}`
+      + ` ${disk.blocks} blocks, ${disk.loaded + disk.host_loaded} loaded back`
+      + (disk.host_loaded ? ` (${disk.host_loaded} from memory)` : '')
+    : '';
   setText($('pool-summary'), `${pool.num_blocks} blocks × ${pool.block_size} tokens${perCell}${onDisk}`);
 }
 
