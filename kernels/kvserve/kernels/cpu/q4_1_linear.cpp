@@ -37,13 +37,22 @@ struct Q4_1Format {
   int64_t k, groups;
 
 #ifdef KVSERVE_VEC8_AVX2
-  // The 16-bit partial sums hold a group's eight multiply-adds: at most 8 · 2 · 15 · 127 < 2^15.
+#ifdef KVSERVE_VNNI
+  static __m256i add_products(__m256i partial, __m256i u8, __m256i s8) { return dot_add(partial, u8, s8); }
+  static __m256i group_sums(__m256i partial) { return partial; }
+#else
+  // AVX2 keeps 16-bit partial sums over a group's eight multiply-adds (at most 8 · 2 · 15 · 127 < 2^15)
+  // and widens them once, at the group's end.
+  static __m256i add_products(__m256i partial, __m256i u8, __m256i s8) {
+    return _mm256_add_epi16(partial, _mm256_maddubs_epi16(u8, s8));
+  }
+  static __m256i group_sums(__m256i partial) { return _mm256_madd_epi16(partial, _mm256_set1_epi16(1)); }
+#endif
   template <int MR>
   void tile(const Activations& x, int64_t b, int64_t row, float* out, int64_t out_stride) const {
     const uint8_t* block_codes = codes + b * (k / 8) * kUnitBytes;
     const float* block_scales = scales + b * groups * 2 * kLanes;
     const __m256i nibble = _mm256_set1_epi8(0x0f);
-    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[MR];
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
@@ -63,8 +72,8 @@ struct Q4_1Format {
           int32_t first, second;
           std::memcpy(&first, q, 4);
           std::memcpy(&second, q + 4, 4);
-          partial[r] = _mm256_add_epi16(partial[r], _mm256_maddubs_epi16(low, _mm256_set1_epi32(first)));
-          partial[r] = _mm256_add_epi16(partial[r], _mm256_maddubs_epi16(high, _mm256_set1_epi32(second)));
+          partial[r] = add_products(partial[r], low, _mm256_set1_epi32(first));
+          partial[r] = add_products(partial[r], high, _mm256_set1_epi32(second));
         }
       }
       const __m256 d = _mm256_loadu_ps(block_scales + g * 2 * kLanes);
@@ -72,7 +81,7 @@ struct Q4_1Format {
 #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) {
         const int64_t xg = (row + r) * groups + g;
-        const __m256 sum = _mm256_cvtepi32_ps(_mm256_madd_epi16(partial[r], ones));
+        const __m256 sum = _mm256_cvtepi32_ps(group_sums(partial[r]));
         acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x.scales[xg])), sum, acc[r]);
         acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(x.sums[xg]), acc[r]);
       }

@@ -37,13 +37,12 @@ struct Q8Format {
   int64_t k, groups;
 
 #ifdef KVSERVE_VEC8_AVX2
-  // An 8-bit multiply-add takes one unsigned operand: |w| against qx carrying w's sign. Each of its
-  // 16-bit pair sums (at most 2 · 127 · 127) is widened to 32 bits at once: two would overflow.
+  // An 8-bit multiply-add takes one unsigned operand: |w| against qx carrying w's sign. On AVX2 each of
+  // its 16-bit pair sums (at most 2 · 128 · 127) is widened to 32 bits at once (`dot_add`): two would overflow.
   template <int MR>
   void tile(const Activations& x, int64_t b, int64_t row, float* out, int64_t out_stride) const {
     const int8_t* block_codes = codes + b * (k / 4) * kUnitBytes;
     const float* block_scales = scales + b * groups * kLanes;
-    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[MR];
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
@@ -60,8 +59,7 @@ struct Q8Format {
         for (int r = 0; r < MR; ++r) {
           int32_t four;
           std::memcpy(&four, x.codes + (row + r) * k + g * kActGroup + unit * 4, 4);
-          const __m256i signed_x = _mm256_sign_epi8(_mm256_set1_epi32(four), w);
-          sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, signed_x), ones));
+          sum[r] = dot_add(sum[r], magnitude, _mm256_sign_epi8(_mm256_set1_epi32(four), w));
         }
       }
       const __m256 d = _mm256_loadu_ps(block_scales + g * kLanes);
