@@ -30,7 +30,7 @@ from collections.abc import Iterator
 import pytest
 
 from kvserve.executor.cpu_features import has_native_bf16
-from kvserve.executor.runner_config import RunnerConfig, resolve_dtype, resolve_weights
+from kvserve.executor.runner_config import RunnerConfig, resolve_weights
 from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from kvserve.testing.server_launcher import ServeProcess, serving
 
@@ -52,7 +52,7 @@ BASE = ["--executor", "torch", "--kv-cache-gb", "0.25"]
 TINY_POOL = ["--executor", "torch", "--kv-cache-gb", "0.012"]
 """17 blocks of fp32 KV (34 of bfloat16) for 16 requests of ~5 blocks each: preemption throughout."""
 
-AUTO_WEIGHTS = resolve_weights(RunnerConfig(), "cpu", resolve_dtype(RunnerConfig(), "cpu"))
+AUTO_WEIGHTS = resolve_weights(RunnerConfig(), "cpu")
 """What auto serves the default model (a Q4_1 GGUF) with here; the other kind of weights runs as well."""
 CONFIGS = {"auto": []}
 if AUTO_WEIGHTS == "native":

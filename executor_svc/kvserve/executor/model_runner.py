@@ -43,6 +43,7 @@ from kvserve.executor.model.llama import LlamaModel
 from kvserve.executor.model_config import load_model_config
 from kvserve.executor.process_memory import MIB, release_freed_heap, resident_bytes
 from kvserve.executor.runner_config import (
+    NATIVE_WHY,
     RunnerConfig,
     compile_buckets,
     resolve_attention_backend,
@@ -108,12 +109,13 @@ class ModelRunner:
         self.max_model_len = self._max_model_len()
         self.vocab_rows = self.layout.vocab_shard if self.layout.sharded else self.model_config.vocab_size
         self.probes = probe_cache() if self.invariant else None
-        self.dtype_name, why = self._resolve_dtype()
-        self.dtype = getattr(torch, self.dtype_name)
-        self.weights_mode = resolve_weights(config, self.device, self.dtype_name, size)
+        gguf = model_store.resolve_source(config.model).gguf_file is not None
+        self.weights_mode = resolve_weights(config, self.device, size, gguf)
         native = self._native_linears() if self.weights_mode == "native" else None
         if native is None:
             self.weights_mode = "dequantized"  # auto, and the model has no Q4_1 layers to serve
+        self.dtype_name, why = self._resolve_dtype()
+        self.dtype = getattr(torch, self.dtype_name)
         compiled = resolve_compile(config, self.device, self.weights_mode, self.backend_name, size)
         buckets = compile_buckets(config) if compiled else ()
         if self.invariant or self.backend_name == "cpu" or self.weights_mode == "native":
@@ -373,9 +375,11 @@ class ModelRunner:
     def _resolve_dtype(self) -> tuple[str, str]:
         """The dtype, and why `auto` chose it: the fastest that passes the quality bar on this device
         (docs/benchmarks.md) and, by default, computes every row alike in every batch."""
-        dtype = resolve_dtype(self.config, self.device)
+        dtype = resolve_dtype(self.config, self.device, self.weights_mode)
         if self.config.dtype != "auto":
             return dtype, "asked for"
+        if self.weights_mode == "native" and self.config.weights == "auto":
+            return dtype, NATIVE_WHY
         why = "the fastest that passes the quality bar on this device (docs/benchmarks.md)"
         if dtype != "bfloat16" or self.probes is None:
             return dtype, why

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from kvserve.config import defaults
 from kvserve.config.flags import flag
 from kvserve.executor.config_error import ExecutorConfigError
-from kvserve.executor.cpu_features import has_avx512, has_native_bf16
+from kvserve.executor.cpu_features import has_native_bf16
 
 DTYPES = ("float32", "bfloat16", "float16")
 """What --dtype and --kv-cache-dtype take besides auto."""
@@ -227,13 +227,14 @@ def resolve_num_threads(config: RunnerConfig, ranks_on_host: int = 1, weights: s
     return max(1, usable // ranks_on_host)
 
 
-def resolve_dtype(config: RunnerConfig, device: str) -> str:
-    """auto: bfloat16 where the hardware multiplies it natively, which passes the quality bar
-    (`kvserve bench quality`: perplexity within 0.1% of fp32); float32 elsewhere, where a
-    bfloat16 GEMM is emulated and slower than fp32, and around --weights native."""
+def resolve_dtype(config: RunnerConfig, device: str, weights: str) -> str:
+    """auto: float32 around native weights (`weights`, as `resolve_weights` chose them); else
+    bfloat16 where the hardware multiplies it natively, which passes the quality bar (`kvserve bench
+    quality`: perplexity within 0.1% of fp32), and float32 where a bfloat16 GEMM is emulated and
+    slower than fp32."""
     check_choice("dtype", config.dtype, DTYPES)
     if config.dtype == "auto":
-        if config.weights == "native":
+        if weights == "native":
             return "float32"
         if device.startswith("cuda"):
             return "bfloat16"
@@ -262,28 +263,35 @@ def resolve_kv_cache_dtype(config: RunnerConfig, dtype: str, attention_backend: 
     return config.kv_cache_dtype
 
 
-def resolve_weights(config: RunnerConfig, device: str, dtype: str, ranks: int = 1) -> str:
-    """dequantized or native; native needs the cpu, float32 between its layers, and a GGUF source.
+NATIVE_WHY = (
+    "kvserve's Q4_1 kernels (8-bit activations, VNNI where the CPU has it) beat the dequantized weights on "
+    "every CPU kind measured (docs/benchmarks.md)"
+)
+"""The reason the `chose dtype and weights` line gives for auto's native weights."""
 
-    auto is native where it was measured to win at every batch size: on the cpu, with float32 that
-    --dtype auto chose, on a CPU without AVX-512, on one rank (tensor parallelism: not measured). The
-    runner then serves dequantized weights after all when the model has no Q4_1 layers to serve
-    (`NativeWeightsUnavailable`: not a GGUF, another format, q/k/v biases). On a 2-core AVX2 EPYC
-    kvserve's Q4_1 kernel (8-bit activations, llama.cpp's arithmetic) decoded 3.0x faster than the
-    dequantized float32 path at batch 1, 2.2x at 8, 1.6x at 64 and prefilled 1.7x faster, at +0.09%
-    perplexity (docs/benchmarks.md, "8-bit activations").
-    Elsewhere auto is dequantized: an explicit --dtype float32 keeps the path checked token for token
-    against transformers, and AVX-512 gives oneDNN's float32 GEMMs twice the lanes of kvserve's
-    kernels (on an AMX Xeon native lost 2.2x at batch 64 to bfloat16 on torch's int4 kernel; kvserve's
-    own was not measured there)."""
+
+def resolve_weights(config: RunnerConfig, device: str, ranks: int = 1, gguf: bool = True) -> str:
+    """dequantized or native; native needs the cpu, float32 between its layers, and a GGUF source (`gguf`).
+
+    auto is native on the cpu with --dtype auto, on one rank (tensor parallelism: not measured), for a
+    GGUF; the runner then serves dequantized weights after all when it has no Q4_1 layers to serve
+    (`NativeWeightsUnavailable`: another format, q/k/v biases). Measured per CPU kind, native against
+    the dequantized path auto chose before (docs/benchmarks.md, in one run each):
+    - 2-core AVX2 EPYC (Zen 3), against float32: 3.0x at decode batch 1, 2.2x at 8, 1.6x at 64, 1.7x
+      at prefill, at +0.09% perplexity;
+    - 2-core Zen 4 EPYC (AVX-512, VNNI), against bfloat16: 4.9x at batch 1, 3.0x at 8, 2.0x at 32,
+      1.8x at 64, 1.4x at prefill (the VNNI tiles);
+    - 2-core AMX Xeon, against bfloat16 (before the VNNI tiles): 3.2x at batch 1, 2.4x at 8, one
+      stream served 4.3x; it lost at 64 (0.65x) and prefill (0.5x), where it still beat llama.cpp.
+    An explicit --dtype float32 keeps the dequantized path checked token for token against transformers."""
     check_choice("weights", config.weights, WEIGHTS)
     if config.weights == "auto":
-        pays = device == "cpu" and dtype == "float32" and config.dtype == "auto" and not has_avx512()
-        return "native" if pays and ranks == 1 else "dequantized"
+        pays = device == "cpu" and config.dtype == "auto" and ranks == 1 and gguf
+        return "native" if pays else "dequantized"
     if config.weights != "native":
         return "dequantized"
-    if device != "cpu" or dtype != "float32":
-        raise ExecutorConfigError(f"--weights native runs on cpu with --dtype float32, not {device} / {dtype}")
+    if device != "cpu" or config.dtype not in ("auto", "float32"):
+        raise ExecutorConfigError(f"--weights native runs on cpu with --dtype float32, not {device} / {config.dtype}")
     return "native"
 
 
