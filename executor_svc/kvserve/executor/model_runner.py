@@ -32,7 +32,7 @@ from kvserve.executor.kv_cache_budget import blocks_for_bytes, device_kv_budget_
 from kvserve.executor.kv_tier.disk_store import DiskBlockStore
 from kvserve.executor.kv_tier.host_store import HostBlockStore
 from kvserve.executor.kv_tier.paged_tier import PagedBlocks, kv_fingerprint, weights_digest
-from kvserve.executor.kv_tier.plan_blocks import BlockTiers, run_tier_ops
+from kvserve.executor.kv_tier.plan_blocks import BlockTiers, start_tier_ops
 from kvserve.executor.lora.adapter_set import TENSOR_PARALLEL_REFUSAL, load_adapter_set
 from kvserve.executor.lora.adapter_spec import AdapterSpec
 from kvserve.executor.lora.step_deltas import LoraStep
@@ -67,7 +67,7 @@ from kvserve.executor.weights.loader import load_weights, weight_files
 from kvserve.executor.weights.q4_1_linear import Q4_1Linear
 from kvserve.kernels import cpu_ops
 from kvserve.protos.kv_geometry import GIB
-from kvserve.protos.step import ExecutorInfo, StepPlan, StepResult
+from kvserve.protos.step import ExecutorInfo, SampledToken, StepPlan, StepResult
 
 log = structlog.get_logger(__name__)
 
@@ -243,7 +243,24 @@ class ModelRunner:
     def execute(self, plan: StepPlan) -> StepResult:
         started = time.perf_counter()
         self.loras.check_plan(plan.new_seqs)
-        tier_ops = run_tier_ops(plan, self.tiers, self.tier_blocks)
+        # Loads fill fresh blocks beside the forward pass (nothing in this step reads them).
+        finish_tier_ops = start_tier_ops(plan, self.tiers, self.tier_blocks)
+        try:
+            outputs, proposals = self._run_step(plan)
+        finally:
+            tier_ops = finish_tier_ops()
+        return StepResult(
+            step_id=plan.step_id,
+            outputs=outputs,
+            execute_time_s=time.perf_counter() - started,
+            proposals=proposals,
+            failed_load_blocks=tier_ops.failed,
+            disk_load_blocks=tier_ops.from_disk,
+            dropped_keys=tier_ops.dropped,
+        )
+
+    def _run_step(self, plan: StepPlan) -> tuple[list[SampledToken], list[tuple[int, list[int]]]]:
+        """The plan's block ops and forward pass: the sampled tokens and the draft model's proposals."""
         self.seqs.drop(plan.drop_seq_ids)
         self.seqs.trim(plan.trims)
         self.cache.swap_out(plan.swap_out)
@@ -260,7 +277,7 @@ class ModelRunner:
             state = self.seqs.update(cached)
             if state.num_scheduled_tokens > 0:
                 scheduled.append(state)
-        outputs = []
+        outputs: list[SampledToken] = []
         proposals: list[tuple[int, list[int]]] = []
         if scheduled:
             with torch.inference_mode():
@@ -287,15 +304,7 @@ class ModelRunner:
                         proposals = self.draft.propose(scheduled, outputs, plan.draft_requests, self.backend)
             if self.device == "cpu" and batch.num_tokens >= TRIM_AFTER_TOKENS:
                 release_freed_heap()
-        return StepResult(
-            step_id=plan.step_id,
-            outputs=outputs,
-            execute_time_s=time.perf_counter() - started,
-            proposals=proposals,
-            failed_load_blocks=tier_ops.failed,
-            disk_load_blocks=tier_ops.from_disk,
-            dropped_keys=tier_ops.dropped,
-        )
+        return outputs, proposals
 
     def reset(self) -> None:
         self.seqs.clear()

@@ -9,10 +9,17 @@ The tiers: host memory (`--kv-host-gb`) over disk (`--kv-disk-dir`), either or b
 to both (write-through: the disk keeps what host memory lets go of, across restarts too); a load
 reads host memory first, then the disk, and a block read from the disk is held in host memory
 again. Keys no tier holds any more go back to the scheduler (`StepResult.dropped_keys`).
+
+Loads may overlap the step's compute (`start_tier_ops`): a loaded block is a fresh one that nothing
+in its step reads or writes (its request waits for the step's result), so one thread fills it while
+the forward pass runs, and the result waits for both. File reads, checksums and tensor copies
+release the GIL.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -54,6 +61,7 @@ class BlockTiers:
             raise ValueError("BlockTiers needs a host-memory tier, a disk tier or both")
         self.host = host
         self.disk = disk
+        self._loader: ThreadPoolExecutor | None = None
 
     def media(self) -> list[str]:
         """The tiers, by vLLM's KV-event medium names, fastest first."""
@@ -61,6 +69,8 @@ class BlockTiers:
 
     def close(self) -> None:
         """Let the disk's queued writes finish (host memory dies with the process)."""
+        if self._loader is not None:
+            self._loader.shutdown(wait=True)
         if self.disk is not None:
             self.disk.close()
 
@@ -68,9 +78,17 @@ class BlockTiers:
         """The keys held at start (the handshake's `kv_disk_keys`): host memory starts empty."""
         return self.disk.keys() if self.disk is not None else []
 
-    def run(self, plan: StepPlan, blocks: BlockBytes) -> TierOps:
-        """The plan's stores, then its loads."""
-        ops = TierOps()
+    def start(self, plan: StepPlan, blocks: BlockBytes) -> Callable[[], TierOps]:
+        """The plan's stores now, its loads on the loader thread; call the result to wait for them."""
+        self.store(plan, blocks)
+        if not plan.load_blocks:
+            return lambda: self.load(plan, blocks)
+        if self._loader is None:
+            self._loader = ThreadPoolExecutor(1, thread_name_prefix="kv-tier-loads")
+        return self._loader.submit(self.load, plan, blocks).result
+
+    def store(self, plan: StepPlan, blocks: BlockBytes) -> None:
+        """The plan's stores, into every tier."""
         host, disk = self.host, self.disk
         for block, key in plan.store_blocks:
             payload = blocks.block_bytes(block)
@@ -78,6 +96,11 @@ class BlockTiers:
                 host.put(key, payload)
             if disk is not None:
                 disk.put(key, payload)
+
+    def load(self, plan: StepPlan, blocks: BlockBytes) -> TierOps:
+        """The plan's loads, host memory first; and the keys let go of since the last plan."""
+        ops = TierOps()
+        host, disk = self.host, self.disk
         for block, key in plan.load_blocks:
             loaded = host.get(key) if host is not None else None
             from_disk = loaded is None and disk is not None
@@ -104,8 +127,14 @@ class BlockTiers:
 
 def run_tier_ops(plan: StepPlan, tiers: BlockTiers | None, blocks: BlockBytes) -> TierOps:
     """The plan's tier ops; PlanError when it has some and the executor has no tier."""
+    return start_tier_ops(plan, tiers, blocks)()
+
+
+def start_tier_ops(plan: StepPlan, tiers: BlockTiers | None, blocks: BlockBytes) -> Callable[[], TierOps]:
+    """The plan's stores now and its loads beside the caller's compute (`BlockTiers.start`); call the result
+    for what they did. PlanError when the plan has tier ops and the executor no tier."""
     if not (plan.store_blocks or plan.load_blocks):
-        return TierOps(dropped=tiers.take_dropped() if tiers is not None else [])
+        return lambda: TierOps(dropped=tiers.take_dropped() if tiers is not None else [])
     if tiers is None:
         raise PlanError(f"step {plan.step_id}: KV tier block ops, but this executor has no tier below its pool")
-    return tiers.run(plan, blocks)
+    return tiers.start(plan, blocks)
