@@ -1,8 +1,7 @@
 """The same request gives the same tokens however it is served: the invariance matrix, on the real model.
 
-For each configuration `--dtype auto --weights auto` can pick on this machine, plus the other kind
-of weights (native Q4_1 where auto serves dequantized ones, and the reverse) and, on a CPU without
-native bfloat16, whose `auto` never picks it, a forced bfloat16: 16 requests (8 chat prompts, each
+For what `--dtype auto --weights auto` picks (native Q4_1 weights on every CPU), the dequantized
+weights (bfloat16 where the CPU has it) and, on a CPU without native bfloat16, a forced bfloat16: 16 requests (8 chat prompts, each
 greedy and seeded-sampled) go through real `kvserve serve` processes, and every way of serving them
 must give the tokens of the first:
 
@@ -30,7 +29,7 @@ from collections.abc import Iterator
 import pytest
 
 from kvserve.executor.cpu_features import has_native_bf16
-from kvserve.executor.runner_config import RunnerConfig, resolve_weights
+from kvserve.executor.runner_config import NATIVE_WHY
 from kvserve.protos.kvserve.v1 import api_pb2, api_pb2_grpc
 from kvserve.testing.server_launcher import ServeProcess, serving
 
@@ -52,13 +51,8 @@ BASE = ["--executor", "torch", "--kv-cache-gb", "0.25"]
 TINY_POOL = ["--executor", "torch", "--kv-cache-gb", "0.012"]
 """17 blocks of fp32 KV (34 of bfloat16) for 16 requests of ~5 blocks each: preemption throughout."""
 
-AUTO_WEIGHTS = resolve_weights(RunnerConfig(), "cpu")
-"""What auto serves the default model (a Q4_1 GGUF) with here; the other kind of weights runs as well."""
-CONFIGS = {"auto": []}
-if AUTO_WEIGHTS == "native":
-    CONFIGS["dequantized"] = ["--weights", "dequantized"]
-else:
-    CONFIGS["native-int4"] = ["--weights", "native"]
+CONFIGS = {"auto": [], "dequantized": ["--weights", "dequantized"]}
+"""auto serves the default model (a Q4_1 GGUF) natively on every CPU; the dequantized weights run as well."""
 if not has_native_bf16():
     CONFIGS["forced-bfloat16"] = ["--dtype", "bfloat16"]
 
@@ -129,8 +123,11 @@ def config(request) -> Iterator[tuple[str, list[str], list[list[int]]]]:
     with serving(BASE + extra, name=f"reference-{name}") as server:
         ready = _chosen(server)
         if name == "auto":
-            # On a CPU with native bf16, auto picks bf16 where its GEMMs probe batch-invariant at an
-            # affordable padding, and says why it fell back to fp32 where not (AMX's bf16 kernels).
+            (chose,) = server.log_events("chose dtype and weights")
+            assert (ready["weights"], ready["dtype"], chose["why"]) == ("native", "float32", NATIVE_WHY), chose
+        if name == "dequantized":
+            # On a CPU with native bf16, auto's dtype is bf16 where its GEMMs probe batch-invariant at an
+            # affordable padding, and it says why it fell back to fp32 where not (AMX's bf16 kernels).
             (chose,) = server.log_events("chose dtype and weights")
             if not has_native_bf16():
                 assert ready["dtype"] == "float32", chose
@@ -138,12 +135,9 @@ def config(request) -> Iterator[tuple[str, list[str], list[list[int]]]]:
                 assert "batch-invariant on this CPU only from" in chose["why"], chose
             else:
                 assert ready["dtype"] == "bfloat16" and "batch-invariant from" in chose["why"], chose
-            assert ready["weights"] == AUTO_WEIGHTS, (ready, chose)
         assert ready["attention"] == "cpu", ready
         # the native path stores K/V in bfloat16 (runner_config.resolve_kv_cache_dtype), the others in --dtype
         assert ready["kv_cache_dtype"] == ("bfloat16" if ready["weights"] == "native" else ready["dtype"]), ready
-        if name == "native-int4":
-            assert ready["weights"] == "native", ready  # the int4 kernels, through `kvserve serve`
         if name == "dequantized":
             assert ready["weights"] == "dequantized", ready
         reference = _alone(server)
