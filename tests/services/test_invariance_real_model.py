@@ -1,9 +1,9 @@
 """The same request gives the same tokens however it is served: the invariance matrix, on the real model.
 
 For what `--dtype auto --weights auto` picks (native Q4_1 weights on every CPU), the dequantized
-weights (bfloat16 where the CPU has it) and, on a CPU without native bfloat16, a forced bfloat16: 16 requests (8 chat prompts, each
-greedy and seeded-sampled) go through real `kvserve serve` processes, and every way of serving them
-must give the tokens of the first:
+weights (bfloat16 where the CPU has it) and, on a CPU without native bfloat16, a forced bfloat16:
+16 requests (8 chat prompts, each greedy and seeded-sampled) go through real `kvserve serve`
+processes, and every way of serving them must give the tokens of the first:
 
 - alone, one after another (greedy prompts cold; each seeded twin finds its prompt cached);
 - alone again, every prompt now fully cached;
