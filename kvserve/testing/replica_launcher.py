@@ -84,8 +84,12 @@ class ReplicaSetProcess:
         """Each replica's running + waiting requests, from its own /get_load."""
         return [self.get_json(url + "/get_load")["load"] for url in self.replica_urls]
 
-    def log_tail(self, chars: int = 4000) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:]
+    def log_tail(self, chars: int = 4000, plain_lines: int = 30) -> str:
+        """The log's last `chars`, after its last `plain_lines` lines that are not JSON: the router's own
+        output and any crash report, which the replicas' JSON lines would push out of a tail."""
+        text = self.log_path.read_text(errors="replace")
+        plain = [line for line in text.splitlines() if not line.startswith("{")][-plain_lines:]
+        return "lines that are not JSON:\n" + "\n".join(plain) + "\n--- the log's tail:\n" + text[-chars:]
 
     def _log(self) -> list[dict]:
         """The JSON log lines of every process in the set (the router's own lines are not JSON)."""
