@@ -1,9 +1,9 @@
 """LoRA on the native path (`--weights native`, the default model's Q4_1 layers): batch invariance kept.
 
-A step with a row under an adapter cannot run the fused C++ decoder layers (`NativeLayers.run`)
-and takes the op-by-op layers with the same kernels, the delta added in float32 to the Q4_1
-product. Every row must get the logits it gets alone: the base model's rows, which alone run
-fused, and the adapters' rows, whatever shares their step.
+A step with rows under adapters runs the fused C++ decoder layers (`NativeLayers.run`) too, each
+layer adding the deltas in float32 to its Q4_1 products (`KernelLoraStep.layer_lora`). Every row
+must get the logits it gets alone: the base model's rows and the adapters' rows, whatever shares
+their step.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ import os
 import platform
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -191,6 +192,27 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.ops.kvserve_cpu.rms_norm(x, weight, eps)
 
 
+@dataclass(frozen=True, slots=True)
+class LayerLora:
+    """A decoder layer's LoRA deltas as `decoder_layer` adds them: `lora_add`'s operands for each source
+    of adapters (a stack of slots, or an adapter running from tensors of its own).
+
+    Per source: its rows' slots (`row_slots`, -1 for a row not its own) and its slots' `scaling`. Per
+    product p (qkv, o_proj, gate_up, down; `PRODUCTS`) and source s, at p * sources + s: `a`, `b`,
+    `ranks` and `columns` (int64) as `lora_add` takes them, an empty `a` where the source has no matrix
+    for p and an empty `ranks` for None."""
+
+    row_slots: list[torch.Tensor]
+    scaling: list[torch.Tensor]
+    a: list[torch.Tensor]
+    b: list[torch.Tensor]
+    ranks: list[torch.Tensor]
+    columns: list[torch.Tensor]
+
+    PRODUCTS = ("qkv", "o_proj", "gate_up", "down")
+    """The fused products of a layer, in the order of its lists."""
+
+
 def decoder_layer(
     x: torch.Tensor,
     norms: tuple[torch.Tensor, torch.Tensor],
@@ -200,6 +222,7 @@ def decoder_layer(
     heads: tuple[int, int],
     caches: tuple[torch.Tensor, torch.Tensor],
     attention: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float],
+    lora: LayerLora | None = None,
 ) -> None:
     """One native decoder layer on float32 `x` [tokens, hidden], in place: `rms_norm` (input norm), the
     Q4_1 qkv product, rotate-half RoPE of q and k, `store_kv`, `paged_attention`, the o_proj product
@@ -208,13 +231,15 @@ def decoder_layer(
     `matrices`: the qkv, o_proj, gate_up and down codes, scales and out_features (`q4_1_linear`'s
     layout); `rotary`: int64 positions and the float32 cos and sign-folded sin tables [positions,
     head_dim]; `heads`: (num_heads, num_kv_heads); `attention`: slot_mapping, block_tables,
-    query_start_loc, seq_lens and the softmax scale, as `store_kv` and `paged_attention` take them."""
+    query_start_loc, seq_lens and the softmax scale, as `store_kv` and `paged_attention` take them;
+    `lora`: the deltas added to each product for the rows under adapters, as `lora_add` adds them."""
     codes, scales, out_features = matrices
     positions, cos, sin_signed = rotary
     slot_mapping, block_tables, query_start_loc, seq_lens, scale = attention
+    deltas = ([],) * 6 if lora is None else (lora.row_slots, lora.scaling, lora.a, lora.b, lora.ranks, lora.columns)
     torch.ops.kvserve_cpu.decoder_layer(
         x, norms[0], norms[1], eps, codes, scales, out_features, positions, cos, sin_signed, heads[0], heads[1],
-        caches[0], caches[1], slot_mapping, block_tables, query_start_loc, seq_lens, scale,
+        caches[0], caches[1], slot_mapping, block_tables, query_start_loc, seq_lens, scale, *deltas,
     )  # fmt: skip
 
 

@@ -30,6 +30,7 @@ several batch sizes and thread counts).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -129,13 +130,43 @@ class KernelLoraStep:
         """Per source, each row's slot there (-1: not its row), for the step's `x.shape[0]` rows."""
 
     def add(self, layer: int, fused: str, x: torch.Tensor, out: torch.Tensor) -> None:
-        if not self._row_slots or self._row_slots[0].shape[0] != x.shape[0]:
-            self._row_slots = [_slot_ids(source.slot_of_row, x.shape[0]) for source in self.sources]
-        for source, row_slots in zip(self.sources, self._row_slots, strict=True):
+        for source, row_slots in zip(self.sources, self._slots_of_rows(x.shape[0]), strict=True):
             operands = source.operands(layer, fused)
             if operands is not None:
                 a, b, ranks, columns = operands
                 cpu_ops.lora_add(x, row_slots, a, b, ranks, columns, source.scaling, out)
+
+    def layer_lora(self, layer: int, rows: int) -> cpu_ops.LayerLora:
+        """Layer `layer`'s deltas for the fused decoder layer (`cpu_ops.decoder_layer`) over `rows` rows:
+        the same `lora_add` calls `add` makes, in the same order, so the same bits."""
+        lists: tuple[list[torch.Tensor], ...] = ([], [], [], [])
+        for fused in cpu_ops.LayerLora.PRODUCTS:
+            for source in self.sources:
+                operands = source.operands(layer, fused)
+                if operands is None:
+                    entries = (_NONE, _NONE, _NONE, _NONE)
+                else:
+                    a, b, ranks, columns = operands
+                    entries = (a, b, _NONE if ranks is None else ranks, _columns_tensor(tuple(columns)))
+                for column, entry in zip(lists, entries, strict=True):
+                    column.append(entry)
+        scaling = [source.scaling for source in self.sources]
+        return cpu_ops.LayerLora(self._slots_of_rows(rows), scaling, *lists)
+
+    def _slots_of_rows(self, rows: int) -> list[torch.Tensor]:
+        if not self._row_slots or self._row_slots[0].shape[0] != rows:
+            self._row_slots = [_slot_ids(source.slot_of_row, rows) for source in self.sources]
+        return self._row_slots
+
+
+_NONE = torch.empty(0)
+"""An absent operand of `cpu_ops.LayerLora` (no matrix, or ranks None)."""
+
+
+@functools.cache
+def _columns_tensor(columns: tuple[int, ...]) -> torch.Tensor:
+    """A product's column boundaries as the int64 tensor `cpu_ops.LayerLora` takes (few distinct ones)."""
+    return torch.tensor(columns, dtype=torch.int64)
 
 
 def _slot_ids(slot_of_row: dict[int, int], rows: int) -> torch.Tensor:

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from kvserve.executor.attention.base import AttentionBackend
-from kvserve.executor.lora.step_deltas import LoraStep
+from kvserve.executor.lora.step_deltas import KernelLoraStep, LoraStep
 from kvserve.executor.model.input_batch import InputBatch
 from kvserve.executor.model.kv_cache import PagedKVCache
 from kvserve.executor.model.native_layers import NativeLayers
@@ -101,8 +101,9 @@ class LlamaModel:
         x = w.embed(batch.input_ids)  # a fresh tensor: the residual adds below are in place
         if group is not None:
             group.all_reduce_(x)
-        if self.native_layers is not None and backend.name == "cpu" and lora is None:
-            self.native_layers.run(x, batch.positions, (self.cos, self.sin_signed), cache, meta)
+        fused_lora = lora if isinstance(lora, KernelLoraStep) else None  # torch-op deltas run op by op
+        if self.native_layers is not None and backend.name == "cpu" and (lora is None or fused_lora is not None):
+            self.native_layers.run(x, batch.positions, (self.cos, self.sin_signed), cache, meta, fused_lora)
         else:
             self._layers(x, batch, cache, backend, lora)
         x = x.index_select(0, batch.sample_indices)
@@ -120,9 +121,9 @@ class LlamaModel:
     ) -> None:
         """Every decoder layer on `x` in place, op by op, with `lora`'s deltas added to its rows' products.
 
-        Where the fused native layers exist, a step with LoRA rows comes here with their kernels
-        (`NativeLayers.norm`, `.silu_mul`): the fused op equals its steps run one by one, bit for bit,
-        so a base-model row gets the same bits whether or not an adapter's row shares its step."""
+        Where the fused native layers exist, a step whose LoRA deltas are torch ops (`BmmLoraStep`) comes
+        here with their kernels (`NativeLayers.norm`, `.silu_mul`): the fused op equals its steps run one
+        by one, bit for bit, so a row gets the same bits whichever way its step ran."""
         cfg, w, group, meta = self.config, self.weights, self.group, batch.attention
         native = self.native_layers if backend.name == "cpu" else None  # the steps `forward` may fuse
         norm = native.norm if native is not None else self.norm

@@ -7,7 +7,9 @@ the configuration that has it, so a token's bits never depend on whether its ste
 
 Used where every layer's matrices are Q4_1 codes without biases, on one rank, with float32
 activations and the CPU attention kernels (their head-major cache): `--weights native`'s own
-configuration. Its RMSNorm is the kernels' (`cpu_ops.rms_norm`), one fixed order per row.
+configuration. Its RMSNorm is the kernels' (`cpu_ops.rms_norm`), one fixed order per row. A step
+with rows under LoRA adapters runs here too: each layer adds their deltas after its products
+(`KernelLoraStep.layer_lora`), so adapters keep the fused layer.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from kvserve.executor.attention.base import AttentionMetadata
+from kvserve.executor.lora.step_deltas import KernelLoraStep
 from kvserve.executor.model.kv_cache import PagedKVCache
 from kvserve.executor.model_config import ModelConfig
 from kvserve.executor.weights.loader import Matrix, ModelWeights
@@ -35,8 +38,9 @@ class NativeLayers:
     """Every layer's fused op over one packed batch; built once from the loaded weights."""
 
     norm = staticmethod(cpu_ops.rms_norm)
-    """The fused op's RMSNorm, for the op-by-op layers of a step it cannot run (one with LoRA rows):
-    with it (and `silu_mul`) those layers give a row the fused op's bits (tests/kernels/test_decoder_layer.py)."""
+    """The fused op's RMSNorm, for the op-by-op layers of a step it does not run (LoRA deltas in torch
+    ops, `BmmLoraStep`): with it (and `silu_mul`) those layers give a row the fused op's bits
+    (tests/kernels/test_decoder_layer.py)."""
     silu_mul = staticmethod(cpu_ops.silu_mul)
     """The fused op's SwiGLU activation."""
 
@@ -71,15 +75,18 @@ class NativeLayers:
         rotary: tuple[torch.Tensor, torch.Tensor],
         cache: PagedKVCache,
         meta: AttentionMetadata,
+        lora: KernelLoraStep | None = None,
     ) -> None:
-        """Every layer on `x` [tokens, hidden] in place; `rotary` is the model's (cos, sin_signed) tables."""
+        """Every layer on `x` [tokens, hidden] in place; `rotary` is the model's (cos, sin_signed) tables;
+        `lora`: the step's deltas for its rows under adapters, added inside each fused layer."""
         cfg = self.config
         heads = (cfg.num_heads, cfg.num_kv_heads)
         tables = (positions, rotary[0], rotary[1])
         attention = (meta.slot_mapping, meta.block_tables, meta.query_start_loc, meta.seq_lens, meta.scale)
         for index, layer in enumerate(self._layers):
+            deltas = None if lora is None else lora.layer_lora(index, x.shape[0])
             cpu_ops.decoder_layer(
-                x, layer.norms, cfg.rms_norm_eps, layer.matrices, tables, heads, cache.layer(index), attention
+                x, layer.norms, cfg.rms_norm_eps, layer.matrices, tables, heads, cache.layer(index), attention, deltas
             )
 
 

@@ -14,6 +14,11 @@
 // the separate kernels, bit for bit (tests/kernels/test_decoder_layer.py).
 //
 // float32 activations only: the native path keeps float32 between its layers.
+//
+// LoRA: a step with rows under adapters passes each product's `lora_add` operands, and the op adds
+// the deltas right after the product, as the op-by-op layers do (`LlamaModel._layers`). A step with
+// adapter rows so keeps the fused layer, and a base-model row keeps its bits beside them (lora_add
+// never touches a row under no adapter).
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -21,6 +26,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "vec8.h"
 #include "work_pool.h"
@@ -111,12 +117,50 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor
   return op.call(x, codes, scales, out_features);
 }
 
+// The step's LoRA deltas for the layer's four products, in `lora_add`'s operands: one source per
+// stack of adapter slots (or adapter running from its own tensors), with its rows' slots and scalings;
+// the matrices of product p (qkv, o_proj, gate_up, down) and source s at p * sources + s, an empty `a`
+// where the source has none for p, an empty `ranks` for None, `columns` as int64 boundaries.
+struct LayerLora {
+  at::TensorList row_slots, scaling, a, b, ranks, columns;
+
+  void check() const {
+    const size_t sources = row_slots.size(), entries = 4 * sources;
+    TORCH_CHECK(scaling.size() == sources && a.size() == entries && b.size() == entries && ranks.size() == entries &&
+                    columns.size() == entries,
+                "decoder_layer: the LoRA lists take one row_slots and scaling per source and four a, b, ranks and "
+                "columns per source (qkv, o_proj, gate_up, down), got ", sources, " sources and ", a.size(), ", ",
+                b.size(), ", ", ranks.size(), ", ", columns.size());
+    for (const at::Tensor& c : columns)
+      TORCH_CHECK(c.scalar_type() == at::kLong && c.is_contiguous() && c.dim() == 1,
+                  "decoder_layer: LoRA columns must be contiguous int64 vectors");
+  }
+
+  // out += the deltas of product `product` for the rows of `x` under adapters.
+  void add(size_t product, const at::Tensor& x, at::Tensor& out) const {
+    static const auto lora_add =
+        kernel<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                    const std::optional<at::Tensor>&, at::IntArrayRef, const at::Tensor&, at::Tensor&)>(
+            "kvserve_cpu::lora_add");
+    const size_t sources = row_slots.size();
+    for (size_t s = 0; s < sources; ++s) {
+      const size_t i = product * sources + s;
+      if (a[i].numel() == 0) continue;
+      const std::optional<at::Tensor> r = ranks[i].numel() > 0 ? std::optional<at::Tensor>(ranks[i]) : std::nullopt;
+      const at::IntArrayRef cols(columns[i].data_ptr<int64_t>(), columns[i].numel());
+      lora_add.call(x, row_slots[s], a[i], b[i], r, cols, scaling[s], out);
+    }
+  }
+};
+
 void decoder_layer(at::Tensor& x, const at::Tensor& input_norm, const at::Tensor& post_attention_norm, double eps,
                    at::TensorList codes, at::TensorList scales, at::IntArrayRef out_features,
                    const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin_signed,
                    int64_t num_heads, int64_t num_kv_heads, at::Tensor& k_cache, at::Tensor& v_cache,
                    const at::Tensor& slot_mapping, const at::Tensor& block_tables, const at::Tensor& query_start_loc,
-                   const at::Tensor& seq_lens, double scale) {
+                   const at::Tensor& seq_lens, double scale, at::TensorList lora_row_slots,
+                   at::TensorList lora_scaling, at::TensorList lora_a, at::TensorList lora_b,
+                   at::TensorList lora_ranks, at::TensorList lora_columns) {
   static const auto store_kv = kernel<void(const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&,
                                            const at::Tensor&)>("kvserve_cpu::store_kv");
   static const auto attention =
@@ -136,6 +180,8 @@ void decoder_layer(at::Tensor& x, const at::Tensor& input_norm, const at::Tensor
   const int64_t qk_width = (num_heads + num_kv_heads) * head_dim;
   TORCH_CHECK(out_features[0] == qk_width + num_kv_heads * head_dim, "qkv's out_features does not match the heads");
   TORCH_CHECK(out_features[1] == hidden && out_features[3] == hidden, "o_proj and down must produce hidden columns");
+  const LayerLora lora{lora_row_slots, lora_scaling, lora_a, lora_b, lora_ranks, lora_columns};
+  lora.check();
   if (tokens > 0) {
     const int64_t* pos = positions.data_ptr<int64_t>();
     const int64_t table_rows = cos.size(0);
@@ -144,7 +190,8 @@ void decoder_layer(at::Tensor& x, const at::Tensor& input_norm, const at::Tensor
   }
 
   at::Tensor h = rms_norm(x, input_norm, eps);
-  const at::Tensor qkv = linear(h, codes[0], scales[0], out_features[0]);
+  at::Tensor qkv = linear(h, codes[0], scales[0], out_features[0]);
+  lora.add(0, h, qkv);
   at::Tensor q = at::empty({tokens, num_heads, head_dim}, x.options());
   at::Tensor k = at::empty({tokens, num_kv_heads, head_dim}, x.options());
   rotate_qk(qkv.data_ptr<float>(), qkv.stride(0), positions.data_ptr<int64_t>(), cos.data_ptr<float>(),
@@ -152,11 +199,18 @@ void decoder_layer(at::Tensor& x, const at::Tensor& input_norm, const at::Tensor
             k.data_ptr<float>(), tokens);
   const at::Tensor v = qkv.narrow(1, qk_width, num_kv_heads * head_dim).view({tokens, num_kv_heads, head_dim});
   store_kv.call(k, v, k_cache, v_cache, slot_mapping);
-  const at::Tensor attn = attention.call(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale);
-  add_rows(x, linear(attn.view({tokens, num_heads * head_dim}), codes[1], scales[1], out_features[1]));
+  const at::Tensor attn =
+      attention.call(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale).view({tokens, -1});
+  at::Tensor attn_out = linear(attn, codes[1], scales[1], out_features[1]);
+  lora.add(1, attn, attn_out);
+  add_rows(x, attn_out);
   h = rms_norm(x, post_attention_norm, eps);
-  const at::Tensor activated = silu_mul.call(linear(h, codes[2], scales[2], out_features[2]));
-  add_rows(x, linear(activated, codes[3], scales[3], out_features[3]));
+  at::Tensor gate_up = linear(h, codes[2], scales[2], out_features[2]);
+  lora.add(2, h, gate_up);
+  const at::Tensor activated = silu_mul.call(gate_up);
+  at::Tensor mlp_out = linear(activated, codes[3], scales[3], out_features[3]);
+  lora.add(3, activated, mlp_out);
+  add_rows(x, mlp_out);
 }
 
 }  // namespace
@@ -168,7 +222,8 @@ TORCH_LIBRARY_FRAGMENT(kvserve_cpu, m) {
       "decoder_layer(Tensor(a!) x, Tensor input_norm, Tensor post_attention_norm, float eps, Tensor[] codes, "
       "Tensor[] scales, int[] out_features, Tensor positions, Tensor cos, Tensor sin_signed, int num_heads, "
       "int num_kv_heads, Tensor(b!) k_cache, Tensor(c!) v_cache, Tensor slot_mapping, Tensor block_tables, "
-      "Tensor query_start_loc, Tensor seq_lens, float scale) -> ()");
+      "Tensor query_start_loc, Tensor seq_lens, float scale, Tensor[] lora_row_slots, Tensor[] lora_scaling, "
+      "Tensor[] lora_a, Tensor[] lora_b, Tensor[] lora_ranks, Tensor[] lora_columns) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(kvserve_cpu, CPU, m) {

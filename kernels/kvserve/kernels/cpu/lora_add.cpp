@@ -367,9 +367,12 @@ Projections projections(const std::optional<at::Tensor>& ranks, at::IntArrayRef 
               "lora_add: columns must be ", num_projections + 1, " increasing boundaries from 0 to out's ",
               out_features, " columns, got ", columns);
   std::vector<int64_t> counts(num_slots * num_projections, widest);
-  if (ranks) {
-    const at::Tensor r = ranks->to(at::kLong).contiguous();
-    std::copy_n(r.data_ptr<int64_t>(), counts.size(), counts.begin());
+  if (ranks) {  // read in place: a copy to int64 would be an op of its own in every call
+    const at::Tensor r = ranks->contiguous();
+    if (r.scalar_type() == at::kInt)
+      std::copy_n(r.data_ptr<int32_t>(), counts.size(), counts.begin());
+    else
+      std::copy_n(r.data_ptr<int64_t>(), counts.size(), counts.begin());
   }
   proj.first.assign(num_slots, std::vector<int64_t>(num_projections));
   proj.count = proj.offset = proj.first;
