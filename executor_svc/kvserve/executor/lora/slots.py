@@ -28,7 +28,8 @@ import math
 import mmap
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 import torch
@@ -82,6 +83,9 @@ class SlotStacks:
     """Per layer, the fused matrices some adapter targets."""
     scaling: torch.Tensor
     """[capacity] float32: each slot's adapter's scaling."""
+    layer_entries: dict[int, Any] = field(default_factory=dict)
+    """Per layer, the fused decoder layer's operands of these slots (`step_deltas.KernelLoraStep.layer_lora`),
+    built once: every tensor in them is updated in place."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ several batch sizes and thread counts).
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -85,6 +85,13 @@ class _SlotRows:
         stacked = self.stacks.layers[layer].get(fused)
         return None if stacked is None else (stacked.a, stacked.b, stacked.ranks, stacked.columns)
 
+    def layer_entries(self, layer: int) -> LayerEntries:
+        """Built once per layer for the life of the slots: their tensors are updated in place."""
+        cache = self.stacks.layer_entries
+        if layer not in cache:
+            cache[layer] = layer_entries(self.operands, layer)
+        return cache[layer]
+
 
 class _OwnRows:
     """Rows of one adapter that runs from tensors of its own (a step's copy past the slots, or an adapter
@@ -104,6 +111,9 @@ class _OwnRows:
         if matrix.ranks is None or matrix.columns is None:
             return a, b, None, ()
         return a, b, torch.tensor([matrix.ranks], dtype=torch.int32), matrix.columns
+
+    def layer_entries(self, layer: int) -> LayerEntries:
+        return layer_entries(self.operands, layer)
 
 
 class KernelLoraStep:
@@ -128,6 +138,7 @@ class KernelLoraStep:
             source.slot_of_row.update(dict.fromkeys(rows, slot))
         self._row_slots: list[torch.Tensor] = []
         """Per source, each row's slot there (-1: not its row), for the step's `x.shape[0]` rows."""
+        self._scaling = [source.scaling for source in self.sources]
 
     def add(self, layer: int, fused: str, x: torch.Tensor, out: torch.Tensor) -> None:
         for source, row_slots in zip(self.sources, self._slots_of_rows(x.shape[0]), strict=True):
@@ -139,19 +150,14 @@ class KernelLoraStep:
     def layer_lora(self, layer: int, rows: int) -> cpu_ops.LayerLora:
         """Layer `layer`'s deltas for the fused decoder layer (`cpu_ops.decoder_layer`) over `rows` rows:
         the same `lora_add` calls `add` makes, in the same order, so the same bits."""
-        lists: tuple[list[torch.Tensor], ...] = ([], [], [], [])
-        for fused in cpu_ops.LayerLora.PRODUCTS:
-            for source in self.sources:
-                operands = source.operands(layer, fused)
-                if operands is None:
-                    entries = (_NONE, _NONE, _NONE, _NONE)
-                else:
-                    a, b, ranks, columns = operands
-                    entries = (a, b, _NONE if ranks is None else ranks, _columns_tensor(tuple(columns)))
-                for column, entry in zip(lists, entries, strict=True):
-                    column.append(entry)
-        scaling = [source.scaling for source in self.sources]
-        return cpu_ops.LayerLora(self._slots_of_rows(rows), scaling, *lists)
+        row_slots = self._slots_of_rows(rows)
+        if len(self.sources) == 1:  # the common step: every adapter in the slots
+            return cpu_ops.LayerLora(row_slots, self._scaling, *self.sources[0].layer_entries(layer))
+        per_source = [source.layer_entries(layer) for source in self.sources]
+        lists = [
+            [entries[k][p] for p in range(len(cpu_ops.LayerLora.PRODUCTS)) for entries in per_source] for k in range(4)
+        ]
+        return cpu_ops.LayerLora(row_slots, self._scaling, *lists)
 
     def _slots_of_rows(self, rows: int) -> list[torch.Tensor]:
         if not self._row_slots or self._row_slots[0].shape[0] != rows:
@@ -161,6 +167,24 @@ class KernelLoraStep:
 
 _NONE = torch.empty(0)
 """An absent operand of `cpu_ops.LayerLora` (no matrix, or ranks None)."""
+
+LayerEntries = tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]
+"""One source's `a`, `b`, `ranks` and `columns` for a layer's products (`cpu_ops.LayerLora.PRODUCTS`)."""
+
+
+def layer_entries(operands: Callable[[int, str], Operands | None], layer: int) -> LayerEntries:
+    """A source's operands for each product of `layer`, as `cpu_ops.LayerLora` lists them."""
+    entries: LayerEntries = ([], [], [], [])
+    for fused in cpu_ops.LayerLora.PRODUCTS:
+        found = operands(layer, fused)
+        if found is None:
+            values = (_NONE, _NONE, _NONE, _NONE)
+        else:
+            a, b, ranks, columns = found
+            values = (a, b, _NONE if ranks is None else ranks, _columns_tensor(tuple(columns)))
+        for column, value in zip(entries, values, strict=True):
+            column.append(value)
+    return entries
 
 
 @functools.cache
