@@ -29,8 +29,6 @@ from kvserve.executor.config_error import ExecutorConfigError
 from kvserve.executor.cpu_features import has_avx512, has_native_bf16
 from kvserve.executor.decode_graph_capture import capture_decode_graphs
 from kvserve.executor.kv_cache_budget import blocks_for_bytes, device_kv_budget_bytes, kv_bytes_per_block
-from kvserve.executor.kv_tier.disk_store import DiskBlockStore
-from kvserve.executor.kv_tier.host_store import HostBlockStore
 from kvserve.executor.kv_tier.paged_tier import PagedBlocks, kv_fingerprint, weights_digest
 from kvserve.executor.kv_tier.plan_blocks import BlockTiers, start_tier_ops
 from kvserve.executor.lora.adapter_set import TENSOR_PARALLEL_REFUSAL, load_adapter_set
@@ -194,7 +192,7 @@ class ModelRunner:
         self.model_id = self._model_id()
         self.kv_fingerprint = ""
         """What this cache's bits depend on (`paged_tier.kv_fingerprint`), with tiers below the pool; else ""."""
-        self.tiers = self._block_tiers() if config.kv_disk_dir is not None or config.kv_host_gb > 0 else None
+        self.tiers = self._block_tiers()
         self.tier_blocks = PagedBlocks(self.cache)
         release_freed_heap()
         log.info(
@@ -349,10 +347,12 @@ class ModelRunner:
 
     # --- start-up ----------------------------------------------------------------
 
-    def _block_tiers(self) -> BlockTiers:
+    def _block_tiers(self) -> BlockTiers | None:
         """The prefix cache's tiers below the pool (--kv-host-gb, --kv-disk-dir), keyed by what this
-        cache's bits depend on."""
+        cache's bits depend on; None without either."""
         config = self.config
+        if config.kv_disk_dir is None and config.kv_host_gb <= 0:
+            return None
         if self.group is not None:
             raise ExecutorConfigError(
                 "--kv-host-gb and --kv-disk-dir run on one executor: not with tensor parallelism yet"
@@ -363,14 +363,11 @@ class ModelRunner:
             )
         weights = weights_digest(weight_files(self.model_dir))
         self.kv_fingerprint = kv_fingerprint(weights, self.cache, self.dtype_name, self.weights_mode, self.device)
-        host = HostBlockStore(int(config.kv_host_gb * GIB)) if config.kv_host_gb > 0 else None
-        disk = None
-        if config.kv_disk_dir is not None:
-            block_bytes = self.cache.geometry.bytes_per_block
-            queue = max(1, defaults.KV_DISK_WRITE_QUEUE_BYTES // block_bytes)
-            disk = DiskBlockStore(
-                Path(config.kv_disk_dir), int(config.kv_disk_gb * GIB), self.kv_fingerprint, queue_blocks=queue
-            )
+        queue = max(1, defaults.KV_DISK_WRITE_QUEUE_BYTES // self.cache.geometry.bytes_per_block)
+        tiers = BlockTiers.open(
+            config.kv_host_gb, config.kv_disk_dir, config.kv_disk_gb, self.kv_fingerprint, queue_blocks=queue
+        )
+        disk = tiers.disk if tiers is not None else None
         log.info(
             "kv tiers below the pool",
             host_gb=config.kv_host_gb or None,
@@ -379,7 +376,7 @@ class ModelRunner:
             disk_capacity_gb=config.kv_disk_gb if disk is not None else None,
             disk_writable=disk.writable if disk is not None else None,
         )
-        return BlockTiers(host, disk)
+        return tiers
 
     def _resolve_dtype(self) -> tuple[str, str]:
         """The dtype, and why `auto` chose it: the fastest that passes the quality bar on this device

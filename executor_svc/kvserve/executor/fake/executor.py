@@ -52,10 +52,7 @@ from kvserve.executor.fake.sequences import FakeSequence, SequenceTable
 from kvserve.executor.fake.shadow_kv import ShadowKV
 from kvserve.executor.fake.tokens import DEFAULT_CONTEXT_WINDOW, fake_logprob, top_logprobs
 from kvserve.executor.fake.vocabulary import default_model_dir, load_vocabulary, plain_vocabulary
-from kvserve.executor.kv_tier.disk_store import DiskBlockStore
-from kvserve.executor.kv_tier.host_store import HostBlockStore
 from kvserve.executor.kv_tier.plan_blocks import BlockTiers, run_tier_ops
-from kvserve.protos.kv_geometry import GIB
 from kvserve.protos.step import ExecutorInfo, PlanError, SampledToken, StepPlan, StepResult
 
 
@@ -170,11 +167,9 @@ class FakeExecutor:
         self.disk_fingerprint = ""
         if config.kv_disk_dir is not None or config.kv_host_gb > 0:
             self.disk_fingerprint = f"fake|{self.info_model_id()}|block_size={config.block_size}|strict={config.strict}"
-            host = HostBlockStore(int(config.kv_host_gb * GIB)) if config.kv_host_gb > 0 else None
-            disk = None
-            if config.kv_disk_dir is not None:
-                disk = DiskBlockStore(Path(config.kv_disk_dir), int(config.kv_disk_gb * GIB), self.disk_fingerprint)
-            self.tiers = BlockTiers(host, disk)
+            self.tiers = BlockTiers.open(
+                config.kv_host_gb, config.kv_disk_dir, config.kv_disk_gb, self.disk_fingerprint
+            )
 
     def info_model_id(self) -> str:
         return self.config.model_id or f"fake:{self.vocab.name}"

@@ -21,11 +21,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from kvserve.executor.kv_tier.disk_store import DiskBlockStore
 from kvserve.executor.kv_tier.host_store import HostBlockStore
 from kvserve.protos.kv_events import MEDIUM_CPU, MEDIUM_DISK
+from kvserve.protos.kv_geometry import GIB
 from kvserve.protos.step import PlanError, StepPlan
 
 
@@ -62,6 +64,18 @@ class BlockTiers:
         self.host = host
         self.disk = disk
         self._loader: ThreadPoolExecutor | None = None
+
+    @classmethod
+    def open(
+        cls, host_gb: float, disk_dir: str | None, disk_gb: float, fingerprint: str, *, queue_blocks: int = 256
+    ) -> BlockTiers | None:
+        """The tiers `--kv-host-gb`, `--kv-disk-dir` and `--kv-disk-gb` ask for (None: neither), the disk's
+        blocks checked against `fingerprint`, what the cache's bits depend on (`DiskBlockStore`)."""
+        host = HostBlockStore(int(host_gb * GIB)) if host_gb > 0 else None
+        disk = None
+        if disk_dir is not None:
+            disk = DiskBlockStore(Path(disk_dir), int(disk_gb * GIB), fingerprint, queue_blocks=queue_blocks)
+        return cls(host, disk) if host is not None or disk is not None else None
 
     def media(self) -> list[str]:
         """The tiers, by vLLM's KV-event medium names, fastest first."""
