@@ -10,16 +10,19 @@ operands as the native build loaded here and compares every output bit for bit: 
 kernels (row counts that fill and leave ragged tiles and chunks, ragged output widths, both
 activation dtypes), `lora_add` (every activation dtype, ragged widths, per-projection columns, several
 rows per slot), `silu_mul` (ragged widths, every dtype, gates where exp overflows and underflows),
-`store_kv`, `paged_attention` (prefill and decode rows of sequences of different lengths, every
-block size, query and cache dtypes) and the whole `decoder_layer` op at the default model's size.
+`softmax` and `log_softmax` (the full vocabulary and ragged widths, masked entries, entries around
+exp's clamp), `store_kv`, `paged_attention` (prefill and decode rows of sequences of different
+lengths, every block size, query and cache dtypes) and the whole `decoder_layer` op at the default
+model's size.
 
 After the layers a step runs torch's ops: the final RMSNorm (`llama.rms_norm`) and the sampler,
 around the Q8_0 head kernel. torch picks its vector code by CPU capability, so the second test runs
-that tail under each `ATEN_CPU_CAPABILITY` the CPU offers and compares the bits. It leaves out what
-does differ between capabilities: softmax and log_softmax, whose exp and sums follow the vector
-width, so the top_p and min_p filters' probabilities and the reported logprobs may differ in their
-last bits from one CPU to another (a token on a top_p or min_p boundary may then be kept on one and
-dropped on the other).
+that tail under each `ATEN_CPU_CAPABILITY` the CPU offers and compares the bits: every sampler path
+(greedy, temperature, top_k, top_p, min_p, penalties, biases, the seeded race) and the logprobs.
+torch's own softmax and log_softmax do differ between capabilities (their exp and sums follow the
+vector width), so the sampler takes the kernels' (`kvserve.executor.sampling.row_softmax`, as
+teacher-forced scoring does): the top_p and min_p filters' probabilities and the reported logprobs
+are the same bits on any x86 CPU, and nothing of the tail is left out.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import torch
 from kvserve.executor.attention.cpu_backend import ensure_kernels
 from kvserve.executor.cpu_features import cpu_flags
 from kvserve.executor.model.llama import rms_norm
+from kvserve.executor.sampling import row_softmax
 from kvserve.executor.sampling.logit_bias import apply_logit_bias
 from kvserve.executor.sampling.penalties import apply_penalties
 from kvserve.executor.sampling.sampler import _race, filtered_logits, sample
@@ -166,6 +170,22 @@ def _silu_calls(gen: torch.Generator) -> list[Call]:
     return calls
 
 
+def _softmax_calls(gen: torch.Generator) -> list[Call]:
+    """`softmax` and `log_softmax` at the full vocabulary and ragged widths, with masked (-inf) entries and
+    entries around exp's clamp (x - max near -87, where the kernel zeroes exp) and far below it."""
+    below_max = torch.tensor([0.0, -86.9, -87.0, -87.1, -88.0, -103.0, -200.0, float("-inf")])
+    calls: list[Call] = []
+    for width in (VOCAB, 100, 13, 1):
+        for rows in (1, 5):
+            x = torch.randn(rows, width, generator=gen) * 4
+            if width > 1:
+                x[torch.rand(rows, width, generator=gen) < 0.25] = float("-inf")
+                x[:, 0] = 50.0  # each row's max, so the entries below sit where they say
+                x[0, : len(below_max)] = 50.0 + below_max[:width]
+            calls += [("softmax", (x,)), ("log_softmax", (x,))]
+    return calls
+
+
 def _batch(block: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
     """Positions, slot mapping, block tables (blocks in a shuffled order), query starts and lengths of
     the step of CACHED and NEW."""
@@ -274,7 +294,8 @@ def _same_bits(a: object, b: object) -> bool:
 def test_scalar_and_avx2_builds_of_the_kernels_give_the_same_bits(tmp_path: Path) -> None:
     ensure_kernels()
     gen = torch.Generator().manual_seed(0)
-    calls = _quantized_calls(gen) + _lora_calls(gen) + _silu_calls(gen) + _attention_calls(gen) + _layer_calls(gen)
+    calls = _quantized_calls(gen) + _lora_calls(gen) + _silu_calls(gen) + _softmax_calls(gen) + _attention_calls(gen)
+    calls += _layer_calls(gen)
     torch.save(calls, tmp_path / "operands.pt")
     children = {march: _start_build(tmp_path, march) for march in _builds()}
     for march, child in children.items():  # side by side: each is mostly its compiler
@@ -296,9 +317,9 @@ def _capabilities() -> tuple[str, ...]:
 
 
 def _tail_operands(gen: torch.Generator) -> dict[str, object]:
-    """Final hidden rows, the final norm, a Q8_0 head of the default model's size, and eight sequences
-    whose sampling takes every path the capability check covers: greedy, temperature, top_k, penalties,
-    logit biases (a ban among them)."""
+    """Final hidden rows, the final norm, a Q8_0 head of the default model's size, and sequences whose
+    sampling takes every path of the sampler: greedy, temperature, top_k, top_p, min_p, penalties, logit
+    biases (a ban among them) and logprobs (the sampled token's alone, and top ones)."""
     head = pack(torch.randint(-128, 128, (VOCAB, HIDDEN), generator=gen, dtype=torch.int8),
                 torch.rand(VOCAB, HIDDEN // 32, generator=gen).half().float() * 0.01)  # fmt: skip
     params = [
@@ -310,6 +331,10 @@ def _tail_operands(gen: torch.Generator) -> dict[str, object]:
         {"temperature": 0.9, "logit_bias": ((100, 5.0), (101, -3.0))},
         {"temperature": 1.0, "top_k": 1},
         {"temperature": 2.0, "top_k": 1000, "frequency_penalty": 0.4},
+        {"temperature": 1.0, "top_p": 0.9, "logprobs": 5},
+        {"temperature": 1.5, "min_p": 0.05},
+        {"temperature": 0.8, "top_k": 200, "top_p": 0.8, "min_p": 0.01, "logprobs": 0},
+        {"temperature": 0.0, "presence_penalty": 0.3, "logprobs": 20},
     ]
     return {
         "hidden": torch.randn(len(params), HIDDEN, generator=gen) * 3,
@@ -322,8 +347,11 @@ def _tail_operands(gen: torch.Generator) -> dict[str, object]:
 
 def _step_tail(operands: dict) -> dict[str, torch.Tensor]:
     """The native step after its layers, as `LlamaModel.forward` and `sample` run it: the final norm, the
-    head, penalties and biases, the filters, the seeded race's scores and the sampled tokens; and the race's
-    noise term at every uniform the sampler can draw (its only transcendental: the whole of its domain)."""
+    head, penalties and biases, the filters (temperature, top_k, top_p, min_p) and the probabilities that
+    top_p and min_p cut by, the seeded race's scores, the sampled tokens and their logprobs; and the race's
+    noise term at every uniform the sampler can draw (its only transcendental: the whole of its domain).
+    The softmax and log_softmax are the CPU kernels' (`row_softmax`): `ensure_kernels` loads them here,
+    in the child too, as the executor does when it chose them."""
     ensure_kernels()
     logits = Q8Linear(*operands["head"])(rms_norm(operands["hidden"], operands["final_norm"], EPS)).float()
     seqs = [
@@ -341,19 +369,30 @@ def _step_tail(operands: dict) -> dict[str, torch.Tensor]:
     )
     apply_logit_bias(penalised, [p.logit_bias for p in params])
     drawn = [i for i, p in enumerate(params) if not p.greedy]
+    temperatures = torch.tensor([params[i].temperature for i in drawn])[:, None]
     scaled = filtered_logits(
         penalised[drawn], [params[i].temperature for i in drawn], [params[i].top_k for i in drawn],
-        [1.0] * len(drawn), [0.0] * len(drawn),
+        [params[i].top_p for i in drawn], [params[i].min_p for i in drawn],
     )  # fmt: skip
     noise = uniform_noise([row_key(seqs[i].seed, seqs[i].output_len) for i in drawn], VOCAB)
     every_uniform = uniforms_from_hashes(torch.arange(1 << UNIFORM_BITS, dtype=torch.int32) << (32 - UNIFORM_BITS))
+    sampled = sample(logits.clone(), seqs)
+    reported = [s for s in sampled if s.logprob is not None]
     return {
         "final norm and head": logits,
         "penalties and biases": penalised,
-        "temperature and top_k": scaled,
+        # What min_p compares and top_p sums (before its top_k cut): the probabilities, whose bits decide
+        # a token on a filter's boundary.
+        "filter probabilities": row_softmax.softmax(penalised[drawn] / temperatures),
+        "temperature, top_k, top_p and min_p": scaled,
         "race scores": _race(scaled, noise),
         "race noise at every uniform": _race(torch.zeros_like(every_uniform), every_uniform),
-        "sampled tokens": torch.tensor([s.token_id for s in sample(logits.clone(), seqs)]),
+        "sampled tokens": torch.tensor([s.token_id for s in sampled]),
+        "logprobs of the penalised logits": row_softmax.log_softmax(penalised),
+        "sampled tokens' logprobs": torch.tensor([s.logprob for s in reported], dtype=torch.float64),
+        "top logprobs": torch.tensor(
+            [(t.token_id, t.logprob) for s in reported for t in s.top_logprobs], dtype=torch.float64
+        ),
     }
 
 

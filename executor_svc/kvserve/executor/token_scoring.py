@@ -14,6 +14,7 @@ import torch
 
 from kvserve.executor.model.input_batch import build_input_batch
 from kvserve.executor.model_runner import ModelRunner
+from kvserve.executor.sampling.row_softmax import log_softmax
 from kvserve.executor.sequence_state import SequenceState
 from kvserve.protos.sampling import SamplingParams
 
@@ -69,5 +70,5 @@ def score_tokens(runner: ModelRunner, token_ids: list[int]) -> TokenScores:
     logits = every_position_logits(runner, token_ids)[:-1]
     with torch.inference_mode():
         targets = torch.tensor(token_ids[1:], dtype=torch.long, device=logits.device)
-        logprobs = torch.log_softmax(logits, dim=-1).gather(1, targets[:, None]).squeeze(1)
+        logprobs = log_softmax(logits).gather(1, targets[:, None]).squeeze(1)
     return TokenScores(logprobs=logprobs.cpu(), argmax=logits.argmax(dim=-1).cpu())

@@ -33,6 +33,7 @@ SOURCES = (
     "q4_1_linear.cpp",
     "decoder_layer.cpp",
     "lora_add.cpp",
+    "softmax.cpp",
     "work_pool.cpp",
 )
 HEADERS = ("vec8.h", "q8_activations.h", "interleaved_linear.h", "work_pool.h")
@@ -110,6 +111,9 @@ def _register_shapes() -> None:
     def norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return torch.empty_like(x)
 
+    def rowwise(x: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(x)
+
     shapes: dict[str, Callable[..., object]] = {
         "paged_attention": attention,
         "store_kv": store,
@@ -119,6 +123,8 @@ def _register_shapes() -> None:
         "rms_norm": norm,
         "decoder_layer": store,
         "lora_add": store,
+        "softmax": rowwise,
+        "log_softmax": rowwise,
     }
     for name, shape in shapes.items():
         torch.library.register_fake(f"kvserve_cpu::{name}", shape)
@@ -190,6 +196,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm of float32 rows [rows, width] (width a multiple of 8), each row's squares summed in one
     fixed order, so a row's result does not depend on the batch (`kernels/cpu/decoder_layer.cpp`)."""
     return torch.ops.kvserve_cpu.rms_norm(x, weight, eps)
+
+
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    """softmax over the last dim of a contiguous float32 [rows, n] tensor, each row in one fixed order
+    (its exps summed in eight lanes in index order): the same bits on any x86 CPU, in any batch and at
+    any thread count (`kernels/cpu/softmax.cpp`). A row needs a finite entry; -inf entries give 0."""
+    return torch.ops.kvserve_cpu.softmax(x)
+
+
+def log_softmax(x: torch.Tensor) -> torch.Tensor:
+    """log_softmax over the last dim of a contiguous float32 [rows, n] tensor: (x - max) - log(sum), the
+    sum as `softmax` adds it and its log rounded to float from double operations alone, so the same bits
+    on any x86 CPU, in any batch and at any thread count (`kernels/cpu/softmax.cpp`)."""
+    return torch.ops.kvserve_cpu.log_softmax(x)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,9 @@ Each row's `logit_bias` (`kvserve.executor.sampling.logit_bias`; -100 bans) is a
 penalties. Structured output's token masks (`kvserve.executor.sampling.token_mask`) come after
 both, so nothing can re-admit a token the grammar forbids. Logprobs are reported from the
 penalised, biased, grammar-masked logits before temperature and filtering (the model's
-distribution over what may follow, as vLLM reports by default).
+distribution over what may follow, as vLLM reports by default). The filters' probabilities and the
+logprobs come from `kvserve.executor.sampling.row_softmax`: on the CPU kernels' path, the same bits on
+any x86 CPU.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 
 from kvserve.executor.sampling.logit_bias import apply_logit_bias
 from kvserve.executor.sampling.penalties import apply_penalties
+from kvserve.executor.sampling.row_softmax import log_softmax, softmax
 from kvserve.executor.sampling.seeded_noise import row_key, uniform_noise, uniform_noise_at
 from kvserve.executor.sampling.token_mask import TokenMasks, apply_token_masks
 from kvserve.executor.sequence_state import SequenceState
@@ -126,7 +129,7 @@ def _on_rows(x: torch.Tensor, rows: list[int], fn: Callable[[torch.Tensor], torc
 
 
 def _min_p(scaled: torch.Tensor, min_p: list[float]) -> torch.Tensor:
-    probs = scaled.softmax(-1)
+    probs = softmax(scaled)
     floor = torch.tensor(min_p, dtype=probs.dtype, device=probs.device)[:, None] * probs.max(-1, keepdim=True).values
     return scaled.masked_fill(probs < floor, float("-inf"))
 
@@ -142,7 +145,7 @@ def _top_k_top_p(scaled: torch.Tensor, top_k: list[int], top_p: list[float]) -> 
     sorted_logits, order = scaled.sort(dim=-1, descending=True, stable=True)
     rank = torch.arange(vocab, device=device)[None, :]
     drop = rank >= torch.tensor(top_k, device=device)[:, None]
-    sorted_probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)
+    sorted_probs = softmax(sorted_logits.masked_fill(drop, float("-inf")))
     mass_before = sorted_probs.cumsum(-1) - sorted_probs
     threshold = [p if p < 1.0 else float("inf") for p in top_p]
     drop |= mass_before > torch.tensor(threshold, dtype=sorted_probs.dtype, device=device)[:, None]
@@ -218,7 +221,7 @@ def _outputs(logits: torch.Tensor, chosen: torch.Tensor, seqs: list[SequenceStat
     if not wants:
         return outputs
     rows = torch.tensor(wants, dtype=torch.long, device=logits.device)
-    logprobs = logits.index_select(0, rows).log_softmax(-1)
+    logprobs = log_softmax(logits.index_select(0, rows))
     picked = logprobs.gather(1, chosen.index_select(0, rows)[:, None])[:, 0].tolist()
     top_n = max(seqs[i].sampling.logprobs or 0 for i in wants)  # never None: `wants` has only set ones
     top_vals, top_ids = logprobs.topk(top_n, dim=-1) if top_n > 0 else (None, None)
