@@ -57,9 +57,15 @@ class PagedKVCache:
         if num_cpu_blocks > 0:
             pin = torch.device(device).type == "cuda"
             self.swap = torch.zeros((g.num_layers, 2, num_cpu_blocks, *shape[3:]), dtype=g.dtype, pin_memory=pin)
+        self._layers = [self._views(index) for index in range(g.num_layers)]
+        """Each layer's views, made once: `tensor` is only ever written in place, and four indexing ops a
+        layer were ~0.25 ms of a 6.7 ms batch-1 step on the CPU."""
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(k_cache, v_cache) of one layer, as views in the geometry's layout (see the module docstring)."""
+        return self._layers[index]
+
+    def _views(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         k, v = self.tensor[index, 0], self.tensor[index, 1]
         g = self.geometry
         if g.layout == HEAD_MAJOR:
