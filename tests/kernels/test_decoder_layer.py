@@ -85,7 +85,7 @@ def _fused(x, layer, batch, caches, lora: cpu_ops.LayerLora | None = None) -> No
 
 def _step_by_step(x, layer, batch, caches, lora: cpu_ops.LayerLora | None = None) -> None:
     """The same layer through the separate kernels and `apply_rope`, as the unfused forward runs it,
-    with `lora`'s deltas added by `lora_add` after each product."""
+    with `lora`'s deltas added after each product (`LayerLora.add`: `lora_add` per source)."""
     norms, (qkv_w, o_w, gate_up_w, down_w), cos, sin_signed = layer
     positions, slots, tables, starts, lens = batch
     tokens, qk_width = x.shape[0], (HEADS + KV_HEADS) * HEAD_DIM
@@ -93,7 +93,7 @@ def _step_by_step(x, layer, batch, caches, lora: cpu_ops.LayerLora | None = None
     def product(index: int, inputs: torch.Tensor, weights) -> torch.Tensor:
         out = cpu_ops.q4_1_linear(inputs, *weights)
         if lora is not None:
-            _add_deltas(lora, index, inputs, out)
+            lora.add(cpu_ops.LayerLora.PRODUCTS[index], inputs, out)
         return out
 
     h = cpu_ops.rms_norm(x, norms[0], EPS)
@@ -107,17 +107,6 @@ def _step_by_step(x, layer, batch, caches, lora: cpu_ops.LayerLora | None = None
     x.add_(product(1, attn.reshape(tokens, -1), o_w))
     h = cpu_ops.rms_norm(x, norms[1], EPS)
     x.add_(product(3, cpu_ops.silu_mul(product(2, h, gate_up_w)), down_w))
-
-
-def _add_deltas(lora: cpu_ops.LayerLora, index: int, x: torch.Tensor, out: torch.Tensor) -> None:
-    """Product `index`'s deltas, one `lora_add` per source, as `KernelLoraStep.add` calls it."""
-    sources = len(lora.row_slots)
-    for s in range(sources):
-        i = index * sources + s
-        if lora.a[i].numel():
-            ranks = lora.ranks[i] if lora.ranks[i].numel() else None
-            columns = lora.columns[i].tolist()
-            cpu_ops.lora_add(x, lora.row_slots[s], lora.a[i], lora.b[i], ranks, columns, lora.scaling[s], out)
 
 
 def _lora(slotted: list[int], own: list[int], gen: torch.Generator) -> cpu_ops.LayerLora:

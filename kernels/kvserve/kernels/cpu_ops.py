@@ -232,6 +232,17 @@ class LayerLora:
     PRODUCTS = ("qkv", "o_proj", "gate_up", "down")
     """The fused products of a layer, in the order of its lists."""
 
+    def add(self, product: str, x: torch.Tensor, out: torch.Tensor) -> None:
+        """`out` += product `product`'s deltas for the rows of `x` under adapters: the `lora_add` calls
+        `decoder_layer` makes after that product, for a layer run op by op (so with the same bits)."""
+        sources, index = len(self.row_slots), self.PRODUCTS.index(product)
+        for source in range(sources):
+            i = index * sources + source
+            if self.a[i].numel():
+                ranks = self.ranks[i] if self.ranks[i].numel() else None
+                columns = self.columns[i].tolist()
+                lora_add(x, self.row_slots[source], self.a[i], self.b[i], ranks, columns, self.scaling[source], out)
+
 
 def decoder_layer(
     x: torch.Tensor,

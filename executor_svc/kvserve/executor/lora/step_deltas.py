@@ -141,15 +141,11 @@ class KernelLoraStep:
         self._scaling = [source.scaling for source in self.sources]
 
     def add(self, layer: int, fused: str, x: torch.Tensor, out: torch.Tensor) -> None:
-        for source, row_slots in zip(self.sources, self._slots_of_rows(x.shape[0]), strict=True):
-            operands = source.operands(layer, fused)
-            if operands is not None:
-                a, b, ranks, columns = operands
-                cpu_ops.lora_add(x, row_slots, a, b, ranks, columns, source.scaling, out)
+        self.layer_lora(layer, x.shape[0]).add(fused, x, out)
 
     def layer_lora(self, layer: int, rows: int) -> cpu_ops.LayerLora:
-        """Layer `layer`'s deltas for the fused decoder layer (`cpu_ops.decoder_layer`) over `rows` rows:
-        the same `lora_add` calls `add` makes, in the same order, so the same bits."""
+        """Layer `layer`'s deltas over `rows` rows, as the fused decoder layer (`cpu_ops.decoder_layer`)
+        takes them; `add` runs the same `lora_add` calls for a layer run op by op."""
         row_slots = self._slots_of_rows(rows)
         if len(self.sources) == 1:  # the common step: every adapter in the slots
             return cpu_ops.LayerLora(row_slots, self._scaling, *self.sources[0].layer_entries(layer))
