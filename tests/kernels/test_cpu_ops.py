@@ -12,6 +12,10 @@ activation and the Q8_0 and Q4_1 products are the same at every row count.
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -305,3 +309,27 @@ def test_q4_1_linear_refuses_what_it_cannot_multiply():
         cpu_ops.q4_1_linear(torch.randn(2, 64).half(), codes, scales, 16)
     with pytest.raises(RuntimeError, match="blocks of eight rows"):
         cpu_ops.q4_1_linear(torch.randn(2, 64), codes, scales, 17)
+
+
+def test_a_build_killed_mid_way_does_not_stop_the_next_start(tmp_path) -> None:
+    """torch's builder marks a build directory with a lock file it removes when done; a build killed
+    meanwhile (an executor stopped during its first start) leaves it, and torch then waits for it forever.
+    `load` holds an OS lock instead and clears the stale file: a fresh process loads the build."""
+    built = ensure_kernels()
+    root = tmp_path / "kernels"
+    shutil.copytree(built, root / built.name)
+    (root / built.name / cpu_ops.TORCH_BATON).touch()  # what a killed build leaves
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"from pathlib import Path; from kvserve.kernels import cpu_ops; print(cpu_ops.load(Path({str(root)!r})))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,  # a stale file made it wait forever
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert child.stdout.strip() == str(root / built.name)
+    assert not (root / built.name / cpu_ops.TORCH_BATON).exists()

@@ -15,6 +15,7 @@ flags too: a cache shared by two kinds of CPU holds one build for each.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import platform
@@ -42,6 +43,10 @@ CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-pthr
 -pthread: the kernels run their loops on their own threads (`cpu/work_pool.h`), not OpenMP's."""
 LDFLAGS = ("-pthread",)
 
+BUILD_LOCK = "kvserve-build.lock"
+"""The file a build holds an OS lock (flock) on, in its directory."""
+TORCH_BATON = "lock"
+"""The file torch's extension builder creates in the build directory while it builds, and removes after."""
 _lock = threading.Lock()
 _loaded: Path | None = None
 
@@ -66,8 +71,11 @@ def is_built(build_root: Path) -> bool:
 def load(build_root: Path, verbose: bool = False) -> Path:
     """Compile (the first time on a machine: about 30 s) or reuse the library, and register its ops.
 
-    Returns its build directory. Concurrent callers (two executors starting at once) are
-    serialised by torch's builder, which locks the directory."""
+    Returns its build directory. Concurrent callers (two executors starting at once) are serialised
+    by an OS lock on the directory (`BUILD_LOCK`), which dies with its process. torch's builder also
+    locks the directory, with a file (`TORCH_BATON`) a killed build leaves behind, and then every later
+    start waits for it forever: with the OS lock held no other kvserve build can be running, so such a
+    file is stale and is removed."""
     global _loaded
     with _lock:
         if _loaded is not None:
@@ -78,15 +86,18 @@ def load(build_root: Path, verbose: bool = False) -> Path:
         name = build_name()
         directory = build_root / name
         directory.mkdir(parents=True, exist_ok=True)
-        cpp_extension.load(
-            name=name,
-            sources=[str(SOURCE_DIR / source) for source in SOURCES],
-            extra_cflags=list(CFLAGS),
-            extra_ldflags=list(LDFLAGS),
-            build_directory=str(directory),
-            is_python_module=False,
-            verbose=verbose,
-        )
+        with open(directory / BUILD_LOCK, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            (directory / TORCH_BATON).unlink(missing_ok=True)
+            cpp_extension.load(
+                name=name,
+                sources=[str(SOURCE_DIR / source) for source in SOURCES],
+                extra_cflags=list(CFLAGS),
+                extra_ldflags=list(LDFLAGS),
+                build_directory=str(directory),
+                is_python_module=False,
+                verbose=verbose,
+            )
         _register_shapes()
         _loaded = directory
         return directory
