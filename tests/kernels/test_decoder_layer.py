@@ -13,6 +13,7 @@ import torch
 from kvserve.executor.attention.cpu_backend import ensure_kernels
 from kvserve.executor.model.llama import apply_rope, rms_norm
 from kvserve.kernels import cpu_ops
+from tests.kernels.paged_steps import step_metadata
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE, BLOCK = 64, 4, 2, 16, 96, 16
 EPS = 1e-5
@@ -48,22 +49,12 @@ def _layer(gen: torch.Generator):
 
 def _batch(cached: list[int], new: list[int]):
     """Positions, slot mapping, block tables (disjoint, in order), query starts and lengths."""
-    tables, positions, slots, next_block = [], [], [], 0
+    tables, next_block = [], 0
     for before, count in zip(cached, new, strict=True):
         blocks = -(-(before + count) // BLOCK)
         tables.append(list(range(next_block, next_block + blocks)))
         next_block += blocks
-        for p in range(before, before + count):
-            positions.append(p)
-            slots.append(tables[-1][p // BLOCK] * BLOCK + p % BLOCK)
-    width = max(len(t) for t in tables)
-    return (
-        torch.tensor(positions, dtype=torch.int64),
-        torch.tensor(slots, dtype=torch.int64),
-        torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
-        torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], dtype=torch.int32),
-        torch.tensor([b + n for b, n in zip(cached, new, strict=True)], dtype=torch.int32),
-    )
+    return step_metadata(cached, new, tables, BLOCK)
 
 
 def _caches(gen: torch.Generator, blocks: int = 8) -> tuple[torch.Tensor, torch.Tensor]:

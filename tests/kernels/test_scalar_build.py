@@ -50,6 +50,7 @@ from kvserve.executor.weights.q4_1_linear import make_q4_1_linear
 from kvserve.executor.weights.q8_0 import Q8Linear, pack
 from kvserve.kernels import cpu_ops
 from kvserve.protos.sampling import SamplingParams
+from tests.kernels.paged_steps import step_metadata
 
 pytestmark = pytest.mark.slow
 
@@ -191,20 +192,8 @@ def _batch(block: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
     the step of CACHED and NEW."""
     needed = [-(-(before + count) // block) for before, count in zip(CACHED, NEW, strict=True)]
     order = torch.randperm(sum(needed), generator=gen).tolist()
-    tables, positions, slots = [], [], []
-    for before, count, blocks in zip(CACHED, NEW, needed, strict=True):
-        tables.append([order.pop() for _ in range(blocks)])
-        for p in range(before, before + count):
-            positions.append(p)
-            slots.append(tables[-1][p // block] * block + p % block)
-    width = max(needed)
-    return (
-        torch.tensor(positions, dtype=torch.int64),
-        torch.tensor(slots, dtype=torch.int64),
-        torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
-        torch.tensor([0, *torch.tensor(NEW).cumsum(0).tolist()], dtype=torch.int32),
-        torch.tensor([b + n for b, n in zip(CACHED, NEW, strict=True)], dtype=torch.int32),
-    )
+    tables = [[order.pop() for _ in range(blocks)] for blocks in needed]
+    return step_metadata(CACHED, NEW, tables, block)
 
 
 def _caches(
