@@ -351,7 +351,7 @@ class ModelRunner:
         """The prefix cache's tiers below the pool (--kv-host-gb, --kv-disk-dir), keyed by what this
         cache's bits depend on; None without either."""
         config = self.config
-        if config.kv_disk_dir is None and config.kv_host_gb <= 0:
+        if not BlockTiers.asked_for(config.kv_host_gb, config.kv_disk_dir):
             return None
         if self.group is not None:
             raise ExecutorConfigError(
@@ -367,7 +367,7 @@ class ModelRunner:
         tiers = BlockTiers.open(
             config.kv_host_gb, config.kv_disk_dir, config.kv_disk_gb, self.kv_fingerprint, queue_blocks=queue
         )
-        disk = tiers.disk if tiers is not None else None
+        disk = tiers.disk
         log.info(
             "kv tiers below the pool",
             host_gb=config.kv_host_gb or None,

@@ -165,7 +165,7 @@ class FakeExecutor:
         """The prefix cache's tiers below the pool (--kv-host-gb, --kv-disk-dir): each block's token slots,
         as the real one's KV."""
         self.disk_fingerprint = ""
-        if config.kv_disk_dir is not None or config.kv_host_gb > 0:
+        if BlockTiers.asked_for(config.kv_host_gb, config.kv_disk_dir):
             self.disk_fingerprint = f"fake|{self.info_model_id()}|block_size={config.block_size}|strict={config.strict}"
             self.tiers = BlockTiers.open(
                 config.kv_host_gb, config.kv_disk_dir, config.kv_disk_gb, self.disk_fingerprint

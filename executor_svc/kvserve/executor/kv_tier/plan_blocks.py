@@ -65,17 +65,22 @@ class BlockTiers:
         self.disk = disk
         self._loader: ThreadPoolExecutor | None = None
 
+    @staticmethod
+    def asked_for(host_gb: float, disk_dir: str | None) -> bool:
+        """Whether `--kv-host-gb` or `--kv-disk-dir` asks for a tier below the pool."""
+        return host_gb > 0 or disk_dir is not None
+
     @classmethod
     def open(
         cls, host_gb: float, disk_dir: str | None, disk_gb: float, fingerprint: str, *, queue_blocks: int = 256
-    ) -> BlockTiers | None:
-        """The tiers `--kv-host-gb`, `--kv-disk-dir` and `--kv-disk-gb` ask for (None: neither), the disk's
-        blocks checked against `fingerprint`, what the cache's bits depend on (`DiskBlockStore`)."""
+    ) -> BlockTiers:
+        """The tiers `--kv-host-gb`, `--kv-disk-dir` and `--kv-disk-gb` ask for (`asked_for` first), the
+        disk's blocks checked against `fingerprint`, what the cache's bits depend on (`DiskBlockStore`)."""
         host = HostBlockStore(int(host_gb * GIB)) if host_gb > 0 else None
         disk = None
         if disk_dir is not None:
             disk = DiskBlockStore(Path(disk_dir), int(disk_gb * GIB), fingerprint, queue_blocks=queue_blocks)
-        return cls(host, disk) if host is not None or disk is not None else None
+        return cls(host, disk)
 
     def media(self) -> list[str]:
         """The tiers, by vLLM's KV-event medium names, fastest first."""
