@@ -29,7 +29,6 @@ import mmap
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import structlog
 import torch
@@ -75,6 +74,11 @@ class StackedMatrix:
     (one block: every row against every column)."""
 
 
+LayerEntries = tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]
+"""One source's `a`, `b`, `ranks` and `columns` for a layer's products, in the order of
+`kvserve.kernels.cpu_ops.LayerLora.PRODUCTS` (`step_deltas.layer_entries`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class SlotStacks:
     """The CPU kernel's slot tensors, updated in place as adapters come and go."""
@@ -83,7 +87,7 @@ class SlotStacks:
     """Per layer, the fused matrices some adapter targets."""
     scaling: torch.Tensor
     """[capacity] float32: each slot's adapter's scaling."""
-    layer_entries: dict[int, Any] = field(default_factory=dict)
+    layer_entries: dict[int, LayerEntries] = field(default_factory=dict)
     """Per layer, the fused decoder layer's operands of these slots (`step_deltas.KernelLoraStep.layer_lora`),
     built once: every tensor in them is updated in place."""
 

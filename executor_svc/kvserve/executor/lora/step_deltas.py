@@ -38,7 +38,7 @@ from typing import Protocol
 import torch
 
 from kvserve.executor.lora.adapter import LoraAdapter, LoraMatrix
-from kvserve.executor.lora.slots import SlotStacks, SlottedAdapter
+from kvserve.executor.lora.slots import LayerEntries, SlotStacks, SlottedAdapter
 from kvserve.kernels import cpu_ops
 
 
@@ -163,9 +163,6 @@ class KernelLoraStep:
 
 _NONE = torch.empty(0)
 """An absent operand of `cpu_ops.LayerLora` (no matrix, or ranks None)."""
-
-LayerEntries = tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]
-"""One source's `a`, `b`, `ranks` and `columns` for a layer's products (`cpu_ops.LayerLora.PRODUCTS`)."""
 
 
 def layer_entries(operands: Callable[[int, str], Operands | None], layer: int) -> LayerEntries:
