@@ -107,8 +107,8 @@ def _register_shapes() -> None:
     """Each op's output shape and dtype without computing it, so `torch.compile` can trace a forward
     that calls the ops (`kvserve.executor.model.decode_graphs`); the compiled graph calls them as they are."""
 
-    def attention(query: torch.Tensor, *_caches_and_metadata: object) -> torch.Tensor:
-        return torch.empty_like(query)
+    def like_first(x: torch.Tensor, *_operands: object) -> torch.Tensor:
+        return torch.empty_like(x)
 
     def store(*tensors: torch.Tensor) -> None:
         return None
@@ -119,23 +119,17 @@ def _register_shapes() -> None:
     def quantized_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, out_features: int) -> torch.Tensor:
         return x.new_empty(x.shape[0], out_features, dtype=torch.float32)
 
-    def norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        return torch.empty_like(x)
-
-    def rowwise(x: torch.Tensor) -> torch.Tensor:
-        return torch.empty_like(x)
-
     shapes: dict[str, Callable[..., object]] = {
-        "paged_attention": attention,
+        "paged_attention": like_first,
         "store_kv": store,
         "silu_mul": silu_mul,
         "q8_linear": quantized_linear,
         "q4_1_linear": quantized_linear,
-        "rms_norm": norm,
+        "rms_norm": like_first,
         "decoder_layer": store,
         "lora_add": store,
-        "softmax": rowwise,
-        "log_softmax": rowwise,
+        "softmax": like_first,
+        "log_softmax": like_first,
     }
     for name, shape in shapes.items():
         torch.library.register_fake(f"kvserve_cpu::{name}", shape)
